@@ -1,0 +1,51 @@
+"""The changelog writer: sends the records a task's stores queued to their changelog topics and,
+once the broker acknowledged them, moves each store's changelog position forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import RecordMetadata
+
+from statestore.store import KeyValueStore
+
+
+class ChangelogWriter:
+    """Ships queued store writes through a shared producer and tracks their acknowledgements."""
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self._producer = producer
+        self._in_flight: list[tuple[KeyValueStore, asyncio.Future[RecordMetadata]]] = []
+
+    async def send_pending(self, stores: Iterable[KeyValueStore]) -> int:
+        """Hand every queued record of ``stores`` to the producer; returns how many."""
+        sent = 0
+        for store in stores:
+            topic = store.changelog_topic
+            records = store.drain_changelog()
+            if topic is None or not records:
+                continue
+            for key, value in records:
+                future = await self._producer.send(
+                    topic, value=value, key=key, partition=store.partition
+                )
+                self._in_flight.append((store, future))
+            sent += len(records)
+        return sent
+
+    async def wait_acknowledged(self) -> None:
+        """Wait for every record sent so far; raises the first send error."""
+        in_flight, self._in_flight = self._in_flight, []
+        if not in_flight:
+            return
+        results = await asyncio.gather(*(future for _, future in in_flight))
+        for (store, _), metadata in zip(in_flight, results, strict=True):
+            store.acknowledged(metadata.offset + 1)
+
+    async def flush(self, stores: Iterable[KeyValueStore]) -> None:
+        stores = list(stores)
+        await self.send_pending(stores)
+        await self.wait_acknowledged()

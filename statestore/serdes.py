@@ -1,0 +1,239 @@
+"""Serializers for keys and values: msgpack (the default for values), JSON, str, bytes, and an
+order-preserving key encoding so that range and prefix scans follow the keys' natural order.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, Protocol, runtime_checkable
+
+import msgpack
+
+
+class SerdeError(ValueError):
+    """A value could not be serialized or deserialized."""
+
+
+@runtime_checkable
+class Serde(Protocol):
+    """Turns Python values into bytes and back. ``name`` identifies it in configs."""
+
+    name: str
+
+    def dumps(self, value: Any) -> bytes: ...
+
+    def loads(self, data: bytes) -> Any: ...
+
+
+class MsgPackSerde:
+    name = "msgpack"
+
+    def dumps(self, value: Any) -> bytes:
+        try:
+            return msgpack.packb(value, use_bin_type=True)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise SerdeError(f"msgpack cannot encode {type(value).__name__}: {exc}") from exc
+
+    def loads(self, data: bytes) -> Any:
+        try:
+            return msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise SerdeError(f"not valid msgpack ({len(data)} bytes): {exc}") from exc
+
+
+class JsonSerde:
+    name = "json"
+
+    def dumps(self, value: Any) -> bytes:
+        try:
+            return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+        except (TypeError, ValueError) as exc:
+            raise SerdeError(f"JSON cannot encode {type(value).__name__}: {exc}") from exc
+
+    def loads(self, data: bytes) -> Any:
+        try:
+            return json.loads(data)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise SerdeError(f"not valid JSON ({len(data)} bytes): {exc}") from exc
+
+
+class StrSerde:
+    name = "str"
+
+    def dumps(self, value: Any) -> bytes:
+        if not isinstance(value, str):
+            raise SerdeError(f"the str serde takes str, not {type(value).__name__}")
+        return value.encode()
+
+    def loads(self, data: bytes) -> Any:
+        try:
+            return data.decode()
+        except UnicodeDecodeError as exc:
+            raise SerdeError(f"not valid UTF-8 ({len(data)} bytes): {exc}") from exc
+
+
+class BytesSerde:
+    name = "bytes"
+
+    def dumps(self, value: Any) -> bytes:
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise SerdeError(f"the bytes serde takes bytes, not {type(value).__name__}")
+        return bytes(value)
+
+    def loads(self, data: bytes) -> Any:
+        return data
+
+
+# Tags of the ordered key encoding. Values of different types sort by tag; the end-of-tuple
+# marker is the smallest byte so that a tuple sorts before any longer tuple it prefixes.
+_END, _NONE, _FALSE_TRUE, _INT = 0x00, 0x05, 0x08, 0x10
+_FLOAT, _STR, _BYTES, _TUPLE = 0x18, 0x20, 0x30, 0x40
+_INT_BIAS = 1 << 63
+_TERMINATOR = b"\x00\x01"
+
+
+def _escape(raw: bytes) -> bytes:
+    return raw.replace(b"\x00", b"\x00\xff")
+
+
+class OrderedKeySerde:
+    """Encodes str, bytes, int (64-bit), float, bool, None and tuples of them so that the
+    encoded bytes sort like the values (within one type). Store keys use it by default, which
+    makes ``range`` and ``prefix`` scans follow the keys' order and windowed keys
+    ``(key, window_start)`` group by key and sort by time.
+    """
+
+    name = "ordered"
+
+    def dumps(self, value: Any) -> bytes:
+        out = bytearray()
+        self._encode(value, out)
+        return bytes(out)
+
+    def prefix(self, value: str | bytes | tuple[Any, ...]) -> bytes:
+        """The bytes every encoded key that starts with ``value`` starts with.
+
+        For a str or bytes that is its tag and escaped content without terminator; for a tuple
+        the encoding of its elements without the end-of-tuple marker.
+        """
+        if isinstance(value, str):
+            return bytes([_STR]) + _escape(value.encode())
+        if isinstance(value, bytes):
+            return bytes([_BYTES]) + _escape(value)
+        if isinstance(value, tuple):
+            return self.dumps(value)[:-1]
+        raise SerdeError(f"a key prefix is a str, bytes or tuple, not {type(value).__name__}")
+
+    def _encode(self, value: Any, out: bytearray) -> None:
+        if value is None:
+            out.append(_NONE)
+        elif isinstance(value, bool):
+            out += bytes([_FALSE_TRUE, int(value)])
+        elif isinstance(value, int):
+            if not -_INT_BIAS <= value < _INT_BIAS:
+                raise SerdeError(f"integer key {value} does not fit in 64 bits")
+            out.append(_INT)
+            out += struct.pack(">Q", value + _INT_BIAS)
+        elif isinstance(value, float):
+            bits = struct.unpack(">Q", struct.pack(">d", value))[0]
+            bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63)
+            out.append(_FLOAT)
+            out += struct.pack(">Q", bits)
+        elif isinstance(value, str):
+            out.append(_STR)
+            out += _escape(value.encode())
+            out += _TERMINATOR
+        elif isinstance(value, bytes | bytearray):
+            out.append(_BYTES)
+            out += _escape(bytes(value))
+            out += _TERMINATOR
+        elif isinstance(value, tuple | list):
+            out.append(_TUPLE)
+            for item in value:
+                self._encode(item, out)
+            out.append(_END)
+        else:
+            raise SerdeError(
+                f"store keys must be str, bytes, int, float, bool, None or tuples of them, "
+                f"not {type(value).__name__}"
+            )
+
+    def loads(self, data: bytes) -> Any:
+        try:
+            value, end = self._decode(data, 0)
+        except SerdeError:
+            raise
+        except (IndexError, ValueError, struct.error) as exc:
+            raise SerdeError(f"truncated ordered key ({len(data)} bytes)") from exc
+        if end != len(data):
+            raise SerdeError(f"trailing bytes after ordered key ({len(data) - end} bytes)")
+        return value
+
+    def _decode(self, data: bytes, pos: int) -> tuple[Any, int]:
+        tag = data[pos]
+        pos += 1
+        if tag == _NONE:
+            return None, pos
+        if tag == _FALSE_TRUE:
+            return bool(data[pos]), pos + 1
+        if tag == _INT:
+            return struct.unpack_from(">Q", data, pos)[0] - _INT_BIAS, pos + 8
+        if tag == _FLOAT:
+            bits = struct.unpack_from(">Q", data, pos)[0]
+            bits = bits & 0x7FFFFFFFFFFFFFFF if bits >> 63 else bits ^ 0xFFFFFFFFFFFFFFFF
+            return struct.unpack(">d", struct.pack(">Q", bits))[0], pos + 8
+        if tag in (_STR, _BYTES):
+            raw, pos = self._decode_escaped(data, pos)
+            if tag == _BYTES:
+                return raw, pos
+            try:
+                return raw.decode(), pos
+            except UnicodeDecodeError as exc:
+                raise SerdeError(f"ordered key holds invalid UTF-8: {exc}") from exc
+        if tag == _TUPLE:
+            items = []
+            while data[pos] != _END:
+                item, pos = self._decode(data, pos)
+                items.append(item)
+            return tuple(items), pos + 1
+        raise SerdeError(f"unknown ordered key tag 0x{tag:02x} at byte {pos - 1}")
+
+    @staticmethod
+    def _decode_escaped(data: bytes, pos: int) -> tuple[bytes, int]:
+        out = bytearray()
+        while True:
+            zero = data.index(b"\x00", pos)
+            out += data[pos:zero]
+            marker = data[zero + 1]
+            if marker == 0x01:
+                return bytes(out), zero + 2
+            if marker != 0xFF:
+                raise SerdeError(f"bad escape 0x00 0x{marker:02x} in ordered key")
+            out.append(0)
+            pos = zero + 2
+
+
+_BY_NAME: dict[str, type] = {
+    "msgpack": MsgPackSerde,
+    "json": JsonSerde,
+    "str": StrSerde,
+    "bytes": BytesSerde,
+    "ordered": OrderedKeySerde,
+}
+
+
+def serde_from_name(serde: str | Serde) -> Serde:
+    """A serde given by name (``msgpack``, ``json``, ``str``, ``bytes``, ``ordered``) or as an
+    object with ``dumps``/``loads``."""
+    if isinstance(serde, str):
+        try:
+            return _BY_NAME[serde]()
+        except KeyError:
+            raise ValueError(
+                f"unknown serde {serde!r}; choose one of {sorted(_BY_NAME)} or pass an object "
+                f"with dumps() and loads()"
+            ) from None
+    if not (callable(getattr(serde, "dumps", None)) and callable(getattr(serde, "loads", None))):
+        raise ValueError(f"{serde!r} is not a serde: it needs dumps() and loads()")
+    return serde

@@ -1,0 +1,55 @@
+"""Shared fixtures: the embedded broker (one per test session) and helpers to wait on conditions.
+
+Set RELAY_TEST_BOOTSTRAP to run the broker tests against another Kafka-protocol broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+
+from streams.broker import EmbeddedBroker
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> Iterator[str]:
+    external = os.environ.get("RELAY_TEST_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    with EmbeddedBroker() as broker:
+        yield broker.bootstrap_servers
+
+
+@pytest.fixture
+def unique() -> Callable[[str], str]:
+    """Unique names, so tests sharing the session broker never see each other's topics."""
+
+    def make(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+    return make
+
+
+async def wait_until(
+    condition: Callable[[], bool | Awaitable[bool]],
+    timeout_s: float = 60.0,
+    interval_s: float = 0.1,
+    message: str = "condition",
+) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {message}")
+        await asyncio.sleep(interval_s)

@@ -29,7 +29,8 @@ from statestore.store import ChangelogRecord, KeyValueStore
 
 log = logging.getLogger(__name__)
 
-_ORDERED_KEY_TAGS = frozenset({0x05, 0x08, 0x10, 0x18, 0x20, 0x30, 0x40})
+# 0xff starts the store's reserved keys (the input position).
+_ORDERED_KEY_TAGS = frozenset({0x05, 0x08, 0x10, 0x18, 0x20, 0x30, 0x40, 0xFF})
 
 
 @dataclass

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
 from rocksdict import Options, Rdict, WriteBatch
 
 from statestore.checkpoint import Checkpoint, read_checkpoint, remove_checkpoint, write_checkpoint
@@ -27,6 +28,12 @@ from statestore.serdes import MsgPackSerde, OrderedKeySerde, Serde, serde_from_n
 log = logging.getLogger(__name__)
 
 ChangelogRecord = tuple[bytes, bytes | None]
+
+#: A reserved key (outside every key encoding's range) where a task records which input
+#: offsets its store's state reflects; it travels through the changelog with the data, so a
+#: restored store knows where its input must resume. Scans never show it.
+INPUT_POSITION_KEY = b"\xff\xffrelay.input-position"
+RESERVED_PREFIX = b"\xff\xff"
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,24 @@ class KeyValueStore:
         if self.changelog_topic is not None:
             self._pending.append((raw_key, None))
 
+    def write_input_position(self, offsets: dict[str, int]) -> None:
+        """Record the next input offset per ``"topic:partition"`` this state reflects."""
+        raw = msgpack.packb(offsets)
+        self._require_open().put(INPUT_POSITION_KEY, raw)
+        if self.changelog_topic is not None:
+            self._pending.append((INPUT_POSITION_KEY, raw))
+
+    def read_input_position(self) -> dict[str, int]:
+        raw = self._require_open().get(INPUT_POSITION_KEY)
+        if raw is None:
+            return {}
+        try:
+            value = msgpack.unpackb(raw, raw=False)
+        except Exception:
+            log.warning("store %s: unreadable input position; ignoring it", self.name)
+            return {}
+        return {str(k): int(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
     def range(
         self, start: Any = None, end: Any = None, *, reverse: bool = False
     ) -> Iterator[tuple[Any, Any]]:
@@ -229,7 +254,9 @@ class KeyValueStore:
         iterator = db.iter()
         iterator.seek_to_first()
         while iterator.valid():
-            yield iterator.key(), iterator.value()
+            key = iterator.key()
+            if not key.startswith(RESERVED_PREFIX):
+                yield key, iterator.value()
             iterator.next()
 
     def approximate_count(self) -> int:
@@ -256,7 +283,8 @@ class KeyValueStore:
             key = iterator.key()
             if (upper is not None and key >= upper) or (lower is not None and key < lower):
                 return
-            yield loads_key(key), loads_value(iterator.value())
+            if not key.startswith(RESERVED_PREFIX):
+                yield loads_key(key), loads_value(iterator.value())
             if reverse:
                 iterator.prev()
             else:

@@ -1,0 +1,197 @@
+"""The App: where people declare their topology and configuration, and the worker that runs it.
+
+``App.run()`` (or ``python -m streams run module:app``) starts the embedded broker when no
+bootstrap address is configured, checks the source topics and creates the internal ones
+(repartition, changelog, dead letters), then runs ``num_threads`` stream threads until SIGINT
+or SIGTERM, and shuts down cleanly: commit, flush, close stores, leave the group (dynamic
+members only; static members keep their tasks for a restart within the session timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient
+
+from statestore.serdes import Serde, serde_from_name
+from statestore.store import changelog_topic_name
+from statestore.topics import COMPACTED, TopicSpec, ensure_topics, existing_partition_counts
+from streams.broker import EmbeddedBroker
+from streams.config import AppConfig
+from streams.control import ControlListener, LeavingMark, control_topic_name
+from streams.dsl import Stream, Table, table_from_topic
+from streams.processors import SourceNode
+from streams.thread import StreamThread, status_topic_name
+from streams.topology import SubTopology, Topology
+
+log = logging.getLogger(__name__)
+
+
+class App:
+    """A Relay stream application.
+
+    >>> app = App("word-counts", bootstrap_servers="127.0.0.1:9092")
+    >>> words = app.stream("lines").flat_map_values(str.split).group_by(lambda k, w: w)
+    >>> counts = words.count(store="counts")
+    >>> counts.to_stream().to("word-counts")
+    """
+
+    def __init__(self, application_id: str | None = None, **settings: Any) -> None:
+        self.config = AppConfig.from_env(application_id=application_id, **settings)
+        self.topology = Topology(self.config.application_id)
+        self.threads: list[StreamThread] = []
+        self.leaving: tuple[bool, int | None, int | None] = (False, None, None)
+        self.bootstrap_servers: str | None = self.config.bootstrap_servers
+        self._stop: asyncio.Event | None = None
+        self._broker: EmbeddedBroker | None = None
+        self.on_record: Callable[[Any, Any], None] | None = None
+
+    # -- the DSL's entry points -----------------------------------------------------------
+
+    def stream(
+        self, topic: str, key_serde: str | Serde = "msgpack", value_serde: str | Serde = "msgpack"
+    ) -> Stream:
+        source = SourceNode(
+            self.topology.node_name("source"), topic,
+            serde_from_name(key_serde), serde_from_name(value_serde),
+        )
+        self.topology.add_source(source)
+        return Stream(self.topology, source)
+
+    def table(
+        self,
+        topic: str,
+        store: str,
+        key_serde: str | Serde = "msgpack",
+        value_serde: str | Serde = "msgpack",
+    ) -> Table:
+        return table_from_topic(
+            self.topology, topic, store, serde_from_name(key_serde), serde_from_name(value_serde)
+        )
+
+    # -- running --------------------------------------------------------------------------
+
+    async def prepare(self, admin: AIOKafkaAdminClient) -> list[SubTopology]:
+        """Check source topics, size the sub-topologies, create the internal topics."""
+        subs = self.topology.sub_topologies()
+        if not subs:
+            raise ValueError("the app declares no streams or tables: nothing to run")
+        external = {
+            t for s in subs for t in s.sources if t not in self.topology.repartition_topics
+        }
+        counts = await existing_partition_counts(admin, external)
+        repartition = self.topology.assign_partitions(subs, counts, self.config.default_partitions)
+        specs = [TopicSpec(topic, n) for topic, n in sorted(repartition.items())]
+        for sub in subs:
+            for store in sub.stores:
+                specs.append(
+                    TopicSpec(
+                        changelog_topic_name(self.config.application_id, store),
+                        sub.partitions, COMPACTED,
+                    )
+                )
+        specs.append(TopicSpec(self.config.dead_letters, 1))
+        specs.append(TopicSpec(status_topic_name(self.config.application_id), 1, COMPACTED))
+        specs.append(TopicSpec(control_topic_name(self.config.application_id), 1, COMPACTED))
+        await ensure_topics(admin, specs)
+        return subs
+
+    async def run_async(self) -> None:
+        """Run until :meth:`stop` is called or a thread fails."""
+        self._stop = asyncio.Event()
+        if self.bootstrap_servers is None:
+            self._broker = EmbeddedBroker().start()
+            self.bootstrap_servers = self._broker.bootstrap_servers
+            log.info("no bootstrap_servers: started an embedded broker at %s",
+                     self.bootstrap_servers)
+        try:
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers)
+            await admin.start()
+            try:
+                subs = await self.prepare(admin)
+            finally:
+                await admin.close()
+            topics = sorted({t for s in subs for t in s.sources})
+            self.config.state_dir.mkdir(parents=True, exist_ok=True)
+            self.threads = [
+                StreamThread(
+                    self.config, i, subs, self.bootstrap_servers,
+                    leaving=lambda: self.leaving, on_record=self.on_record,
+                )
+                for i in range(self.config.num_threads)
+            ]
+            control = None
+            if self.config.group_instance_id is not None:
+                control = ControlListener(
+                    self.bootstrap_servers, self.config.application_id,
+                    self.config.group_instance_id, self._on_mark,
+                )
+            runs = [asyncio.create_task(t.run(topics)) for t in self.threads]
+            extras = [asyncio.create_task(control.run(self._stop))] if control else []
+            stopper = asyncio.create_task(self._stop.wait())
+            pending = set(runs)
+            error: BaseException | None = None
+            while pending:
+                done, _ = await asyncio.wait(
+                    [*pending, stopper], return_when=asyncio.FIRST_COMPLETED
+                )
+                pending -= done
+                failed = [d for d in done if d is not stopper and d.exception() is not None]
+                if failed and error is None:
+                    error = failed[0].exception()
+                if stopper in done or failed:
+                    for thread in self.threads:
+                        thread.stop()
+                # A thread told to shut down (a leaving member with nothing left) ends on
+                # its own; the others keep handing over until they are told too.
+            self._stop.set()
+            for extra in extras:
+                with contextlib.suppress(Exception):
+                    await extra
+            stopper.cancel()
+            if control is not None and all(t.shutdown_requested for t in self.threads):
+                await control.clear_mark()
+                log.info("instance %s left the group after handing over its tasks",
+                         self.config.group_instance_id)
+            if error is not None:
+                raise error
+        finally:
+            if self._broker is not None:
+                self._broker.stop()
+                self._broker = None
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    def _on_mark(self, mark: LeavingMark | None) -> None:
+        if mark is None:
+            self.leaving = (False, None, None)
+            return
+        log.warning("this instance is marked as leaving (timeout %s ms): handing over",
+                    mark.scale_down_timeout_ms)
+        self.leaving = (True, mark.since_ms, mark.scale_down_timeout_ms)
+        for thread in self.threads:
+            thread.request_rejoin("marked as leaving")
+
+    def run(self) -> None:
+        """Run in the foreground until SIGINT/SIGTERM."""
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError):
+                    loop.add_signal_handler(sig, self.stop)
+            await self.run_async()
+
+        asyncio.run(main())
+
+    @property
+    def state_dir(self) -> Path:
+        return self.config.state_dir

@@ -1,0 +1,150 @@
+"""The app's configuration: every setting, its default, its validation, and how it is read
+from the environment (``RELAY_<SETTING>``, e.g. ``RELAY_NUM_THREADS=2``).
+
+A wrong type or value is a :class:`ConfigError` at start that names the setting.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+ENV_PREFIX = "RELAY_"
+_ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+class ConfigError(ValueError):
+    """A setting has a wrong type or value."""
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """Settings of a Relay app. See the README for what each one does."""
+
+    application_id: str
+    #: ``host:port[,host:port]``; None starts an embedded broker on loopback.
+    bootstrap_servers: str | None = None
+    state_dir: Path = field(default_factory=lambda: Path(".relay-state"))
+    num_threads: int = 1
+    #: Static membership: each thread joins as ``<group_instance_id>-thread-<n>``.
+    group_instance_id: str | None = None
+    commit_interval_ms: int = 1_000
+    session_timeout_ms: int = 45_000
+    heartbeat_interval_ms: int = 3_000
+    max_poll_interval_ms: int = 300_000
+    num_standbys: int = 0
+    acceptable_lag: int = 10_000
+    max_learners: int = 2
+    learner_rejoin: str = "eager"
+    lost_task_delay_ms: int = 0
+    initial_delay_ms: int = 0
+    scale_down_timeout_ms: int = 600_000
+    imbalance_tolerance: int | None = None
+    #: What a record that cannot be deserialized or processed does: ``dead_letter`` or ``stop``.
+    on_error: str = "dead_letter"
+    dead_letter_topic: str | None = None
+    #: Partitions of internal topics whose count nothing else determines.
+    default_partitions: int = 4
+    #: Learner/standby copies and actives are restored from changelogs, or from a snapshot
+    #: directory built by the Spark pipeline when one is configured.
+    snapshot_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        hints = get_type_hints(AppConfig)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            object.__setattr__(self, f.name, _coerce(f.name, value, hints[f.name]))
+        if not _ID_PATTERN.match(self.application_id):
+            raise ConfigError(
+                f"application_id {self.application_id!r} may only hold letters, digits, "
+                f"'.', '_' and '-'"
+            )
+        if self.group_instance_id is not None and not _ID_PATTERN.match(self.group_instance_id):
+            raise ConfigError(
+                f"group_instance_id {self.group_instance_id!r} may only hold letters, digits, "
+                f"'.', '_' and '-'"
+            )
+        for name in ("num_threads", "commit_interval_ms", "session_timeout_ms",
+                     "heartbeat_interval_ms", "max_poll_interval_ms", "max_learners",
+                     "default_partitions"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, not {getattr(self, name)}")
+        for name in ("num_standbys", "acceptable_lag", "lost_task_delay_ms",
+                     "initial_delay_ms", "scale_down_timeout_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)}")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ConfigError(
+                f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be below "
+                f"session_timeout_ms ({self.session_timeout_ms})"
+            )
+        if self.learner_rejoin not in ("eager", "conservative"):
+            raise ConfigError(
+                f"learner_rejoin must be 'eager' or 'conservative', not {self.learner_rejoin!r}"
+            )
+        if self.on_error not in ("dead_letter", "stop"):
+            raise ConfigError(f"on_error must be 'dead_letter' or 'stop', not {self.on_error!r}")
+        if self.imbalance_tolerance is not None and self.imbalance_tolerance < 0:
+            raise ConfigError(f"imbalance_tolerance must be >= 0, not {self.imbalance_tolerance}")
+
+    @property
+    def dead_letters(self) -> str:
+        return self.dead_letter_topic or f"{self.application_id}-dead-letters"
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> AppConfig:
+        """Settings from ``RELAY_*`` variables, with keyword ``overrides`` taking precedence."""
+        environ = dict(os.environ if environ is None else environ)
+        values: dict[str, Any] = {}
+        known = {f.name for f in fields(cls)}
+        for key, raw in environ.items():
+            if not key.startswith(ENV_PREFIX):
+                continue
+            name = key[len(ENV_PREFIX):].lower()
+            if name in known:
+                values[name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - known
+        if unknown:
+            raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
+        if "application_id" not in values:
+            raise ConfigError(f"application_id is required (or set {ENV_PREFIX}APPLICATION_ID)")
+        return cls(**values)
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    """Convert strings from the environment and check types, naming the setting on error."""
+    args = getattr(hint, "__args__", ())
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if args else hint
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{name} is required")
+    if isinstance(value, str) and optional and value.strip().lower() in ("", "none", "null"):
+        return None
+    try:
+        if base is int:
+            if isinstance(value, bool):
+                raise TypeError
+            if isinstance(value, str):
+                return int(value.replace("_", ""))
+            if not isinstance(value, int):
+                raise TypeError
+            return value
+        if base is Path:
+            if not isinstance(value, str | os.PathLike):
+                raise TypeError
+            return Path(value)
+        if base is str:
+            if not isinstance(value, str):
+                raise TypeError
+            return value
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{name} must be {getattr(base, '__name__', base)}, not {value!r}"
+        ) from None
+    return value

@@ -1,0 +1,104 @@
+"""The control channel: instructions to instances of an app, on the compacted topic
+``<application_id>-control`` keyed by group instance id. It needs nothing but Kafka.
+
+``relay mark-leaving`` writes ``{"leaving": true, "since_ms": …, "scale_down_timeout_ms": …}``
+for an instance; every member follows the topic and the marked instance rejoins with the
+leaving flag. When the instance has handed everything over it deletes its mark (a tombstone),
+so that it can later start again as a normal member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgpack
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+def control_topic_name(application_id: str) -> str:
+    return f"{application_id}-control"
+
+
+@dataclass(frozen=True)
+class LeavingMark:
+    since_ms: int
+    scale_down_timeout_ms: int | None
+
+
+def encode_mark(mark: LeavingMark) -> bytes:
+    return msgpack.packb({"leaving": True, "since_ms": mark.since_ms,
+                          "scale_down_timeout_ms": mark.scale_down_timeout_ms})
+
+
+def decode_mark(raw: bytes | None) -> LeavingMark | None:
+    """A mark, or None for a tombstone; raises ValueError for a malformed record."""
+    if raw is None:
+        return None
+    try:
+        data = msgpack.unpackb(raw, raw=False)
+        if not (isinstance(data, dict) and data.get("leaving") is True):
+            raise ValueError("not a leaving mark")
+        timeout = data.get("scale_down_timeout_ms")
+        return LeavingMark(int(data["since_ms"]), None if timeout is None else int(timeout))
+    except Exception as exc:
+        raise ValueError(f"malformed control record ({len(raw)} bytes): {exc}") from exc
+
+
+class ControlListener:
+    """Follows the control topic and calls ``on_mark`` when this instance's mark changes."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        application_id: str,
+        instance_id: str,
+        on_mark: Callable[[LeavingMark | None], None],
+    ) -> None:
+        self._topic = control_topic_name(application_id)
+        self._instance = instance_id.encode()
+        self._on_mark = on_mark
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                          auto_offset_reset="earliest")
+        self._bootstrap = bootstrap
+        self.current: LeavingMark | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self._consumer.start()
+        tp = TopicPartition(self._topic, 0)
+        self._consumer.assign([tp])
+        await self._consumer.seek_to_beginning(tp)
+        try:
+            while not stop.is_set():
+                batches = await self._consumer.getmany(timeout_ms=300)
+                for records in batches.values():
+                    for record in records:
+                        if record.key != self._instance:
+                            continue
+                        try:
+                            mark = decode_mark(record.value)
+                        except ValueError as exc:
+                            log.error("ignoring control record at offset %d: %s",
+                                      record.offset, exc)
+                            continue
+                        if mark != self.current:
+                            self.current = mark
+                            self._on_mark(mark)
+        finally:
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()
+
+    async def clear_mark(self) -> None:
+        """Delete this instance's mark once it has left."""
+        producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(self._topic, key=self._instance, value=None)
+        finally:
+            await producer.stop()

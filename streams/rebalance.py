@@ -1,0 +1,121 @@
+"""The rebalance layer between aiokafka's group protocol and Relay's assignor.
+
+subscription (what this member runs and holds, in user_data) -> the leader's
+:func:`assignor.assign` -> assignment (partitions of the active tasks, plus Relay's assignment
+in user_data) -> the member's task transitions (:mod:`streams.transitions`).
+
+aiokafka calls ``metadata`` when the member joins, ``assign`` on the leader, and
+``on_assignment`` on every member once the group synced.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+from assignor.protocol import (
+    Subscription,
+    decode_assignment,
+    decode_subscription_or_none,
+    encode_assignment,
+    encode_subscription,
+    member_from_subscription,
+)
+
+from assignor import AssignorConfig, LeaderMemory, Member, MemberAssignment, Task, assign
+from streams.topology import SubTopology
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_NAME = "relay-learner"
+
+
+@dataclass(frozen=True)
+class TaskLayout:
+    """Which tasks exist and which input partitions each one reads."""
+
+    subs: tuple[SubTopology, ...]
+
+    def tasks(self) -> list[Task]:
+        return [
+            Task(task_id, sub.stateful) for sub in self.subs for task_id in sub.task_ids()
+        ]
+
+    def partitions_of(self, task_id: str) -> list[tuple[str, int]]:
+        sub_id, partition = (int(x) for x in task_id.split("_"))
+        sub = self.subs[sub_id]
+        return [(topic, partition) for topic in sorted(sub.sources)]
+
+
+class RelayAssignor(AbstractPartitionAssignor):
+    """One per stream thread: builds its subscription and, on the leader, runs the assignor.
+
+    ``subscription`` is called at every join so that it reports the current tasks and lags;
+    ``on_assigned`` receives this member's decoded assignment.
+    """
+
+    def __init__(
+        self,
+        layout: TaskLayout,
+        config: AssignorConfig,
+        subscription: Callable[[], Subscription],
+        on_assigned: Callable[[MemberAssignment], None],
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        self._layout = layout
+        self._config = config
+        self._subscription = subscription
+        self._on_assigned = on_assigned
+        self._clock_ms = clock_ms
+        self.memory: LeaderMemory | None = None
+        self.last_assignments: dict[str, MemberAssignment] = {}
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return PROTOCOL_NAME
+
+    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:  # type: ignore[override]
+        user_data = encode_subscription(self._subscription())
+        return ConsumerProtocolMemberMetadata(0, sorted(topics), user_data)
+
+    def assign(  # type: ignore[override]
+        self,
+        cluster: ClusterMetadata,
+        members: Mapping[str, ConsumerProtocolMemberMetadata],
+    ) -> dict[str, ConsumerProtocolMemberAssignment]:
+        decoded: list[Member] = []
+        for member_id in sorted(members):
+            subscription = decode_subscription_or_none(member_id, members[member_id].user_data)
+            if subscription is None:
+                # Undecodable metadata: the member counts as new, with no state.
+                decoded.append(Member(member_id, member_id, 0, frozenset(), {}, {}))
+            else:
+                decoded.append(member_from_subscription(member_id, subscription))
+        assignments, self.memory = assign(
+            self._layout.tasks(), decoded, self._config, self._clock_ms(), self.memory
+        )
+        self.last_assignments = assignments
+        result: dict[str, ConsumerProtocolMemberAssignment] = {}
+        for member_id, member_assignment in assignments.items():
+            by_topic: dict[str, list[int]] = {}
+            for task_id in member_assignment.active:
+                for topic, partition in self._layout.partitions_of(task_id):
+                    by_topic.setdefault(topic, []).append(partition)
+            result[member_id] = ConsumerProtocolMemberAssignment(
+                0,
+                sorted((t, sorted(ps)) for t, ps in by_topic.items()),
+                encode_assignment(member_assignment),
+            )
+        log.info("leader assigned %d tasks to %d members", len(self._layout.tasks()), len(result))
+        return result
+
+    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:  # type: ignore[override]
+        self._on_assigned(decode_assignment(assignment.user_data))

@@ -1,0 +1,114 @@
+"""Helpers for end-to-end tests: create topics, produce input, read outputs, run apps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import TopicPartition
+
+from statestore.topics import TopicSpec, ensure_topics
+from streams.app import App
+
+FAST_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000,
+              "commit_interval_ms": 200}
+
+
+async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await ensure_topics(admin, [TopicSpec(t, n) for t, n in topics.items()])
+    finally:
+        await admin.close()
+
+
+async def produce(
+    bootstrap: str, topic: str, records: Iterable[tuple[Any, Any] | tuple[Any, Any, int]],
+    raw: bool = False,
+) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        futures = []
+        for record in records:
+            key, value = record[0], record[1]
+            timestamp = record[2] if len(record) > 2 else None
+            if not raw:
+                key = None if key is None else msgpack.packb(key)
+                value = None if value is None else msgpack.packb(value)
+            futures.append(await producer.send(topic, value=value, key=key,
+                                               timestamp_ms=timestamp))
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def read_all(
+    bootstrap: str, topic: str, partitions: int, raw: bool = False
+) -> list[Any]:
+    """Every record of a topic as (key, value[, headers]) in per-partition order."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    out: list[Any] = []
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        idle = 0
+        while idle < 3:
+            batch = await consumer.getmany(timeout_ms=300)
+            if not any(batch.values()):
+                idle += 1
+                continue
+            idle = 0
+            for records in batch.values():
+                for r in records:
+                    if raw:
+                        out.append((r.key, r.value, dict(r.headers)))
+                    else:
+                        out.append((
+                            None if r.key is None else msgpack.unpackb(r.key, raw=False),
+                            None if r.value is None else msgpack.unpackb(r.value, raw=False),
+                        ))
+    finally:
+        await consumer.stop()
+    return out
+
+
+def latest(records: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    result: dict[Any, Any] = {}
+    for key, value in records:
+        k = tuple(key) if isinstance(key, list) else key
+        result[k] = value
+    return result
+
+
+@contextlib.asynccontextmanager
+async def running(app: App) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(app.run_async())
+    try:
+        yield task
+    finally:
+        app.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 60)
+
+
+def make_app(app_id: str, bootstrap: str, state_dir: Path, **settings: Any) -> App:
+    merged = {**FAST_GROUP, **settings}
+    return App(app_id, bootstrap_servers=bootstrap, state_dir=state_dir, **merged)
+
+
+def running_tasks(*apps: App) -> dict[str, list[str]]:
+    return {
+        f"{a.config.group_instance_id or id(a)}-{t.index}": sorted(t.tasks)
+        for a in apps for t in a.threads
+    }

@@ -1,0 +1,299 @@
+"""``relay``: the command-line tool for running Relay apps.
+
+Subcommands: ``describe`` (the group as Relay sees it), ``mark-leaving`` (announce a
+scale-down), ``remove-members`` (remove static members for good), and ``snapshot`` (the Spark
+pipeline) when it is installed. Exit codes: 0 done, 1 failed, 2 bad arguments or unknown
+app/instance, 3 broker unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+import msgpack
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.client import AIOKafkaClient
+from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.structs import TopicPartition
+from rich.console import Console
+from rich.table import Table
+
+from streams.broker import EmbeddedBroker
+from streams.control import LeavingMark, control_topic_name, encode_mark
+from streams.membership import MembershipError, describe_group, leave_group
+from streams.thread import status_topic_name
+
+EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+STALE_AFTER_MS = 15_000
+console = Console()
+T = TypeVar("T")
+
+
+class ToolError(click.ClickException):
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = code
+
+
+def run(bootstrap: str | None, work: Callable[[str], Awaitable[T]]) -> T:
+    """Run ``work(bootstrap)``; without a bootstrap address on a fresh embedded broker."""
+
+    async def main() -> T:
+        if bootstrap is None:
+            console.print("[yellow]no --bootstrap given: using a fresh embedded broker, which "
+                          "knows no apps (set RELAY_BOOTSTRAP_SERVERS)[/]", highlight=False)
+            with EmbeddedBroker() as broker:
+                return await work(broker.bootstrap_servers)
+        return await work(bootstrap)
+
+    try:
+        return asyncio.run(main())
+    except KafkaConnectionError as exc:
+        raise ToolError(f"cannot reach the broker at {bootstrap}: {exc}", EXIT_UNREACHABLE) from exc
+    except (KafkaError, OSError) as exc:
+        if "Unable to bootstrap" in str(exc) or isinstance(exc, OSError):
+            raise ToolError(f"cannot reach the broker at {bootstrap}: {exc}",
+                            EXIT_UNREACHABLE) from exc
+        raise ToolError(f"broker error: {exc}") from exc
+
+
+async def _admin(bootstrap: str) -> AIOKafkaAdminClient:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    try:
+        await asyncio.wait_for(admin.start(), 15)
+    except (TimeoutError, KafkaError, OSError) as exc:
+        raise ToolError(f"cannot reach the broker at {bootstrap}: {exc}",
+                        EXIT_UNREACHABLE) from exc
+    return admin
+
+
+async def read_status(bootstrap: str, app: str) -> dict[str, dict[str, Any]]:
+    """The latest status record of every member of ``app`` (tombstones removed)."""
+    admin = await _admin(bootstrap)
+    try:
+        topics = set(await admin.list_topics())
+    finally:
+        await admin.close()
+    topic = status_topic_name(app)
+    if topic not in topics:
+        raise ToolError(f"unknown app {app!r}: there is no topic {topic} on {bootstrap}",
+                        EXIT_USAGE)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    latest: dict[str, dict[str, Any]] = {}
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        while True:
+            batches = await consumer.getmany(timeout_ms=500)
+            for records in batches.values():
+                for r in records:
+                    key = r.key.decode(errors="replace") if r.key else "?"
+                    if r.value is None:
+                        latest.pop(key, None)
+                        continue
+                    try:
+                        latest[key] = msgpack.unpackb(r.value, raw=False)
+                    except Exception:
+                        console.print(f"[yellow]skipping an unreadable status record at "
+                                      f"offset {r.offset}[/]")
+            highwater = consumer.highwater(tp)
+            if highwater is not None and await consumer.position(tp) >= highwater:
+                break
+    finally:
+        await consumer.stop()
+    return latest
+
+
+def live(status: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    now = time.time() * 1000
+    return {k: v for k, v in status.items() if now - v.get("updated_ms", 0) < STALE_AFTER_MS}
+
+
+def task_view(members: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    tasks: dict[str, dict[str, Any]] = {}
+
+    def entry(task: str) -> dict[str, Any]:
+        return tasks.setdefault(task, {"active": None, "restoring": None, "learners": [],
+                                       "standbys": []})
+
+    for member, s in members.items():
+        for task in s["active"]:
+            entry(task)["active"] = member
+        for task in s["restoring"]:
+            entry(task)["restoring"] = member
+        accept = s.get("acceptable_lag", 0)
+        for kind in ("learners", "standbys"):
+            for task, lag in s[kind].items():
+                entry(task)[kind].append(
+                    {"member": member, "lag": lag, "isReady": lag <= accept}
+                )
+    return dict(sorted(tasks.items(), key=lambda kv: tuple(int(x) for x in kv[0].split("_"))))
+
+
+@click.group()
+def cli() -> None:
+    """Operate Relay apps: describe groups, scale down, remove members."""
+
+
+bootstrap_option = click.option(
+    "--bootstrap", envvar="RELAY_BOOTSTRAP_SERVERS", default=None,
+    help="Broker address host:port (or RELAY_BOOTSTRAP_SERVERS).",
+)
+
+
+@cli.command()
+@click.argument("app")
+@bootstrap_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.option("--all", "show_all", is_flag=True, help="Include members not heard of lately.")
+def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> None:
+    """The group of APP as Relay sees it: members and, per task, its owners and copies."""
+
+    async def work(address: str) -> dict[str, Any]:
+        status = await read_status(address, app)
+        members = status if show_all else live(status)
+        client = AIOKafkaClient(bootstrap_servers=address)
+        await client.bootstrap()
+        try:
+            group = await describe_group(client, app)
+        finally:
+            await client.close()
+        return {"app": app, "state": group.state, "protocol": group.protocol,
+                "members": members, "tasks": task_view(members)}
+
+    result = run(bootstrap, work)
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    table = Table(title=f"{app}: group {result['state']} ({result['protocol'] or '-'})")
+    for column in ("member", "instance", "thread", "pid", "generation", "active", "leaving"):
+        table.add_column(column)
+    for member, s in sorted(result["members"].items()):
+        table.add_row(member, s["instance_id"], str(s["thread"]), str(s["pid"]),
+                      str(s["generation"]), ", ".join(s["active"]) or "-",
+                      "yes" if s["leaving"] else "")
+    console.print(table)
+    tasks = Table(title="tasks")
+    for column in ("task", "active", "learners (lag, ready)", "standbys (lag, ready)"):
+        tasks.add_column(column)
+    for task, view in result["tasks"].items():
+        active = view["active"] or (f"restoring on {view['restoring']}" if view["restoring"]
+                                    else "-")
+
+        def copies(kind: str, view: dict[str, Any] = view) -> str:
+            return ", ".join(f"{c['member']} ({c['lag']}, {'ready' if c['isReady'] else 'no'})"
+                             for c in view[kind]) or "-"
+
+        tasks.add_row(task, active, copies("learners"), copies("standbys"))
+    console.print(tasks)
+
+
+@cli.command("mark-leaving")
+@click.argument("app")
+@click.argument("instances", nargs=-1, required=True)
+@bootstrap_option
+@click.option("--timeout-ms", type=click.IntRange(min=0), default=None,
+              help="Scale-down timeout for these instances (default: the app's setting).")
+def mark_leaving(app: str, instances: tuple[str, ...], bootstrap: str | None,
+                 timeout_ms: int | None) -> None:
+    """Tell INSTANCES (group instance ids) of APP that they will leave.
+
+    They rejoin with the leaving flag, hand their tasks to learners on the other instances,
+    and shut down when they have nothing left (or when the scale-down timeout has passed).
+    """
+
+    async def work(address: str) -> list[str]:
+        status = live(await read_status(address, app))
+        known = {s["instance_id"] for s in status.values()}
+        unknown = sorted(set(instances) - known)
+        if unknown:
+            raise ToolError(
+                f"unknown instance(s) of {app}: {', '.join(unknown)}; running instances: "
+                f"{', '.join(sorted(known)) or 'none'} (leaving needs a group_instance_id)",
+                EXIT_USAGE,
+            )
+        producer = AIOKafkaProducer(bootstrap_servers=address)
+        await producer.start()
+        try:
+            mark = LeavingMark(int(time.time() * 1000), timeout_ms)
+            for instance in instances:
+                await producer.send_and_wait(control_topic_name(app), key=instance.encode(),
+                                             value=encode_mark(mark))
+        finally:
+            await producer.stop()
+        return list(instances)
+
+    marked = run(bootstrap, work)
+    console.print(f"marked as leaving: {', '.join(marked)}")
+
+
+@cli.command("remove-members")
+@click.argument("app")
+@click.argument("instances", nargs=-1, required=True)
+@bootstrap_option
+def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) -> None:
+    """Remove static members of APP now (KIP-345), for instances gone for good.
+
+    INSTANCES are group instance ids; every thread of each (``<id>-thread-<n>``) is removed.
+    """
+
+    async def work(address: str) -> dict[str, str | None]:
+        client = AIOKafkaClient(bootstrap_servers=address)
+        await client.bootstrap()
+        try:
+            group = await describe_group(client, app)
+            if not group.members and group.state in ("Dead", ""):
+                raise ToolError(f"unknown app {app!r}: the group has no members", EXIT_USAGE)
+            pairs: list[tuple[str, str]] = []
+            for instance in instances:
+                prefix = f"{app}-{instance}-thread-"
+                found = [(m.member_id, m.client_id[len(app) + 1:]) for m in group.members
+                         if m.client_id.startswith(prefix)]
+                if not found:
+                    raise ToolError(
+                        f"instance {instance!r} is not a member of {app} (members: "
+                        f"{', '.join(sorted(m.client_id for m in group.members)) or 'none'})",
+                        EXIT_USAGE,
+                    )
+                pairs.extend(found)
+            return await leave_group(client, app, pairs)
+        finally:
+            await client.close()
+
+    try:
+        results = run(bootstrap, work)
+    except MembershipError as exc:
+        raise ToolError(str(exc)) from exc
+    failed = {k: v for k, v in results.items() if v}
+    for instance, error in sorted(results.items()):
+        console.print(f"{instance}: {'removed' if error is None else error}")
+    if failed:
+        sys.exit(EXIT_FAILED)
+
+
+def _mount_optional_commands() -> None:
+    try:
+        from tools.snapshot_cli import snapshot
+    except ImportError:
+        return
+    cli.add_command(snapshot)
+
+
+_mount_optional_commands()
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

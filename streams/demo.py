@@ -27,12 +27,11 @@ from aiokafka.structs import TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from statestore.topics import TopicSpec, ensure_topics
+from statestore.topics import COMPACTED, TopicSpec, ensure_topics
 from streams.broker import EmbeddedBroker
-from streams.demo_app import CLICKS, TOTALS, WINDOWED
+from streams.demo_app import APP_ID, CLICKS, TOTALS, WINDOWED
 from streams.thread import status_topic_name
 
-APP_ID = "relay-demo"
 USERS = [f"user-{i:02d}" for i in range(12)]
 console = Console()
 
@@ -40,7 +39,6 @@ console = Console()
 def start_worker(name: str, bootstrap: str, state_root: Path) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
-        "RELAY_APPLICATION_ID": APP_ID,
         "RELAY_BOOTSTRAP_SERVERS": bootstrap,
         "RELAY_STATE_DIR": str(state_root / name),
         "RELAY_NUM_STANDBYS": "1",
@@ -57,8 +55,9 @@ def start_worker(name: str, bootstrap: str, state_root: Path) -> subprocess.Pope
 class Reader:
     """Follows a topic from the beginning and keeps the latest value per key."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+    def __init__(self, bootstrap: str, topic: str, partitions: int, raw_keys: bool = False) -> None:
         self.latest: dict[Any, Any] = {}
+        self._raw_keys = raw_keys
         self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
         self._tps = [TopicPartition(topic, p) for p in range(partitions)]
 
@@ -71,7 +70,10 @@ class Reader:
         batches = await self._consumer.getmany(timeout_ms=200)
         for records in batches.values():
             for r in records:
-                key = msgpack.unpackb(r.key, raw=False) if r.key else None
+                if self._raw_keys:
+                    key = r.key
+                else:
+                    key = msgpack.unpackb(r.key, raw=False) if r.key else None
                 key = tuple(key) if isinstance(key, list) else key
                 if r.value is None:
                     self.latest.pop(key, None)
@@ -82,14 +84,14 @@ class Reader:
         await self._consumer.stop()
 
 
-def group_table(status: dict[Any, Any]) -> Table:
+def group_table(status: dict[Any, Any], names: dict[int, str]) -> Table:
     table = Table(title="the group, as its members report it")
-    for column in ("member", "pid", "active tasks", "restoring", "standby copies (lag)"):
+    for column in ("worker", "pid", "active tasks", "restoring", "standby copies (lag)"):
         table.add_column(column)
     for _, s in sorted(status.items(), key=lambda kv: str(kv[0])):
         copies = ", ".join(f"{t} ({lag})" for t, lag in sorted(s["standbys"].items()))
         table.add_row(
-            f"{s['instance_id'][:18]}/t{s['thread']}", str(s["pid"]),
+            f"{names.get(s['pid'], '?')} thread {s['thread']}", str(s["pid"]),
             ", ".join(s["active"]) or "-", ", ".join(s["restoring"]) or "-", copies or "-",
         )
     return table
@@ -119,8 +121,10 @@ async def run_demo(seconds_per_phase: float) -> int:
         console.print(f"[bold]embedded broker[/] on {bootstrap}; state under {state_root}")
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
         await admin.start()
+        # The status topic too: the demo reads it before the workers would create it.
         await ensure_topics(admin, [TopicSpec(CLICKS, 4), TopicSpec(WINDOWED, 1),
-                                    TopicSpec(TOTALS, 1)])
+                                    TopicSpec(TOTALS, 1),
+                                    TopicSpec(status_topic_name(APP_ID), 1, COMPACTED)])
         await admin.close()
 
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
@@ -140,7 +144,7 @@ async def run_demo(seconds_per_phase: float) -> int:
 
         workers = {"worker-a": start_worker("worker-a", bootstrap, state_root),
                    "worker-b": start_worker("worker-b", bootstrap, state_root)}
-        status = Reader(bootstrap, status_topic_name(APP_ID), 1)
+        status = Reader(bootstrap, status_topic_name(APP_ID), 1, raw_keys=True)
         totals = Reader(bootstrap, TOTALS, 1)
         windows = Reader(bootstrap, WINDOWED, 1)
         for reader in (status, totals, windows):
@@ -157,7 +161,8 @@ async def run_demo(seconds_per_phase: float) -> int:
                     last = time.monotonic()
                     live = {k: v for k, v in status.latest.items()
                             if time.time() * 1000 - v["updated_ms"] < 4000}
-                    console.print(group_table(live))
+                    names = {p.pid: name for name, p in workers.items()}
+                    console.print(group_table(live, names))
 
         producer_task = asyncio.create_task(produce())
         try:

@@ -11,8 +11,9 @@ from streams.windows import TumblingWindows
 CLICKS = "demo-clicks"
 WINDOWED = "demo-clicks-per-window"
 TOTALS = "demo-clicks-per-user"
+APP_ID = "relay-demo"
 
-app = App()
+app = App(APP_ID)
 clicks = app.stream(CLICKS)
 (
     clicks.group_by_key()

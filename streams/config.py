@@ -39,6 +39,9 @@ class AppConfig:
     acceptable_lag: int = 10_000
     max_learners: int = 2
     learner_rejoin: str = "eager"
+    #: ``cooperative``: only what moves stops; ``eager``: every rebalance stops every task
+    #: and closes its stores (the stop-the-world baseline the benchmarks compare with).
+    rebalance_protocol: str = "cooperative"
     lost_task_delay_ms: int = 0
     initial_delay_ms: int = 0
     scale_down_timeout_ms: int = 600_000
@@ -84,6 +87,11 @@ class AppConfig:
         if self.learner_rejoin not in ("eager", "conservative"):
             raise ConfigError(
                 f"learner_rejoin must be 'eager' or 'conservative', not {self.learner_rejoin!r}"
+            )
+        if self.rebalance_protocol not in ("cooperative", "eager"):
+            raise ConfigError(
+                f"rebalance_protocol must be 'cooperative' or 'eager', not "
+                f"{self.rebalance_protocol!r}"
             )
         if self.on_error not in ("dead_letter", "stop"):
             raise ConfigError(f"on_error must be 'dead_letter' or 'stop', not {self.on_error!r}")

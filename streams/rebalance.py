@@ -76,6 +76,8 @@ class RelayAssignor(AbstractPartitionAssignor):
         self._on_assigned = on_assigned
         self._clock_ms = clock_ms
         self.memory: LeaderMemory | None = None
+        #: Read by :class:`streams.cooperative.CooperativeGroupCoordinator`.
+        self.cooperative = True
         self.last_assignments: dict[str, MemberAssignment] = {}
 
     @property

@@ -27,6 +27,7 @@ from typing import Any
 
 import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka.errors import CommitFailedError, IllegalStateError, RebalanceInProgressError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from assignor.protocol import Subscription
 
@@ -34,6 +35,7 @@ from assignor import AssignorConfig, MemberAssignment
 from statestore.changelog import ChangelogWriter
 from statestore.restore import ChangelogReader
 from statestore.store import KeyValueStore
+from streams import cooperative
 from streams.config import AppConfig
 from streams.membership import leave_group
 from streams.rebalance import RelayAssignor, TaskLayout
@@ -107,6 +109,8 @@ class StreamThread:
         self.shutdown_requested = False
         self.status = ThreadStatus()
         self.late_records_dropped = 0
+        #: Records processed while the group was rebalancing (cooperative members only).
+        self.records_during_rebalance = 0
         self.dead_lettered = 0
         assignor_config = AssignorConfig(
             num_standbys=config.num_standbys,
@@ -120,6 +124,8 @@ class StreamThread:
         self.assignor = RelayAssignor(
             self.layout, assignor_config, self._subscription, self._on_assigned
         )
+        self.assignor.cooperative = config.rebalance_protocol == "cooperative"
+        cooperative.install()
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap_servers,
             group_id=config.application_id,
@@ -196,8 +202,8 @@ class StreamThread:
         return _Listener()
 
     async def _on_revoked(self) -> None:
-        # aiokafka revokes everything at every rebalance; Relay keeps tasks open and only
-        # makes sure everything processed so far is committed.
+        # Cooperative: called at join-complete with only what moved. Eager: called before
+        # every rebalance with everything; stop-the-world then closes every task too.
         async with self._lock:
             self._rebalancing = True
             if self.tasks:
@@ -205,6 +211,9 @@ class StreamThread:
                     await self._commit(force=True)
                 except Exception:
                     log.exception("thread %d: commit before rebalance failed", self.index)
+            if self.config.rebalance_protocol == "eager":
+                for task_id in list(self.tasks) + list(self.restoring) + list(self.copies):
+                    self._close_task(task_id)
 
     async def _on_assigned_partitions(self) -> None:
         assignment, self._pending_assignment = self._pending_assignment, None
@@ -474,6 +483,8 @@ class StreamThread:
                     task = self.tasks[task_id]
                     # Across a task's input partitions, older records first; within one
                     # partition, always in offset order.
+                    if getattr(self.consumer._coordinator, "rebalancing", False):
+                        self.records_during_rebalance += sum(len(i) for i in inputs)
                     for record in heapq.merge(*inputs, key=lambda r: r.timestamp):
                         try:
                             task.process(record)
@@ -536,7 +547,13 @@ class StreamThread:
             for tp, offset in task.processed.items()
         }
         if offsets:
-            await self.consumer.commit(offsets)
+            try:
+                await self.consumer.commit(offsets)
+            except (CommitFailedError, RebalanceInProgressError, IllegalStateError) as exc:
+                # A rebalance is under way (cooperative members keep processing through
+                # it); the next commit carries these offsets. The stores' input position
+                # keeps the state exact meanwhile.
+                log.info("thread %d: offset commit deferred: %s", self.index, exc)
         for task in self.tasks.values():
             task.purge_expired_windows()
             await self.changelog.send_pending(task.stores.values())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -255,13 +256,11 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) 
                 raise ToolError(f"unknown app {app!r}: the group has no members", EXIT_USAGE)
             pairs: list[tuple[str, str]] = []
             for instance in instances:
-                prefix = f"{app}-{instance}-thread-"
-                found = [(m.member_id, m.client_id[len(app) + 1:]) for m in group.members
-                         if m.client_id.startswith(prefix)]
+                found = static_members(group.members, app, instance)
                 if not found:
                     raise ToolError(
                         f"instance {instance!r} is not a member of {app} (members: "
-                        f"{', '.join(sorted(m.client_id for m in group.members)) or 'none'})",
+                        f"{', '.join(sorted(m.member_id for m in group.members)) or 'none'})",
                         EXIT_USAGE,
                     )
                 pairs.extend(found)
@@ -278,6 +277,21 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) 
         console.print(f"{instance}: {'removed' if error is None else error}")
     if failed:
         sys.exit(EXIT_FAILED)
+
+
+def static_members(members: Any, app: str, instance: str) -> list[tuple[str, str]]:
+    """``(member_id, group_instance_id)`` of every thread of ``instance``.
+
+    Brokers name a static member ``<group_instance_id>-<uuid>``; Relay's client ids are
+    ``<app>-<group_instance_id>``. Either identifies the threads ``<instance>-thread-<n>``.
+    """
+    pattern = re.compile(rf"^(?:{re.escape(app)}-)?({re.escape(instance)}-thread-\d+)(?:-|$)")
+    found = []
+    for member in members:
+        match = pattern.match(member.member_id) or pattern.match(member.client_id)
+        if match:
+            found.append((member.member_id, match.group(1)))
+    return found
 
 
 def _mount_optional_commands() -> None:

@@ -51,6 +51,8 @@ class App:
         self._stop: asyncio.Event | None = None
         self._broker: EmbeddedBroker | None = None
         self.on_record: Callable[[Any, Any], None] | None = None
+        self._control: ControlListener | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- the DSL's entry points -----------------------------------------------------------
 
@@ -126,14 +128,17 @@ class App:
                 )
                 for i in range(self.config.num_threads)
             ]
-            control = None
-            if self.config.group_instance_id is not None:
-                control = ControlListener(
-                    self.bootstrap_servers, self.config.application_id,
-                    self.config.group_instance_id, self._on_mark,
-                )
+            control = ControlListener(
+                self.bootstrap_servers, self.config.application_id,
+                self.config.group_instance_id, self._on_mark, self._on_rebalance_request,
+                self._on_fetch_request,
+            )
+            self._control = control
+            for thread in self.threads:
+                thread.ask_leader = self._ask_leader
+                thread.tell_followers = self._tell_followers
             runs = [asyncio.create_task(t.run(topics)) for t in self.threads]
-            extras = [asyncio.create_task(control.run(self._stop))] if control else []
+            extras = [asyncio.create_task(control.run(self._stop))]
             stopper = asyncio.create_task(self._stop.wait())
             pending = set(runs)
             error: BaseException | None = None
@@ -155,7 +160,7 @@ class App:
                 with contextlib.suppress(Exception):
                     await extra
             stopper.cancel()
-            if control is not None and all(t.shutdown_requested for t in self.threads):
+            if self.config.group_instance_id and all(t.shutdown_requested for t in self.threads):
                 await control.clear_mark()
                 log.info("instance %s left the group after handing over its tasks",
                          self.config.group_instance_id)
@@ -169,6 +174,30 @@ class App:
     def stop(self) -> None:
         if self._stop is not None:
             self._stop.set()
+
+    def _on_rebalance_request(self, reason: str) -> None:
+        for thread in self.threads:
+            if thread.assignor.is_leader:
+                thread.request_rejoin(f"as leader, for another member: {reason}",
+                                      broadcast=False)
+
+    def _on_fetch_request(self, static_ids: list[str]) -> None:
+        for thread in self.threads:
+            if thread.static_id in static_ids and not thread.assignor.is_leader:
+                thread.fetch_assignment()
+
+    def _ask_leader(self, reason: str) -> None:
+        if self._control is not None:
+            self._in_background(self._control.request_rebalance(reason))
+
+    def _tell_followers(self, static_ids: list[str]) -> None:
+        if self._control is not None and static_ids:
+            self._in_background(self._control.request_fetch(static_ids))
+
+    def _in_background(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _on_mark(self, mark: LeavingMark | None) -> None:
         if mark is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +25,14 @@ log = logging.getLogger(__name__)
 
 def control_topic_name(application_id: str) -> str:
     return f"{application_id}-control"
+
+
+#: Key of the records that ask the group's leader to rejoin. A static follower that rejoins
+#: gets its cached assignment back without a rebalance on some brokers; the leader rejoining
+#: always starts one.
+REBALANCE_KEY = b"__rebalance__"
+#: Key of the records in which a leader tells static members to fetch a new assignment.
+FETCH_KEY = b"__fetch__"
 
 
 @dataclass(frozen=True)
@@ -58,12 +67,17 @@ class ControlListener:
         self,
         bootstrap: str,
         application_id: str,
-        instance_id: str,
+        instance_id: str | None,
         on_mark: Callable[[LeavingMark | None], None],
+        on_rebalance_request: Callable[[str], None] = lambda reason: None,
+        on_fetch_request: Callable[[list[str]], None] = lambda members: None,
     ) -> None:
         self._topic = control_topic_name(application_id)
-        self._instance = instance_id.encode()
+        self._instance = instance_id.encode() if instance_id else None
         self._on_mark = on_mark
+        self._on_rebalance_request = on_rebalance_request
+        self._on_fetch_request = on_fetch_request
+        self._started_ms = 0
         self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                           auto_offset_reset="earliest")
         self._bootstrap = bootstrap
@@ -71,6 +85,7 @@ class ControlListener:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._consumer.start()
+        self._started_ms = int(time.time() * 1000)
         tp = TopicPartition(self._topic, 0)
         self._consumer.assign([tp])
         await self._consumer.seek_to_beginning(tp)
@@ -79,7 +94,17 @@ class ControlListener:
                 batches = await self._consumer.getmany(timeout_ms=300)
                 for records in batches.values():
                     for record in records:
-                        if record.key != self._instance:
+                        if record.key == FETCH_KEY:
+                            if record.timestamp >= self._started_ms and record.value:
+                                with contextlib.suppress(Exception):
+                                    names = msgpack.unpackb(record.value, raw=False)
+                                    self._on_fetch_request([str(n) for n in names])
+                            continue
+                        if record.key == REBALANCE_KEY:
+                            if record.timestamp >= self._started_ms and record.value:
+                                self._on_rebalance_request(record.value.decode(errors="replace"))
+                            continue
+                        if self._instance is None or record.key != self._instance:
                             continue
                         try:
                             mark = decode_mark(record.value)
@@ -93,6 +118,20 @@ class ControlListener:
         finally:
             with contextlib.suppress(Exception):
                 await self._consumer.stop()
+
+    async def request_rebalance(self, reason: str) -> None:
+        await self._send(REBALANCE_KEY, reason.encode())
+
+    async def request_fetch(self, static_ids: list[str]) -> None:
+        await self._send(FETCH_KEY, msgpack.packb(static_ids))
+
+    async def _send(self, key: bytes, value: bytes) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(self._topic, key=key, value=value)
+        finally:
+            await producer.stop()
 
     async def clear_mark(self) -> None:
         """Delete this instance's mark once it has left."""

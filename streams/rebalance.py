@@ -21,6 +21,8 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
 )
+
+from assignor import AssignorConfig, LeaderMemory, Member, MemberAssignment, Task, assign
 from assignor.protocol import (
     Subscription,
     decode_assignment,
@@ -29,8 +31,6 @@ from assignor.protocol import (
     encode_subscription,
     member_from_subscription,
 )
-
-from assignor import AssignorConfig, LeaderMemory, Member, MemberAssignment, Task, assign
 from streams.topology import SubTopology
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,12 @@ class RelayAssignor(AbstractPartitionAssignor):
         self.memory: LeaderMemory | None = None
         #: Read by :class:`streams.cooperative.CooperativeGroupCoordinator`.
         self.cooperative = True
+        #: Whether this member computed the last assignment (was the group's leader).
+        self.is_leader = False
+        self._assigned_this_round = False
+        #: Static members of the last round this leader assigned; some brokers let a static
+        #: follower skip the rejoin, so the leader tells them to fetch their assignment.
+        self.static_followers: list[str] = []
         self.last_assignments: dict[str, MemberAssignment] = {}
 
     @property
@@ -94,8 +100,11 @@ class RelayAssignor(AbstractPartitionAssignor):
         members: Mapping[str, ConsumerProtocolMemberMetadata],
     ) -> dict[str, ConsumerProtocolMemberAssignment]:
         decoded: list[Member] = []
+        static_ids: dict[str, str] = {}
         for member_id in sorted(members):
             subscription = decode_subscription_or_none(member_id, members[member_id].user_data)
+            if subscription is not None and subscription.static:
+                static_ids[member_id] = f"{subscription.instance_id}-thread-{subscription.thread}"
             if subscription is None:
                 # Undecodable metadata: the member counts as new, with no state.
                 decoded.append(Member(member_id, member_id, 0, frozenset(), {}, {}))
@@ -105,6 +114,8 @@ class RelayAssignor(AbstractPartitionAssignor):
             self._layout.tasks(), decoded, self._config, self._clock_ms(), self.memory
         )
         self.last_assignments = assignments
+        self._assigned_this_round = True
+        self.static_followers = sorted(static_ids.values())
         result: dict[str, ConsumerProtocolMemberAssignment] = {}
         for member_id, member_assignment in assignments.items():
             by_topic: dict[str, list[int]] = {}
@@ -120,4 +131,5 @@ class RelayAssignor(AbstractPartitionAssignor):
         return result
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:  # type: ignore[override]
+        self.is_leader, self._assigned_this_round = self._assigned_this_round, False
         self._on_assigned(decode_assignment(assignment.user_data))

@@ -29,9 +29,9 @@ import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, RebalanceInProgressError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
-from assignor.protocol import Subscription
 
 from assignor import AssignorConfig, MemberAssignment
+from assignor.protocol import Subscription
 from statestore.changelog import ChangelogWriter
 from statestore.restore import ChangelogReader
 from statestore.store import KeyValueStore
@@ -107,6 +107,8 @@ class StreamThread:
         self._restore_wakeup = asyncio.Event()
         self._rejoin_timer: asyncio.TimerHandle | None = None
         self.shutdown_requested = False
+        self.ask_leader: Callable[[str], None] = lambda reason: None
+        self.tell_followers: Callable[[list[str]], None] = lambda static_ids: None
         self.status = ThreadStatus()
         self.late_records_dropped = 0
         #: Records processed while the group was rebalancing (cooperative members only).
@@ -168,6 +170,7 @@ class StreamThread:
             leaving_since_ms=since,
             scale_down_timeout_ms=timeout,
             rejoin_token=self._rejoin_token,
+            static=self.static_id is not None,
         )
 
     def _copy_lag(self, task_id: str) -> int:
@@ -179,10 +182,20 @@ class StreamThread:
     def _on_assigned(self, assignment: MemberAssignment) -> None:
         self._pending_assignment = assignment
 
-    def request_rejoin(self, reason: str) -> None:
-        """Ask for a rebalance; the changed token makes the broker run one."""
+    def request_rejoin(self, reason: str, broadcast: bool = True) -> None:
+        """Ask for a rebalance: rejoin with a changed token in the metadata. A static member
+        also asks the leader (through the control topic) to rejoin, since a broker may answer
+        a static follower's rejoin with its cached assignment and no rebalance."""
         log.info("thread %d asks for a rebalance: %s", self.index, reason)
         self._rejoin_token += 1
+        coordinator = getattr(self.consumer, "_coordinator", None)
+        if coordinator is not None:
+            coordinator.request_rejoin()
+        if broadcast and self.static_id is not None and not self.assignor.is_leader:
+            self.ask_leader(f"{self.static_id}: {reason}")
+
+    def fetch_assignment(self) -> None:
+        """Rejoin to fetch the assignment the leader just computed (no new rebalance)."""
         coordinator = getattr(self.consumer, "_coordinator", None)
         if coordinator is not None:
             coordinator.request_rejoin()
@@ -230,6 +243,9 @@ class StreamThread:
                 self._stop.set()
                 return
             await self._apply(assignment)
+            if self.assignor.is_leader:
+                followers = [s for s in self.assignor.static_followers if s != self.static_id]
+                self.tell_followers(followers)
 
     async def _apply(self, assignment: MemberAssignment) -> None:
         current: dict[str, Role] = {t: Role.ACTIVE for t in self.tasks}
@@ -269,8 +285,9 @@ class StreamThread:
             self._stop.set()
         self._update_status()
         log.info(
-            "thread %d: active=%s restoring=%s copies=%s",
-            self.index, sorted(self.tasks), sorted(self.restoring), dict(self.copy_roles),
+            "%s: active=%s restoring=%s copies=%s revoked=%s",
+            self.static_id or f"thread {self.index}", sorted(self.tasks), sorted(self.restoring),
+            {t: r.value for t, r in self.copy_roles.items()}, list(assignment.revoked),
         )
 
     def _schedule_rejoin(self, delay_ms: int | None) -> None:

@@ -1,0 +1,210 @@
+"""The embedded protocol: what members tell the leader (subscription) and what the leader
+tells each member (assignment), versioned and msgpack-encoded, in the user_data of the
+consumer group protocol.
+
+Layout: one byte format version, one byte compression (0 none, 1 zlib), then msgpack. Task
+lists are grouped by sub-topology (``{sub: [partition, ...]}``) and large payloads are
+compressed, so a member's payload grows with its own tasks only: no cluster-wide maps.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from assignor.model import Member, MemberAssignment, parse_task_id, task_sort_key
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+_NONE, _ZLIB = 0, 1
+_COMPRESS_OVER = 256
+
+
+class ProtocolError(ValueError):
+    """Metadata that cannot be decoded: unknown version or corrupt bytes."""
+
+
+@dataclass(frozen=True)
+class Subscription:
+    instance_id: str
+    thread: int
+    pid: int
+    active: tuple[str, ...] = ()
+    standbys: Mapping[str, int] = field(default_factory=dict)
+    learners: Mapping[str, int] = field(default_factory=dict)
+    leaving: bool = False
+    leaving_since_ms: int | None = None
+    scale_down_timeout_ms: int | None = None
+    rejoin_token: int = 0
+    topology_hash: str = ""
+    #: A static member (group.instance.id); the leader tells those to fetch new assignments.
+    static: bool = False
+    version: int = VERSION
+
+
+def _pack_tasks(tasks: Iterable[str]) -> dict[int, list[int]]:
+    grouped: dict[int, list[int]] = defaultdict(list)
+    for task in sorted(tasks, key=task_sort_key):
+        sub, partition = parse_task_id(task)
+        grouped[sub].append(partition)
+    return dict(grouped)
+
+
+def _unpack_tasks(raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"task list must be a map, not {type(raw).__name__}")
+    tasks = []
+    for sub, partitions in raw.items():
+        if not isinstance(sub, int) or not isinstance(partitions, list):
+            raise ProtocolError("task list entries must be sub-topology -> [partitions]")
+        for partition in partitions:
+            if not isinstance(partition, int) or partition < 0 or sub < 0:
+                raise ProtocolError(f"bad task {sub}_{partition!r}")
+            tasks.append(f"{sub}_{partition}")
+    return tuple(sorted(tasks, key=task_sort_key))
+
+
+def _pack_lags(lags: Mapping[str, int]) -> dict[int, list[list[int]]]:
+    grouped: dict[int, list[list[int]]] = defaultdict(list)
+    for task in sorted(lags, key=task_sort_key):
+        sub, partition = parse_task_id(task)
+        grouped[sub].append([partition, int(lags[task])])
+    return dict(grouped)
+
+
+def _unpack_lags(raw: Any) -> dict[str, int]:
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"lag map must be a map, not {type(raw).__name__}")
+    lags = {}
+    for sub, entries in raw.items():
+        if not isinstance(sub, int) or not isinstance(entries, list):
+            raise ProtocolError("lag entries must be sub-topology -> [[partition, lag]]")
+        for entry in entries:
+            if (not isinstance(entry, list) or len(entry) != 2
+                    or not all(isinstance(x, int) for x in entry)):
+                raise ProtocolError(f"bad lag entry {entry!r}")
+            lags[f"{sub}_{entry[0]}"] = entry[1]
+    return lags
+
+
+def _frame(payload: dict[str, Any]) -> bytes:
+    body = msgpack.packb(payload, use_bin_type=True)
+    if len(body) > _COMPRESS_OVER:
+        return bytes([VERSION, _ZLIB]) + zlib.compress(body, 6)
+    return bytes([VERSION, _NONE]) + body
+
+
+def _unframe(data: bytes | None, what: str) -> dict[str, Any]:
+    if not data or len(data) < 2:
+        raise ProtocolError(f"{what}: {len(data or b'')} bytes, too short for a Relay header")
+    version, compression = data[0], data[1]
+    if version != VERSION:
+        raise ProtocolError(
+            f"{what}: format version {version}, this Relay speaks {VERSION} "
+            f"({len(data)} bytes)"
+        )
+    body = data[2:]
+    if compression == _ZLIB:
+        try:
+            body = zlib.decompress(body)
+        except zlib.error as exc:
+            raise ProtocolError(f"{what}: corrupt compressed body ({len(data)} bytes)") from exc
+    elif compression != _NONE:
+        raise ProtocolError(f"{what}: unknown compression {compression}")
+    try:
+        payload = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise ProtocolError(f"{what}: corrupt msgpack body ({len(data)} bytes): {exc}") from exc
+    if not isinstance(payload, dict):
+        raise ProtocolError(f"{what}: body is {type(payload).__name__}, not a map")
+    return payload
+
+
+def _field(payload: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str,
+           optional: bool = False) -> Any:
+    value = payload.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise ProtocolError(f"{what}: field {key!r} is {value!r}, expected {kind}")
+    return value
+
+
+def encode_subscription(sub: Subscription) -> bytes:
+    return _frame({
+        "i": sub.instance_id, "t": sub.thread, "p": sub.pid,
+        "a": _pack_tasks(sub.active), "s": _pack_lags(sub.standbys),
+        "l": _pack_lags(sub.learners), "L": sub.leaving, "ls": sub.leaving_since_ms,
+        "st": sub.scale_down_timeout_ms, "r": sub.rejoin_token, "h": sub.topology_hash,
+        "S": sub.static,
+    })
+
+
+def decode_subscription(data: bytes | None) -> Subscription:
+    what = "subscription"
+    payload = _unframe(data, what)
+    return Subscription(
+        instance_id=_field(payload, "i", str, what),
+        thread=_field(payload, "t", int, what),
+        pid=_field(payload, "p", int, what),
+        active=_unpack_tasks(payload.get("a", {})),
+        standbys=_unpack_lags(payload.get("s", {})),
+        learners=_unpack_lags(payload.get("l", {})),
+        leaving=bool(_field(payload, "L", bool, what)),
+        leaving_since_ms=_field(payload, "ls", int, what, optional=True),
+        scale_down_timeout_ms=_field(payload, "st", int, what, optional=True),
+        rejoin_token=_field(payload, "r", int, what),
+        topology_hash=_field(payload, "h", str, what),
+        static=bool(payload.get("S", False)),
+    )
+
+
+def decode_subscription_or_none(member_id: str, data: bytes | None) -> Subscription | None:
+    """The leader's view: an undecodable member is treated as new, with no state."""
+    try:
+        return decode_subscription(data)
+    except ProtocolError as exc:
+        log.warning("member %s: cannot decode its subscription (%s); treating it as a new "
+                    "member with no state", member_id, exc)
+        return None
+
+
+def member_from_subscription(member_id: str, sub: Subscription) -> Member:
+    return Member(
+        member_id=member_id, instance_id=sub.instance_id, thread=sub.thread,
+        active=frozenset(sub.active), standbys=dict(sub.standbys),
+        learners=dict(sub.learners), leaving=sub.leaving,
+        leaving_since_ms=sub.leaving_since_ms,
+        scale_down_timeout_ms=sub.scale_down_timeout_ms,
+    )
+
+
+def encode_assignment(assignment: MemberAssignment) -> bytes:
+    return _frame({
+        "a": _pack_tasks(assignment.active), "b": _pack_tasks(assignment.being_learned),
+        "l": _pack_tasks(assignment.learners), "s": _pack_tasks(assignment.standbys),
+        "r": _pack_tasks(assignment.revoked), "j": assignment.rejoin_after_ms,
+        "x": assignment.shutdown, "e": assignment.error,
+    })
+
+
+def decode_assignment(data: bytes | None) -> MemberAssignment:
+    what = "assignment"
+    payload = _unframe(data, what)
+    return MemberAssignment(
+        active=_unpack_tasks(payload.get("a", {})),
+        being_learned=_unpack_tasks(payload.get("b", {})),
+        learners=_unpack_tasks(payload.get("l", {})),
+        standbys=_unpack_tasks(payload.get("s", {})),
+        revoked=_unpack_tasks(payload.get("r", {})),
+        rejoin_after_ms=_field(payload, "j", int, what, optional=True),
+        shutdown=bool(_field(payload, "x", bool, what)),
+        error=_field(payload, "e", str, what, optional=True),
+    )

@@ -1,0 +1,94 @@
+"""A pure simulation of a group following the assignor's instructions round by round: members
+drop revoked tasks, start assigned ones, keep the learner and standby copies they are given
+(new copies start far behind), and shut down when told."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from assignor import AssignorConfig, LeaderMemory, Member, MemberAssignment, Task, assign
+
+FAR_BEHIND = 1_000_000
+
+
+@dataclass
+class SimMember:
+    member_id: str
+    instance_id: str
+    thread: int = 0
+    active: set[str] = field(default_factory=set)
+    learners: dict[str, int] = field(default_factory=dict)
+    standbys: dict[str, int] = field(default_factory=dict)
+    leaving_since_ms: int | None = None
+    scale_down_timeout_ms: int | None = None
+
+    def view(self) -> Member:
+        return Member(self.member_id, self.instance_id, self.thread, frozenset(self.active),
+                      dict(self.standbys), dict(self.learners),
+                      self.leaving_since_ms is not None, self.leaving_since_ms,
+                      self.scale_down_timeout_ms)
+
+
+@dataclass
+class Group:
+    tasks: list[Task]
+    config: AssignorConfig = field(default_factory=AssignorConfig)
+    members: dict[str, SimMember] = field(default_factory=dict)
+    memory: LeaderMemory | None = None
+    now_ms: int = 0
+    history: list[dict[str, MemberAssignment]] = field(default_factory=list)
+
+    def join(self, instance: str, threads: int = 1, active: tuple[str, ...] = ()) -> None:
+        for t in range(threads):
+            mid = f"{instance}-{t}"
+            self.members[mid] = SimMember(mid, instance, t, set(active if t == 0 else ()))
+
+    def crash(self, instance: str) -> None:
+        for mid in [m for m, s in self.members.items() if s.instance_id == instance]:
+            del self.members[mid]
+
+    def mark_leaving(self, instance: str, timeout_ms: int | None = None) -> None:
+        for member in self.members.values():
+            if member.instance_id == instance:
+                member.leaving_since_ms = self.now_ms
+                member.scale_down_timeout_ms = timeout_ms
+
+    def catch_up(self, instance: str | None = None) -> None:
+        """Learners (of one instance, or all) reach the changelog's end."""
+        for member in self.members.values():
+            if instance is None or member.instance_id == instance:
+                for task in member.learners:
+                    member.learners[task] = 0
+                for task in member.standbys:
+                    member.standbys[task] = 0
+
+    def round(self) -> dict[str, MemberAssignment]:
+        views = [m.view() for m in self.members.values()]
+        out, self.memory = assign(self.tasks, views, self.config, self.now_ms, self.memory)
+        self.history.append(out)
+        for mid, assignment in out.items():
+            member = self.members[mid]
+            if assignment.error:
+                del self.members[mid]
+                continue
+            member.active = set(assignment.active)
+            member.learners = {t: member.learners.get(t, member.standbys.get(t, FAR_BEHIND))
+                               for t in assignment.learners}
+            member.standbys = {t: member.standbys.get(t, member.learners.get(t, FAR_BEHIND))
+                               for t in assignment.standbys}
+            if assignment.shutdown:
+                del self.members[mid]
+        return out
+
+    def active_by_instance(self) -> dict[str, list[str]]:
+        result: dict[str, list[str]] = {}
+        for member in self.members.values():
+            result.setdefault(member.instance_id, []).extend(member.active)
+        return {k: sorted(v) for k, v in sorted(result.items())}
+
+    def learners_by_instance(self) -> dict[str, list[str]]:
+        result: dict[str, list[str]] = {}
+        for member in self.members.values():
+            if member.learners:
+                result.setdefault(member.instance_id, []).extend(member.learners)
+        return {k: sorted(v) for k, v in sorted(result.items())}

@@ -1,0 +1,158 @@
+"""Smooth task migration end to end on the real broker (seed 003): a new member first learns
+tasks in the background while their owner keeps processing, then takes them over; a member
+marked as leaving hands its tasks to learners and shuts down, or is cut short by the
+scale-down timeout. Counts stay exact throughout: no record lost or counted twice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.streams.harness import create_topics, latest, make_app, produce, read_all, running
+
+pytestmark = pytest.mark.broker
+STATIC = {"session_timeout_ms": 30_000, "heartbeat_interval_ms": 2_000}
+
+
+def counting(app_id: str, bootstrap: str, state_dir: Path, instance: str | None, source: str,
+             sink: str, **settings: object):
+    app = make_app(app_id, bootstrap, state_dir, group_instance_id=instance,
+                   **{**STATIC, **settings})
+    app.stream(source).group_by_key().count(store="counts").to_stream().to(sink)
+    return app
+
+
+class Traffic:
+    """Produces keyed records in the background and remembers how many per key."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap, self.topic = bootstrap, topic
+        self.produced: dict[str, int] = {}
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            batch = [(f"k{(n + i) % 17}", n + i) for i in range(50)]
+            await produce(self.bootstrap, self.topic, batch)
+            for key, _ in batch:
+                self.produced[key] = self.produced.get(key, 0) + 1
+            n += 50
+            await asyncio.sleep(0.05)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await self._task
+
+
+async def exact_counts(bootstrap: str, sink: str, produced: dict[str, int]) -> None:
+    async def exact() -> bool:
+        return latest(await read_all(bootstrap, sink, 1)) == produced
+
+    await wait_until(exact, timeout_s=90, message="exact counts")
+
+
+async def test_scale_out_learns_first_then_moves(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
+) -> None:
+    app_id = unique("scale-out")
+    source, sink = f"{app_id}-in", f"{app_id}-out"
+    await create_topics(bootstrap, {source: 4, sink: 1})
+    await produce(bootstrap, source, [(f"k{i % 17}", i) for i in range(3000)])
+    traffic = Traffic(bootstrap, source)
+    traffic.produced = {f"k{k}": len(range(k, 3000, 17)) for k in range(17)}
+    # Dynamic members (short sessions, quick rounds): static membership is not under test.
+    old = counting(app_id, bootstrap, tmp_path / "old", None, source, sink,
+                   session_timeout_ms=6000, heartbeat_interval_ms=1000)
+    new = counting(app_id, bootstrap, tmp_path / "new", None, source, sink,
+                   session_timeout_ms=6000, heartbeat_interval_ms=1000)
+    async with running(old):
+        await wait_until(lambda: bool(old.threads) and len(old.threads[0].tasks) == 4,
+                         timeout_s=90, message="the first member to run every task")
+        traffic.start()
+        learned: set[str] = set()
+        async with running(new):
+            def watch() -> bool:
+                thread = new.threads[0] if new.threads else None
+                if thread is None:
+                    return False
+                learned.update(t for t, r in thread.copy_roles.items() if r.value == "learner")
+                return len(thread.tasks) == 2 and len(old.threads[0].tasks) == 2
+            await wait_until(watch, timeout_s=180, interval_s=0.05,
+                             message="the new member to learn and take over two tasks")
+            moved = set(new.threads[0].tasks)
+            # Every task it took over, it learned first.
+            assert moved <= learned
+            await traffic.stop()
+            await exact_counts(bootstrap, sink, traffic.produced)
+    await traffic.stop()
+
+
+async def run_relay(*args: str) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tools.cli", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await process.communicate()
+    return process.returncode or 0, out.decode()
+
+
+@pytest.mark.parametrize("timeout_ms", [None, 1])
+async def test_a_member_marked_leaving_hands_over_and_shuts_down(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str], timeout_ms: int | None
+) -> None:
+    app_id = unique("scale-down")
+    source, sink = f"{app_id}-in", f"{app_id}-out"
+    await create_topics(bootstrap, {source: 4, sink: 1})
+    stays = counting(app_id, bootstrap, tmp_path / "a", "node-a", source, sink)
+    leaves = counting(app_id, bootstrap, tmp_path / "b", "node-b", source, sink)
+    traffic = Traffic(bootstrap, source)
+    async with running(stays):
+        leaving_run = asyncio.create_task(leaves.run_async())
+        try:
+            await wait_until(
+                lambda: bool(stays.threads and leaves.threads)
+                and len(stays.threads[0].tasks) == 2 and len(leaves.threads[0].tasks) == 2,
+                timeout_s=150, message="the two members to share the tasks",
+            )
+            traffic.start()
+            await asyncio.sleep(2)  # let both publish their status for the tool
+            args = ["mark-leaving", app_id, "node-b", "--bootstrap", bootstrap]
+            if timeout_ms is not None:
+                args += ["--timeout-ms", str(timeout_ms)]
+            code, out = await run_relay(*args)
+            assert code == 0, out
+            learned: set[str] = set()
+
+            def watch() -> bool:
+                thread = stays.threads[0]
+                learned.update(t for t, r in thread.copy_roles.items() if r.value == "learner")
+                return leaving_run.done()
+
+            await wait_until(watch, timeout_s=180, interval_s=0.05,
+                             message="node-b to hand over and shut down")
+            leaving_run.result()  # ended cleanly, not with an error
+            assert leaves.threads[0].shutdown_requested
+            await wait_until(lambda: len(stays.threads[0].tasks) == 4, timeout_s=90,
+                             message="node-a to run every task")
+            if timeout_ms is None:
+                assert learned, "node-a should have learned node-b's tasks first"
+            await traffic.stop()
+            await exact_counts(bootstrap, sink, traffic.produced)
+        finally:
+            await traffic.stop()
+            leaves.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(leaving_run, 60)

@@ -131,12 +131,13 @@ class App:
             control = ControlListener(
                 self.bootstrap_servers, self.config.application_id,
                 self.config.group_instance_id, self._on_mark, self._on_rebalance_request,
-                self._on_fetch_request,
+                self._on_fetch_request, self._on_subscription,
             )
             self._control = control
             for thread in self.threads:
                 thread.ask_leader = self._ask_leader
                 thread.tell_followers = self._tell_followers
+                thread.publish_subscription = self._publish_subscription
             runs = [asyncio.create_task(t.run(topics)) for t in self.threads]
             extras = [asyncio.create_task(control.run(self._stop))]
             stopper = asyncio.create_task(self._stop.wait())
@@ -185,6 +186,14 @@ class App:
         for thread in self.threads:
             if thread.static_id in static_ids and not thread.assignor.is_leader:
                 thread.fetch_assignment()
+
+    def _on_subscription(self, static_id: str, data: bytes) -> None:
+        for thread in self.threads:
+            thread.assignor.fresh_subscriptions[static_id] = data
+
+    def _publish_subscription(self, static_id: str, data: bytes) -> None:
+        if self._control is not None:
+            self._in_background(self._control.publish_subscription(static_id, data))
 
     def _ask_leader(self, reason: str) -> None:
         if self._control is not None:

@@ -33,6 +33,9 @@ def control_topic_name(application_id: str) -> str:
 REBALANCE_KEY = b"__rebalance__"
 #: Key of the records in which a leader tells static members to fetch a new assignment.
 FETCH_KEY = b"__fetch__"
+#: Key of the records in which a static member publishes its current subscription: a broker
+#: may keep a static follower's old metadata when it rejoins a stable group.
+SUBSCRIPTION_KEY = b"__subscription__"
 
 
 @dataclass(frozen=True)
@@ -71,12 +74,14 @@ class ControlListener:
         on_mark: Callable[[LeavingMark | None], None],
         on_rebalance_request: Callable[[str], None] = lambda reason: None,
         on_fetch_request: Callable[[list[str]], None] = lambda members: None,
+        on_subscription: Callable[[str, bytes], None] = lambda static_id, data: None,
     ) -> None:
         self._topic = control_topic_name(application_id)
         self._instance = instance_id.encode() if instance_id else None
         self._on_mark = on_mark
         self._on_rebalance_request = on_rebalance_request
         self._on_fetch_request = on_fetch_request
+        self._on_subscription = on_subscription
         self._started_ms = 0
         self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                           auto_offset_reset="earliest")
@@ -94,6 +99,12 @@ class ControlListener:
                 batches = await self._consumer.getmany(timeout_ms=300)
                 for records in batches.values():
                     for record in records:
+                        if record.key == SUBSCRIPTION_KEY:
+                            if record.timestamp >= self._started_ms and record.value:
+                                with contextlib.suppress(Exception):
+                                    static_id, data = msgpack.unpackb(record.value, raw=False)
+                                    self._on_subscription(str(static_id), bytes(data))
+                            continue
                         if record.key == FETCH_KEY:
                             if record.timestamp >= self._started_ms and record.value:
                                 with contextlib.suppress(Exception):
@@ -121,6 +132,9 @@ class ControlListener:
 
     async def request_rebalance(self, reason: str) -> None:
         await self._send(REBALANCE_KEY, reason.encode())
+
+    async def publish_subscription(self, static_id: str, data: bytes) -> None:
+        await self._send(SUBSCRIPTION_KEY, msgpack.packb([static_id, data]))
 
     async def request_fetch(self, static_ids: list[str]) -> None:
         await self._send(FETCH_KEY, msgpack.packb(static_ids))

@@ -84,6 +84,8 @@ class RelayAssignor(AbstractPartitionAssignor):
         #: Static members of the last round this leader assigned; some brokers let a static
         #: follower skip the rejoin, so the leader tells them to fetch their assignment.
         self.static_followers: list[str] = []
+        #: The latest subscription each static member published on the control topic.
+        self.fresh_subscriptions: dict[str, bytes] = {}
         self.last_assignments: dict[str, MemberAssignment] = {}
 
     @property
@@ -104,12 +106,16 @@ class RelayAssignor(AbstractPartitionAssignor):
         for member_id in sorted(members):
             subscription = decode_subscription_or_none(member_id, members[member_id].user_data)
             if subscription is not None and subscription.static:
-                static_ids[member_id] = f"{subscription.instance_id}-thread-{subscription.thread}"
+                static_id = f"{subscription.instance_id}-thread-{subscription.thread}"
+                static_ids[member_id] = static_id
+                subscription = self._freshest(static_id, subscription)
             if subscription is None:
                 # Undecodable metadata: the member counts as new, with no state.
                 decoded.append(Member(member_id, member_id, 0, frozenset(), {}, {}))
             else:
                 decoded.append(member_from_subscription(member_id, subscription))
+        log.debug("leader sees %s", [
+            (m.member_id[:24], sorted(m.active), m.leaving, dict(m.learners)) for m in decoded])
         assignments, self.memory = assign(
             self._layout.tasks(), decoded, self._config, self._clock_ms(), self.memory
         )
@@ -129,6 +135,18 @@ class RelayAssignor(AbstractPartitionAssignor):
             )
         log.info("leader assigned %d tasks to %d members", len(self._layout.tasks()), len(result))
         return result
+
+    def _freshest(self, static_id: str, broker_copy: Subscription) -> Subscription:
+        """The broker's copy of a static member's subscription, or the one it published
+        later (same process, higher token)."""
+        published = self.fresh_subscriptions.get(static_id)
+        if published is None:
+            return broker_copy
+        fresh = decode_subscription_or_none(static_id, published)
+        if (fresh is not None and fresh.pid == broker_copy.pid
+                and fresh.rejoin_token > broker_copy.rejoin_token):
+            return fresh
+        return broker_copy
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:  # type: ignore[override]
         self.is_leader, self._assigned_this_round = self._assigned_this_round, False

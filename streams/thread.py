@@ -31,7 +31,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, RebalanceInPro
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from assignor import AssignorConfig, MemberAssignment
-from assignor.protocol import Subscription
+from assignor.protocol import Subscription, encode_subscription
 from statestore.changelog import ChangelogWriter
 from statestore.restore import ChangelogReader
 from statestore.store import KeyValueStore
@@ -109,6 +109,7 @@ class StreamThread:
         self.shutdown_requested = False
         self.ask_leader: Callable[[str], None] = lambda reason: None
         self.tell_followers: Callable[[list[str]], None] = lambda static_ids: None
+        self.publish_subscription: Callable[[str, bytes], None] = lambda sid, data: None
         self.status = ThreadStatus()
         self.late_records_dropped = 0
         #: Records processed while the group was rebalancing (cooperative members only).
@@ -187,12 +188,18 @@ class StreamThread:
         also asks the leader (through the control topic) to rejoin, since a broker may answer
         a static follower's rejoin with its cached assignment and no rebalance."""
         log.info("thread %d asks for a rebalance: %s", self.index, reason)
-        self._rejoin_token += 1
+        self._publish()
         coordinator = getattr(self.consumer, "_coordinator", None)
         if coordinator is not None:
             coordinator.request_rejoin()
         if broadcast and self.static_id is not None and not self.assignor.is_leader:
             self.ask_leader(f"{self.static_id}: {reason}")
+
+    def _publish(self) -> None:
+        """A new token, and for a static member its subscription on the control topic."""
+        self._rejoin_token += 1
+        if self.static_id is not None:
+            self.publish_subscription(self.static_id, encode_subscription(self._subscription()))
 
     def fetch_assignment(self) -> None:
         """Rejoin to fetch the assignment the leader just computed (no new rebalance)."""
@@ -243,6 +250,7 @@ class StreamThread:
                 self._stop.set()
                 return
             await self._apply(assignment)
+            self._publish()
             if self.assignor.is_leader:
                 followers = [s for s in self.assignor.static_followers if s != self.static_id]
                 self.tell_followers(followers)
@@ -563,10 +571,16 @@ class StreamThread:
             for task in self.tasks.values()
             for tp, offset in task.processed.items()
         }
-        if offsets:
+        rebalancing = getattr(self.consumer._coordinator, "rebalancing", False)
+        if offsets and rebalancing and not force:
+            # The group is rebalancing: a commit now would wait for the join to complete,
+            # while the join's callbacks wait for this commit. The next commit carries them.
+            log.debug("thread %d: offset commit deferred during a rebalance", self.index)
+        elif offsets:
             try:
-                await self.consumer.commit(offsets)
-            except (CommitFailedError, RebalanceInProgressError, IllegalStateError) as exc:
+                await asyncio.wait_for(self.consumer.commit(offsets), 15)
+            except (CommitFailedError, RebalanceInProgressError, IllegalStateError,
+                    TimeoutError) as exc:
                 # A rebalance is under way (cooperative members keep processing through
                 # it); the next commit carries these offsets. The stores' input position
                 # keeps the state exact meanwhile.

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import os
 import signal
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ from streams.thread import StreamThread, status_topic_name
 from streams.topology import SubTopology, Topology
 
 log = logging.getLogger(__name__)
+_APP_COUNTER = itertools.count()
 
 
 class App:
@@ -52,6 +56,10 @@ class App:
         self._broker: EmbeddedBroker | None = None
         self.on_record: Callable[[Any, Any], None] | None = None
         self._control: ControlListener | None = None
+        #: The process's identity in the group: its group instance id when static, else a
+        #: name of its own (``relay describe`` shows it; ``relay mark-leaving`` takes it).
+        self.instance_id = self.config.group_instance_id or (
+            f"{socket.gethostname()}-{os.getpid()}-{next(_APP_COUNTER)}")
         self._background: set[asyncio.Task[None]] = set()
 
     # -- the DSL's entry points -----------------------------------------------------------
@@ -125,12 +133,13 @@ class App:
                 StreamThread(
                     self.config, i, subs, self.bootstrap_servers,
                     leaving=lambda: self.leaving, on_record=self.on_record,
+                    instance_id=self.instance_id,
                 )
                 for i in range(self.config.num_threads)
             ]
             control = ControlListener(
                 self.bootstrap_servers, self.config.application_id,
-                self.config.group_instance_id, self._on_mark, self._on_rebalance_request,
+                self.instance_id, self._on_mark, self._on_rebalance_request,
                 self._on_fetch_request, self._on_subscription,
             )
             self._control = control
@@ -161,7 +170,7 @@ class App:
                 with contextlib.suppress(Exception):
                     await extra
             stopper.cancel()
-            if self.config.group_instance_id and all(t.shutdown_requested for t in self.threads):
+            if all(t.shutdown_requested for t in self.threads):
                 await control.clear_mark()
                 log.info("instance %s left the group after handing over its tasks",
                          self.config.group_instance_id)

@@ -117,7 +117,8 @@ class RelayAssignor(AbstractPartitionAssignor):
         log.debug("leader sees %s", [
             (m.member_id[:24], sorted(m.active), m.leaving, dict(m.learners)) for m in decoded])
         assignments, self.memory = assign(
-            self._layout.tasks(), decoded, self._config, self._clock_ms(), self.memory
+            self._layout.tasks(), decoded, self._config, self._clock_ms(), self.memory,
+            use_learners=self.cooperative,
         )
         self.last_assignments = assignments
         self._assigned_this_round = True

@@ -80,13 +80,16 @@ class StreamThread:
         bootstrap_servers: str,
         leaving: Callable[[], tuple[bool, int | None, int | None]] = lambda: (False, None, None),
         on_record: Callable[[StreamTask, Any], None] | None = None,
+        instance_id: str | None = None,
     ) -> None:
         self.config = config
         self.index = index
         self.subs = subs
         self.bootstrap = bootstrap_servers
         self.layout = TaskLayout(tuple(subs))
-        self.instance_id = config.group_instance_id or f"pid-{os.getpid()}-{id(self):x}"
+        self.instance_id = (
+            instance_id or config.group_instance_id or f"pid-{os.getpid()}-{id(self):x}"
+        )
         self.static_id = (
             f"{config.group_instance_id}-thread-{index}" if config.group_instance_id else None
         )
@@ -449,6 +452,7 @@ class StreamThread:
             "leaving_since_ms": since,
             "rebalances": self.status.rebalances,
             "processed": sum(t.records_processed for t in self.tasks.values()),
+            "restored_records": self.restorer.stats.records + self.follower.stats.records,
             "updated_ms": int(time.time() * 1000),
         }
 

@@ -1,0 +1,39 @@
+"""The benchmarks run end to end at tiny sizes (figures are printed, never asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import restore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.broker
+def test_restore_benchmark_verifies_the_restored_store(bootstrap: str, tmp_path: Path) -> None:
+    out = tmp_path / "restore.json"
+    restore.main(["--records", "3000", "--repeat", "1", "--bootstrap", bootstrap,
+                  "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert result["verified"] is True
+    assert result["records"] == 3000
+    assert result["aiokafka_raw"]["best_records_per_s"] > 0
+    assert result["relay_restore"]["best_records_per_s"] > 0
+    assert {"ratio_best", "fill_records_per_s", "peak_rss_mb", "versions"} <= set(result)
+
+
+def test_assignor_benchmark_reports_time_and_size(tmp_path: Path) -> None:
+    out = tmp_path / "assignor.json"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.assignor", "--tasks", "300", "--instances", "10",
+         "--threads", "2", "--repeat", "1", "--json", str(out)],
+        cwd=ROOT, check=True, capture_output=True,
+    )
+    result = json.loads(out.read_text())
+    assert result["tasks"] == 300 and result["members"] == 22
+    assert 0 < result["metadata_bytes"] < 2**20

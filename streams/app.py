@@ -191,10 +191,10 @@ class App:
                 thread.request_rejoin(f"as leader, for another member: {reason}",
                                       broadcast=False)
 
-    def _on_fetch_request(self, static_ids: list[str]) -> None:
+    def _on_fetch_request(self, static_ids: list[str], generation: int) -> None:
         for thread in self.threads:
             if thread.static_id in static_ids and not thread.assignor.is_leader:
-                thread.fetch_assignment()
+                thread.fetch_assignment(generation)
 
     def _on_subscription(self, static_id: str, data: bytes) -> None:
         for thread in self.threads:
@@ -208,9 +208,9 @@ class App:
         if self._control is not None:
             self._in_background(self._control.request_rebalance(reason))
 
-    def _tell_followers(self, static_ids: list[str]) -> None:
+    def _tell_followers(self, static_ids: list[str], generation: int) -> None:
         if self._control is not None and static_ids:
-            self._in_background(self._control.request_fetch(static_ids))
+            self._in_background(self._control.request_fetch(static_ids, generation))
 
     def _in_background(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)

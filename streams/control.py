@@ -73,7 +73,7 @@ class ControlListener:
         instance_id: str | None,
         on_mark: Callable[[LeavingMark | None], None],
         on_rebalance_request: Callable[[str], None] = lambda reason: None,
-        on_fetch_request: Callable[[list[str]], None] = lambda members: None,
+        on_fetch_request: Callable[[list[str], int], None] = lambda members, generation: None,
         on_subscription: Callable[[str, bytes], None] = lambda static_id, data: None,
     ) -> None:
         self._topic = control_topic_name(application_id)
@@ -108,8 +108,9 @@ class ControlListener:
                         if record.key == FETCH_KEY:
                             if record.timestamp >= self._started_ms and record.value:
                                 with contextlib.suppress(Exception):
-                                    names = msgpack.unpackb(record.value, raw=False)
-                                    self._on_fetch_request([str(n) for n in names])
+                                    names, generation = msgpack.unpackb(record.value, raw=False)
+                                    self._on_fetch_request([str(n) for n in names],
+                                                           int(generation))
                             continue
                         if record.key == REBALANCE_KEY:
                             if record.timestamp >= self._started_ms and record.value:
@@ -136,8 +137,8 @@ class ControlListener:
     async def publish_subscription(self, static_id: str, data: bytes) -> None:
         await self._send(SUBSCRIPTION_KEY, msgpack.packb([static_id, data]))
 
-    async def request_fetch(self, static_ids: list[str]) -> None:
-        await self._send(FETCH_KEY, msgpack.packb(static_ids))
+    async def request_fetch(self, static_ids: list[str], generation: int) -> None:
+        await self._send(FETCH_KEY, msgpack.packb([static_ids, generation]))
 
     async def _send(self, key: bytes, value: bytes) -> None:
         producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap)

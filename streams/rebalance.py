@@ -139,13 +139,13 @@ class RelayAssignor(AbstractPartitionAssignor):
 
     def _freshest(self, static_id: str, broker_copy: Subscription) -> Subscription:
         """The broker's copy of a static member's subscription, or the one it published
-        later (same process, higher token)."""
+        later (same process, same or higher token: it publishes after every change)."""
         published = self.fresh_subscriptions.get(static_id)
         if published is None:
             return broker_copy
         fresh = decode_subscription_or_none(static_id, published)
         if (fresh is not None and fresh.pid == broker_copy.pid
-                and fresh.rejoin_token > broker_copy.rejoin_token):
+                and fresh.rejoin_token >= broker_copy.rejoin_token):
             return fresh
         return broker_copy
 

@@ -111,7 +111,7 @@ class StreamThread:
         self._rejoin_timer: asyncio.TimerHandle | None = None
         self.shutdown_requested = False
         self.ask_leader: Callable[[str], None] = lambda reason: None
-        self.tell_followers: Callable[[list[str]], None] = lambda static_ids: None
+        self.tell_followers: Callable[[list[str], int], None] = lambda ids, generation: None
         self.publish_subscription: Callable[[str, bytes], None] = lambda sid, data: None
         self.status = ThreadStatus()
         self.late_records_dropped = 0
@@ -198,16 +198,21 @@ class StreamThread:
         if broadcast and self.static_id is not None and not self.assignor.is_leader:
             self.ask_leader(f"{self.static_id}: {reason}")
 
-    def _publish(self) -> None:
-        """A new token, and for a static member its subscription on the control topic."""
-        self._rejoin_token += 1
+    def _publish(self, new_token: bool = True) -> None:
+        """A new token (for a rejoin), and for a static member its subscription on the control
+        topic."""
+        if new_token:
+            self._rejoin_token += 1
         if self.static_id is not None:
             self.publish_subscription(self.static_id, encode_subscription(self._subscription()))
 
-    def fetch_assignment(self) -> None:
-        """Rejoin to fetch the assignment the leader just computed (no new rebalance)."""
+    def fetch_assignment(self, generation: int) -> None:
+        """Rejoin to fetch the assignment the leader computed in ``generation``, if this
+        member missed that round (a static follower the broker did not wait for)."""
         coordinator = getattr(self.consumer, "_coordinator", None)
-        if coordinator is not None:
+        if coordinator is not None and coordinator.generation < generation:
+            log.info("%s missed generation %d: rejoining to fetch its assignment",
+                     self.static_id, generation)
             coordinator.request_rejoin()
 
     # -- rebalance callbacks --------------------------------------------------------------
@@ -253,10 +258,10 @@ class StreamThread:
                 self._stop.set()
                 return
             await self._apply(assignment)
-            self._publish()
+            self._publish(new_token=False)
             if self.assignor.is_leader:
                 followers = [s for s in self.assignor.static_followers if s != self.static_id]
-                self.tell_followers(followers)
+                self.tell_followers(followers, self.status.generation)
 
     async def _apply(self, assignment: MemberAssignment) -> None:
         current: dict[str, Role] = {t: Role.ACTIVE for t in self.tasks}

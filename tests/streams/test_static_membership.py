@@ -3,13 +3,15 @@ gets its tasks back with no rebalance of the others and no state movement."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import wait_until
-from tests.streams.harness import create_topics, latest, make_app, produce, read_all, running
+from tests.streams.harness import create_topics, latest, make_app, produce, read_all
 
 pytestmark = pytest.mark.broker
 STATIC = {"session_timeout_ms": 30_000, "heartbeat_interval_ms": 2_000}
@@ -30,33 +32,45 @@ async def test_a_static_restart_moves_nothing(
     await create_topics(bootstrap, {source: 4, sink: 1})
     await produce(bootstrap, source, [(f"k{i % 9}", i) for i in range(900)])
 
-    other = counting(app_id, bootstrap, tmp_path / "b", "node-b", source, sink)
-    first = counting(app_id, bootstrap, tmp_path / "a", "node-a", source, sink)
-    async with running(other):
-        async with running(first):
-            await wait_until(
-                lambda: bool(first.threads and other.threads)
-                and len(first.threads[0].tasks) == 2 and len(other.threads[0].tasks) == 2,
-                timeout_s=150, message="both static members to run two tasks",
-            )
+    dirs = {"node-a": tmp_path / "a", "node-b": tmp_path / "b"}
+    apps = {name: counting(app_id, bootstrap, d, name, source, sink) for name, d in dirs.items()}
+    runs = {name: asyncio.create_task(app.run_async()) for name, app in apps.items()}
 
-            async def counted(total: int) -> bool:
-                counts = latest(await read_all(bootstrap, sink, 1))
-                return sum(counts.values()) == total and len(counts) == 9
+    async def counted(total: int) -> bool:
+        counts = latest(await read_all(bootstrap, sink, 1))
+        return sum(counts.values()) == total and len(counts) == 9
 
-            await wait_until(lambda: counted(900), timeout_s=90, message="first counts")
-            tasks_before = sorted(first.threads[0].tasks)
-            generation = other.threads[0].status.generation
-            rebalances = other.threads[0].status.rebalances
-        # node-a stopped without leaving the group; it comes back within the session timeout.
+    try:
+        await wait_until(
+            lambda: all(a.threads and len(a.threads[0].tasks) == 2 for a in apps.values()),
+            timeout_s=150, message="both static members to run two tasks",
+        )
+        await wait_until(lambda: counted(900), timeout_s=90, message="first counts")
+        # Restart a follower: a static *leader* that rejoins starts a rebalance by design
+        # (KIP-345: the leader must see every member's metadata again).
+        name = next(n for n, a in apps.items() if not a.threads[0].assignor.is_leader)
+        other = next(a for n, a in apps.items() if n != name)
+        tasks_before = sorted(apps[name].threads[0].tasks)
+        generation = other.threads[0].status.generation
+        rebalances = other.threads[0].status.rebalances
+        apps[name].stop()  # static: no LeaveGroup, the group keeps its place
+        await asyncio.wait_for(runs[name], 60)
+
         await produce(bootstrap, source, [(f"k{i % 9}", i) for i in range(900, 1200)])
-        again = counting(app_id, bootstrap, tmp_path / "a", "node-a", source, sink)
-        async with running(again):
-            await wait_until(lambda: bool(again.threads) and len(again.threads[0].tasks) == 2,
-                             timeout_s=60, message="node-a to run its tasks again")
-            assert sorted(again.threads[0].tasks) == tasks_before
-            await wait_until(lambda: counted(1200), timeout_s=60, message="counts after restart")
-            # Nothing moved: node-b saw no rebalance, node-a replayed no changelog.
-            assert other.threads[0].status.generation == generation
-            assert other.threads[0].status.rebalances == rebalances
-            assert again.threads[0].restorer.stats.records == 0
+        again = apps[name] = counting(app_id, bootstrap, dirs[name], name, source, sink)
+        runs[name] = asyncio.create_task(again.run_async())
+        await wait_until(lambda: bool(again.threads) and len(again.threads[0].tasks) == 2,
+                         timeout_s=60, message=f"{name} to run its tasks again")
+        assert sorted(again.threads[0].tasks) == tasks_before
+        await wait_until(lambda: counted(1200), timeout_s=60, message="counts after restart")
+        # Nothing moved: the other member saw no rebalance; the restarted one replayed no
+        # changelog (its checkpoints were current).
+        assert other.threads[0].status.generation == generation
+        assert other.threads[0].status.rebalances == rebalances
+        assert again.threads[0].restorer.stats.records == 0
+    finally:
+        for app in apps.values():
+            app.stop()
+        for run in runs.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(run, 60)

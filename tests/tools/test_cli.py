@@ -108,6 +108,6 @@ async def test_describe_and_remove_members(
             await wait_until(gone, timeout_s=30, message="node-b to be removed")
         finally:
             await client.close()
-        await wait_until(lambda: len(stays.threads[0].tasks) == 4, timeout_s=60,
+        await wait_until(lambda: len(stays.threads[0].tasks) == 4, timeout_s=150,
                          message="node-a to take node-b's tasks")
     assert await read_all(bootstrap, sink, 1)

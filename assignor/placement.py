@@ -263,6 +263,22 @@ def _held_back(
 # -- preferences -----------------------------------------------------------------------------
 
 
+def _closest_copy(
+    task: str,
+    lags: dict[str, dict[str, int]],
+    instances: dict[str, _Instance],
+    max_lag: int | None = None,
+    exclude: str | None = None,
+) -> str | None:
+    """The non-leaving instance with the least-lagging copy of ``task`` (within ``max_lag``)."""
+    candidates = sorted(
+        (lag, inst) for inst, lag in lags.get(task, {}).items()
+        if not instances[inst].leaving and inst != exclude
+        and (max_lag is None or lag <= max_lag)
+    )
+    return candidates[0][1] if candidates else None
+
+
 def _ready_learner(
     task: str,
     learner_lags: dict[str, dict[str, int]],
@@ -270,32 +286,20 @@ def _ready_learner(
     config: AssignorConfig,
     exclude: Member | None,
 ) -> str | None:
-    candidates = sorted(
-        (lag, inst) for inst, lag in learner_lags.get(task, {}).items()
-        if lag <= config.acceptable_lag and not instances[inst].leaving
-        and (exclude is None or inst != exclude.instance_id)
-    )
-    return candidates[0][1] if candidates else None
+    return _closest_copy(task, learner_lags, instances, config.acceptable_lag,
+                         None if exclude is None else exclude.instance_id)
 
 
 def _any_learner(
     task: str, learner_lags: dict[str, dict[str, int]], instances: dict[str, _Instance]
 ) -> str | None:
-    candidates = sorted(
-        (lag, inst) for inst, lag in learner_lags.get(task, {}).items()
-        if not instances[inst].leaving
-    )
-    return candidates[0][1] if candidates else None
+    return _closest_copy(task, learner_lags, instances)
 
 
 def _best_standby(
     task: str, standby_lags: dict[str, dict[str, int]], instances: dict[str, _Instance]
 ) -> str | None:
-    candidates = sorted(
-        (lag, inst) for inst, lag in standby_lags.get(task, {}).items()
-        if not instances[inst].leaving
-    )
-    return candidates[0][1] if candidates else None
+    return _closest_copy(task, standby_lags, instances)
 
 
 def _previous_owner(

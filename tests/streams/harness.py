@@ -18,6 +18,8 @@ from streams.app import App
 
 FAST_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000,
               "commit_interval_ms": 200}
+#: Static membership holds on the embedded broker only with sessions of about 30 s or more.
+STATIC = {"session_timeout_ms": 30_000, "heartbeat_interval_ms": 2_000}
 
 
 async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
@@ -105,6 +107,16 @@ async def running(app: App) -> AsyncIterator[asyncio.Task[None]]:
 def make_app(app_id: str, bootstrap: str, state_dir: Path, **settings: Any) -> App:
     merged = {**FAST_GROUP, **settings}
     return App(app_id, bootstrap_servers=bootstrap, state_dir=state_dir, **merged)
+
+
+def counting_app(app_id: str, bootstrap: str, state_dir: Path, source: str, sink: str,
+                 instance: str | None = None, **settings: Any) -> App:
+    """The tests' workhorse: counts records per key into the store ``counts``."""
+    if instance is not None:
+        settings = {**STATIC, "group_instance_id": instance, **settings}
+    app = make_app(app_id, bootstrap, state_dir, **settings)
+    app.stream(source).group_by_key().count(store="counts").to_stream().to(sink)
+    return app
 
 
 def running_tasks(*apps: App) -> dict[str, list[str]]:

@@ -18,6 +18,7 @@ from streams.thread import FatalThreadError
 from tests.conftest import wait_until
 from tests.streams.harness import (
     FAST_GROUP,
+    counting_app,
     create_topics,
     latest,
     make_app,
@@ -30,11 +31,6 @@ pytestmark = pytest.mark.broker
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def counting_app(app_id: str, bootstrap: str, state_dir: Path, source: str, sink: str,
-                 **settings: object):
-    app = make_app(app_id, bootstrap, state_dir, **settings)
-    app.stream(source).group_by_key().count(store="counts").to_stream().to(sink)
-    return app
 
 
 def keyed(n: int, keys: int, start: int = 0) -> list[tuple[str, int]]:

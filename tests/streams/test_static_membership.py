@@ -11,17 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_until
-from tests.streams.harness import create_topics, latest, make_app, produce, read_all
+from tests.streams.harness import counting_app, create_topics, latest, produce, read_all
 
 pytestmark = pytest.mark.broker
-STATIC = {"session_timeout_ms": 30_000, "heartbeat_interval_ms": 2_000}
 
 
-def counting(app_id: str, bootstrap: str, state_dir: Path, instance: str, source: str,
-             sink: str):
-    app = make_app(app_id, bootstrap, state_dir, group_instance_id=instance, **STATIC)
-    app.stream(source).group_by_key().count(store="counts").to_stream().to(sink)
-    return app
 
 
 async def test_a_static_restart_moves_nothing(
@@ -33,7 +27,8 @@ async def test_a_static_restart_moves_nothing(
     await produce(bootstrap, source, [(f"k{i % 9}", i) for i in range(900)])
 
     dirs = {"node-a": tmp_path / "a", "node-b": tmp_path / "b"}
-    apps = {name: counting(app_id, bootstrap, d, name, source, sink) for name, d in dirs.items()}
+    apps = {name: counting_app(app_id, bootstrap, d, source, sink, name)
+            for name, d in dirs.items()}
     runs = {name: asyncio.create_task(app.run_async()) for name, app in apps.items()}
 
     async def counted(total: int) -> bool:
@@ -57,7 +52,7 @@ async def test_a_static_restart_moves_nothing(
         await asyncio.wait_for(runs[name], 60)
 
         await produce(bootstrap, source, [(f"k{i % 9}", i) for i in range(900, 1200)])
-        again = apps[name] = counting(app_id, bootstrap, dirs[name], name, source, sink)
+        again = apps[name] = counting_app(app_id, bootstrap, dirs[name], source, sink, name)
         runs[name] = asyncio.create_task(again.run_async())
         await wait_until(lambda: bool(again.threads) and len(again.threads[0].tasks) == 2,
                          timeout_s=60, message=f"{name} to run its tasks again")

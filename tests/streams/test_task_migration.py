@@ -14,18 +14,18 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_until
-from tests.streams.harness import create_topics, latest, make_app, produce, read_all, running
+from tests.streams.harness import (
+    counting_app,
+    create_topics,
+    latest,
+    produce,
+    read_all,
+    running,
+)
 
 pytestmark = pytest.mark.broker
-STATIC = {"session_timeout_ms": 30_000, "heartbeat_interval_ms": 2_000}
 
 
-def counting(app_id: str, bootstrap: str, state_dir: Path, instance: str | None, source: str,
-             sink: str, **settings: object):
-    app = make_app(app_id, bootstrap, state_dir, group_instance_id=instance,
-                   **{**STATIC, **settings})
-    app.stream(source).group_by_key().count(store="counts").to_stream().to(sink)
-    return app
 
 
 class Traffic:
@@ -74,9 +74,9 @@ async def test_scale_out_learns_first_then_moves(
     traffic = Traffic(bootstrap, source)
     traffic.produced = {f"k{k}": len(range(k, 3000, 17)) for k in range(17)}
     # Dynamic members (short sessions, quick rounds): static membership is not under test.
-    old = counting(app_id, bootstrap, tmp_path / "old", None, source, sink,
+    old = counting_app(app_id, bootstrap, tmp_path / "old", source, sink, None,
                    session_timeout_ms=6000, heartbeat_interval_ms=1000)
-    new = counting(app_id, bootstrap, tmp_path / "new", None, source, sink,
+    new = counting_app(app_id, bootstrap, tmp_path / "new", source, sink, None,
                    session_timeout_ms=6000, heartbeat_interval_ms=1000)
     async with running(old):
         await wait_until(lambda: bool(old.threads) and len(old.threads[0].tasks) == 4,
@@ -116,8 +116,8 @@ async def test_a_member_marked_leaving_hands_over_and_shuts_down(
     app_id = unique("scale-down")
     source, sink = f"{app_id}-in", f"{app_id}-out"
     await create_topics(bootstrap, {source: 4, sink: 1})
-    stays = counting(app_id, bootstrap, tmp_path / "a", "node-a", source, sink)
-    leaves = counting(app_id, bootstrap, tmp_path / "b", "node-b", source, sink)
+    stays = counting_app(app_id, bootstrap, tmp_path / "a", source, sink, "node-a")
+    leaves = counting_app(app_id, bootstrap, tmp_path / "b", source, sink, "node-b")
     traffic = Traffic(bootstrap, source)
     async with running(stays):
         leaving_run = asyncio.create_task(leaves.run_async())

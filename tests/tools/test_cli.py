@@ -17,11 +17,10 @@ from aiokafka.client import AIOKafkaClient
 
 from streams.membership import describe_group
 from tests.conftest import wait_until
-from tests.streams.harness import create_topics, make_app, produce, read_all, running
+from tests.streams.harness import counting_app, create_topics, produce, read_all, running
 
 pytestmark = pytest.mark.broker
 ROOT = Path(__file__).resolve().parents[2]
-STATIC = {"session_timeout_ms": 30_000, "heartbeat_interval_ms": 2_000}
 
 
 async def relay(*args: str, bootstrap: str | None = None) -> tuple[int, str]:
@@ -37,12 +36,6 @@ async def relay(*args: str, bootstrap: str | None = None) -> tuple[int, str]:
     return process.returncode or 0, out.decode()
 
 
-def counting(app_id: str, bootstrap: str, state_dir: Path, instance: str, source: str,
-             sink: str, **settings: object):
-    app = make_app(app_id, bootstrap, state_dir, group_instance_id=instance,
-                   **{**STATIC, **settings})
-    app.stream(source).group_by_key().count(store="counts").to_stream().to(sink)
-    return app
 
 
 async def test_errors_exit_non_zero_and_change_nothing(bootstrap: str) -> None:
@@ -67,8 +60,8 @@ async def test_describe_and_remove_members(
     source, sink = f"{app_id}-in", f"{app_id}-out"
     await create_topics(bootstrap, {source: 4, sink: 1})
     await produce(bootstrap, source, [(f"k{i % 5}", i) for i in range(100)])
-    stays = counting(app_id, bootstrap, tmp_path / "a", "node-a", source, sink, num_standbys=1)
-    goes = counting(app_id, bootstrap, tmp_path / "b", "node-b", source, sink, num_standbys=1)
+    stays = counting_app(app_id, bootstrap, tmp_path / "a", source, sink, "node-a", num_standbys=1)
+    goes = counting_app(app_id, bootstrap, tmp_path / "b", source, sink, "node-b", num_standbys=1)
     async with running(stays):
         async with running(goes):
             await wait_until(

@@ -39,7 +39,7 @@ from aiokafka.structs import TopicPartition
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
 from streams.broker import EmbeddedBroker
 from streams.control import LeavingMark, control_topic_name, encode_mark
-from streams.thread import status_topic_name
+from streams.status import status_topic_name
 
 STRATEGIES = {"relay-learner": "cooperative", "relay-stop-the-world": "eager"}
 

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,8 @@ from streams.config import AppConfig
 from streams.control import ControlListener, LeavingMark, control_topic_name
 from streams.dsl import Stream, Table, table_from_topic
 from streams.processors import SourceNode
-from streams.thread import StreamThread, status_topic_name
+from streams.status import read_status, status_topic_name
+from streams.thread import FatalThreadError, StreamThread
 from streams.topology import SubTopology, Topology
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,8 @@ class App:
         self._control: ControlListener | None = None
         #: The process's identity in the group: its group instance id when static, else a
         #: name of its own (``relay describe`` shows it; ``relay mark-leaving`` takes it).
+        #: Tells this run apart from any other process (or earlier run) with the same ids.
+        self.incarnation = uuid.uuid4().hex
         self.instance_id = self.config.group_instance_id or (
             f"{socket.gethostname()}-{os.getpid()}-{next(_APP_COUNTER)}")
         self._background: set[asyncio.Task[None]] = set()
@@ -127,13 +131,14 @@ class App:
                 subs = await self.prepare(admin)
             finally:
                 await admin.close()
+            await self._refuse_duplicate_instance()
             topics = sorted({t for s in subs for t in s.sources})
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
             self.threads = [
                 StreamThread(
                     self.config, i, subs, self.bootstrap_servers,
                     leaving=lambda: self.leaving, on_record=self.on_record,
-                    instance_id=self.instance_id,
+                    instance_id=self.instance_id, incarnation=self.incarnation,
                 )
                 for i in range(self.config.num_threads)
             ]
@@ -180,6 +185,34 @@ class App:
             if self._broker is not None:
                 self._broker.stop()
                 self._broker = None
+
+    async def _refuse_duplicate_instance(self, recheck_s: float = 3.0) -> None:
+        """Fail fast when a live process already runs this static id.
+
+        Some brokers do not fence a second member with the same group instance id: it would
+        silently share the first one's partitions. A member is live when its status record
+        (published every second) is still being updated; a stale record of a crashed process
+        does not count.
+        """
+        gid = self.config.group_instance_id
+        if gid is None or self.bootstrap_servers is None:
+            return
+        mine = {f"{gid}-thread-{n}" for n in range(self.config.num_threads)}
+        first = {k: v for k, v in (await read_status(self.bootstrap_servers,
+                                                     self.config.application_id)).items()
+                 if k in mine and v.get("incarnation") != self.incarnation}
+        if not first:
+            return
+        await asyncio.sleep(recheck_s)
+        again = await read_status(self.bootstrap_servers, self.config.application_id)
+        for key, record in sorted(first.items()):
+            now = again.get(key)
+            if now is not None and now.get("updated_ms", 0) > record.get("updated_ms", 0):
+                raise FatalThreadError(
+                    f"duplicate group instance id {key}: process {now.get('pid')} "
+                    f"(instance {now.get('instance_id')}) is running it; give this instance "
+                    f"another group_instance_id, or stop the other one first"
+                )
 
     def stop(self) -> None:
         if self._stop is not None:

@@ -30,7 +30,7 @@ from rich.table import Table
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
 from streams.broker import EmbeddedBroker
 from streams.demo_app import APP_ID, CLICKS, TOTALS, WINDOWED
-from streams.thread import status_topic_name
+from streams.status import status_topic_name
 
 USERS = [f"user-{i:02d}" for i in range(12)]
 console = Console()

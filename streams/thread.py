@@ -39,6 +39,7 @@ from streams import cooperative
 from streams.config import AppConfig
 from streams.membership import leave_group
 from streams.rebalance import RelayAssignor, TaskLayout
+from streams.status import status_topic_name
 from streams.task import RecordError, StreamTask, open_task_stores
 from streams.topology import SubTopology
 from streams.transitions import Role, plan_transitions
@@ -48,10 +49,6 @@ log = logging.getLogger(__name__)
 UNKNOWN_LAG = 2**31 - 1
 
 
-def status_topic_name(application_id: str) -> str:
-    """Members publish what they run here (compacted, keyed by member); ``describe`` reads it,
-    since a broker's DescribeGroups does not return members' assignments."""
-    return f"{application_id}-status"
 
 
 class FatalThreadError(RuntimeError):
@@ -81,7 +78,9 @@ class StreamThread:
         leaving: Callable[[], tuple[bool, int | None, int | None]] = lambda: (False, None, None),
         on_record: Callable[[StreamTask, Any], None] | None = None,
         instance_id: str | None = None,
+        incarnation: str = "",
     ) -> None:
+        self.incarnation = incarnation
         self.config = config
         self.index = index
         self.subs = subs
@@ -152,6 +151,10 @@ class StreamThread:
         self._output_futures: list[asyncio.Future[Any]] = []
         self.follower = ChangelogReader(bootstrap_servers, client_id=f"{self.instance_id}-copies")
         self.restorer = ChangelogReader(bootstrap_servers, client_id=f"{self.instance_id}-restore")
+
+    @property
+    def status_key(self) -> bytes:
+        return (self.static_id or f"{self.instance_id}-thread-{self.index}").encode()
 
     @property
     def state_dir(self) -> Path:
@@ -446,6 +449,7 @@ class StreamThread:
             "thread": self.index,
             "static_id": self.static_id,
             "pid": os.getpid(),
+            "incarnation": self.incarnation,
             "member_id": self.status.member_id,
             "generation": self.status.generation,
             "active": self.status.active,
@@ -463,7 +467,7 @@ class StreamThread:
 
     async def _status_loop(self) -> None:
         topic = status_topic_name(self.config.application_id)
-        key = (self.static_id or f"{self.instance_id}-thread-{self.index}").encode()
+        key = self.status_key
         while not self._stop.is_set():
             with contextlib.suppress(Exception):
                 await self.producer.send(
@@ -673,6 +677,10 @@ class StreamThread:
                 self._close_task(task_id)
         if self.shutdown_requested and self.static_id is not None:
             await self._leave_as_static_member()
+        with contextlib.suppress(Exception):
+            # Gone: describe and the duplicate check at start no longer see this member.
+            await self.producer.send_and_wait(
+                status_topic_name(self.config.application_id), key=self.status_key, value=None)
         for client in (self.consumer, self.follower, self.restorer, self.producer):
             with contextlib.suppress(Exception):
                 await client.stop()

@@ -17,19 +17,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
-import msgpack
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaConnectionError, KafkaError
-from aiokafka.structs import TopicPartition
 from rich.console import Console
 from rich.table import Table
 
 from streams.broker import EmbeddedBroker
 from streams.control import LeavingMark, control_topic_name, encode_mark
 from streams.membership import MembershipError, describe_group, leave_group
-from streams.thread import status_topic_name
+from streams.status import read_status as read_member_status
+from streams.status import status_topic_name
 
 EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
 STALE_AFTER_MS = 15_000
@@ -86,32 +85,7 @@ async def read_status(bootstrap: str, app: str) -> dict[str, dict[str, Any]]:
     if topic not in topics:
         raise ToolError(f"unknown app {app!r}: there is no topic {topic} on {bootstrap}",
                         EXIT_USAGE)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    latest: dict[str, dict[str, Any]] = {}
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        while True:
-            batches = await consumer.getmany(timeout_ms=500)
-            for records in batches.values():
-                for r in records:
-                    key = r.key.decode(errors="replace") if r.key else "?"
-                    if r.value is None:
-                        latest.pop(key, None)
-                        continue
-                    try:
-                        latest[key] = msgpack.unpackb(r.value, raw=False)
-                    except Exception:
-                        console.print(f"[yellow]skipping an unreadable status record at "
-                                      f"offset {r.offset}[/]")
-            highwater = consumer.highwater(tp)
-            if highwater is not None and await consumer.position(tp) >= highwater:
-                break
-    finally:
-        await consumer.stop()
-    return latest
+    return await read_member_status(bootstrap, app)
 
 
 def live(status: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

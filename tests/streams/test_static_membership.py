@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from streams.thread import FatalThreadError
 from tests.conftest import wait_until
 from tests.streams.harness import counting_app, create_topics, latest, produce, read_all
 
@@ -69,3 +70,25 @@ async def test_a_static_restart_moves_nothing(
         for run in runs.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(run, 60)
+
+
+async def test_duplicate_group_instance_id_fails_the_newcomer_fast(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
+) -> None:
+    app_id = unique("dup")
+    source, sink = f"{app_id}-in", f"{app_id}-out"
+    await create_topics(bootstrap, {source: 2, sink: 1})
+    first = counting_app(app_id, bootstrap, tmp_path / "a", source, sink, "node-a")
+    run_first = asyncio.create_task(first.run_async())
+    try:
+        await wait_until(lambda: bool(first.threads and first.threads[0].tasks),
+                         timeout_s=120, message="the first member to run")
+        await asyncio.sleep(1.5)  # its status is published every second
+        second = counting_app(app_id, bootstrap, tmp_path / "b", source, sink, "node-a")
+        with pytest.raises(FatalThreadError, match="duplicate group instance id node-a-thread-0"):
+            await asyncio.wait_for(second.run_async(), 60)
+        assert first.threads[0].tasks and not run_first.done()  # the first one runs on
+    finally:
+        first.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(run_first, 60)

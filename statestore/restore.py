@@ -183,19 +183,20 @@ class ChangelogReader:
         return applied
 
     def _changes(self, tp: TopicPartition, store: KeyValueStore, records: list) -> list:
-        changes: list[ChangelogRecord] = [(r.key, r.value) for r in records]
+        """The records as (key, value) pairs, each checked in the same pass: a key that is
+        present and starts with a known tag, a value the store's serde can read."""
         if not self._validate:
-            return changes
-        ordered_keys = isinstance(store.spec.key_serde, OrderedKeySerde)
+            return [(r.key, r.value) for r in records]
+        check_tag = isinstance(store.spec.key_serde, OrderedKeySerde)
         loads_value = store.spec.value_serde.loads
+        tags = _ORDERED_KEY_TAGS
+        changes: list[ChangelogRecord] = []
+        append = changes.append
         for record in records:
             key, value = record.key, record.value
-            if not key:
-                raise ChangelogDecodeError(tp.topic, tp.partition, record.offset, "no key")
-            if ordered_keys and key[0] not in _ORDERED_KEY_TAGS:
-                raise ChangelogDecodeError(
-                    tp.topic, tp.partition, record.offset, f"key starts with 0x{key[0]:02x}"
-                )
+            if not key or (check_tag and key[0] not in tags):
+                reason = "no key" if not key else f"key starts with 0x{key[0]:02x}"
+                raise ChangelogDecodeError(tp.topic, tp.partition, record.offset, reason)
             if value is not None:
                 try:
                     loads_value(value)
@@ -203,6 +204,7 @@ class ChangelogReader:
                     raise ChangelogDecodeError(
                         tp.topic, tp.partition, record.offset, str(exc)
                     ) from exc
+            append((key, value))
         return changes
 
     async def restore(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from statestore.checkpoint import Checkpoint, read_checkpoint, remove_checkpoint, write_checkpoint
 from statestore.errors import StateStoreError, StoreLockedError
@@ -108,6 +108,8 @@ class KeyValueStore:
             self.position = checkpoint.offset if checkpoint else 0
             options = Options(raw_mode=True)
             options.create_if_missing(True)
+            # Bigger memtables: restoring writes in large batches.
+            options.set_write_buffer_size(64 * 1024 * 1024)
             self._db = Rdict(str(self.directory), options)
         except BaseException:
             self._release_lock()
@@ -311,13 +313,19 @@ class KeyValueStore:
                 delete(key)
             else:
                 put(key, value)
-        db.write(batch)
+        # No write-ahead log: the changelog is the log. A crash before the next checkpoint
+        # (written after a flush) replays from the previous one.
+        db.write(batch, _NO_WAL)
         self.position = next_offset
 
     def ingest_sst(self, sst_path: Path, next_offset: int) -> None:
         """Bulk-load a sorted SST file (a snapshot) and move the position to ``next_offset``."""
         self._require_open().ingest_external_file([str(sst_path)])
         self.position = next_offset
+
+
+_NO_WAL = WriteOptions()
+_NO_WAL.disable_wal = True
 
 
 def _prefix_upper_bound(prefix: bytes) -> bytes | None:

@@ -51,9 +51,6 @@ class AppConfig:
     dead_letter_topic: str | None = None
     #: Partitions of internal topics whose count nothing else determines.
     default_partitions: int = 4
-    #: Learner/standby copies and actives are restored from changelogs, or from a snapshot
-    #: directory built by the Spark pipeline when one is configured.
-    snapshot_dir: Path | None = None
 
     def __post_init__(self) -> None:
         hints = get_type_hints(AppConfig)

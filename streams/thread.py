@@ -391,26 +391,11 @@ class StreamThread:
             while self.restoring and not self._stop.is_set():
                 task_id = sorted(self.restoring)[0]
                 stores = self.restoring[task_id]
-                await self._bootstrap_from_snapshots(task_id, stores)
                 await self.restorer.restore(list(stores.values()))
                 async with self._lock:
                     if self.restoring.get(task_id) is not stores:
                         continue  # revoked while restoring
                     await self._start_task(task_id, self.restoring.pop(task_id))
-
-    async def _bootstrap_from_snapshots(
-        self, task_id: str, stores: dict[str, KeyValueStore]
-    ) -> None:
-        if self.config.snapshot_dir is None:
-            return
-        try:
-            from statestore.snapshot import bootstrap_store
-        except ImportError:
-            return
-        for store in stores.values():
-            bootstrap_store(
-                store, self.config.snapshot_dir, self.config.application_id, task_id
-            )
 
     async def _start_task(self, task_id: str, stores: dict[str, KeyValueStore]) -> None:
         task = StreamTask(task_id, self._sub_of(task_id), stores)

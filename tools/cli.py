@@ -268,17 +268,6 @@ def static_members(members: Any, app: str, instance: str) -> list[tuple[str, str
     return found
 
 
-def _mount_optional_commands() -> None:
-    try:
-        from tools.snapshot_cli import snapshot
-    except ImportError:
-        return
-    cli.add_command(snapshot)
-
-
-_mount_optional_commands()
-
-
 def main() -> None:
     cli()
 

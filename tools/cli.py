@@ -1,9 +1,8 @@
 """``relay``: the command-line tool for running Relay apps.
 
 Subcommands: ``describe`` (the group as Relay sees it), ``mark-leaving`` (announce a
-scale-down), ``remove-members`` (remove static members for good), and ``snapshot`` (the Spark
-pipeline) when it is installed. Exit codes: 0 done, 1 failed, 2 bad arguments or unknown
-app/instance, 3 broker unreachable.
+scale-down) and ``remove-members`` (remove static members for good). Exit codes: 0 done,
+1 failed, 2 bad arguments or unknown app/instance, 3 broker unreachable.
 """
 
 from __future__ import annotations

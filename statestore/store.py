@@ -24,6 +24,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from statestore.checkpoint import Checkpoint, read_checkpoint, remove_checkpoint, write_checkpoint
 from statestore.errors import StateStoreError, StoreLockedError
 from statestore.serdes import MsgPackSerde, OrderedKeySerde, Serde, serde_from_name
+from statestore.snapshot import SnapshotRef, load_snapshot, plan_bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,11 @@ class KeyValueStore:
         directory: Path,
         changelog_topic: str | None,
         partition: int,
+        snapshot: SnapshotRef | None = None,
     ) -> None:
         self.spec = spec
+        # A snapshot this store bootstraps from when it has no (or an older) checkpoint.
+        self.snapshot = snapshot
         self.directory = Path(directory)
         self.changelog_topic = changelog_topic if spec.changelogged else None
         self.partition = partition
@@ -105,13 +109,25 @@ class KeyValueStore:
                 checkpoint = read_checkpoint(self.directory, self.changelog_topic, self.partition)
                 if checkpoint is None and self.directory.exists():
                     shutil.rmtree(self.directory)
+            bootstrap = None
+            if self.snapshot is not None:
+                bootstrap = plan_bootstrap(self, self.snapshot, checkpoint)
+                if bootstrap is not None:
+                    # The snapshot replaces whatever older state is on disk.
+                    shutil.rmtree(self.directory, ignore_errors=True)
+                    checkpoint = None
             self.position = checkpoint.offset if checkpoint else 0
             options = Options(raw_mode=True)
             options.create_if_missing(True)
             # Bigger memtables: restoring writes in large batches.
             options.set_write_buffer_size(64 * 1024 * 1024)
             self._db = Rdict(str(self.directory), options)
+            if bootstrap is not None:
+                load_snapshot(self, bootstrap)
         except BaseException:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
             self._release_lock()
             raise
         return self

@@ -28,6 +28,8 @@ class AppConfig:
     #: ``host:port[,host:port]``; None starts an embedded broker on loopback.
     bootstrap_servers: str | None = None
     state_dir: Path = field(default_factory=lambda: Path(".relay-state"))
+    #: Snapshots (``relay snapshot build``) that stores without a checkpoint bootstrap from.
+    snapshot_dir: Path | None = None
     num_threads: int = 1
     #: Static membership: each thread joins as ``<group_instance_id>-thread-<n>``.
     group_instance_id: str | None = None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from statestore.snapshot import SnapshotSettings
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from streams.processors import Node, ProcessorContext, SourceNode, WindowAggregateNode
 from streams.topology import SubTopology
@@ -55,9 +56,11 @@ class TaskId:
 
 
 def open_task_stores(
-    sub: SubTopology, task_id: str, application_id: str, state_dir: Path
+    sub: SubTopology, task_id: str, application_id: str, state_dir: Path,
+    snapshots: SnapshotSettings | None = None,
 ) -> dict[str, KeyValueStore]:
-    """Open (lock, check checkpoints) every store of a task; not restored yet."""
+    """Open (lock, check checkpoints, bootstrap from snapshots) every store of a task; not
+    restored yet."""
     partition = TaskId.parse(task_id).partition
     stores: dict[str, KeyValueStore] = {}
     try:
@@ -68,6 +71,7 @@ def open_task_stores(
                 store_directory(state_dir, application_id, task_id, name),
                 changelog_topic_name(application_id, name),
                 partition,
+                snapshot=snapshots.for_store(application_id, task_id, name) if snapshots else None,
             ).open()
     except BaseException:
         for store in stores.values():

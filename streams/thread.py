@@ -34,6 +34,7 @@ from assignor import AssignorConfig, MemberAssignment
 from assignor.protocol import Subscription, encode_subscription
 from statestore.changelog import ChangelogWriter
 from statestore.restore import ChangelogReader
+from statestore.snapshot import SnapshotSettings
 from statestore.store import KeyValueStore
 from streams import cooperative
 from streams.config import AppConfig
@@ -327,8 +328,12 @@ class StreamThread:
         return self.subs[int(task_id.split("_")[0])]
 
     def _open_stores(self, task_id: str) -> dict[str, KeyValueStore]:
+        snapshots = None
+        if self.config.snapshot_dir is not None:
+            snapshots = SnapshotSettings(self.config.snapshot_dir, self.bootstrap)
         return open_task_stores(
-            self._sub_of(task_id), task_id, self.config.application_id, self.state_dir
+            self._sub_of(task_id), task_id, self.config.application_id, self.state_dir,
+            snapshots,
         )
 
     def _stop_active(self, task_id: str) -> dict[str, KeyValueStore]:

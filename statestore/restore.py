@@ -1,13 +1,20 @@
 """Restoration: reading changelog partitions back into stores.
 
-One :class:`ChangelogReader` (one consumer, manually assigned) serves every copy of state a
-member holds. An active task's stores are restored to the changelog's end before the task
-runs; standby and learner copies stay registered and keep following the changelog. For each
-registered store the reader knows its position and the changelog's end, hence its lag, which
-the member reports in its subscription and which decides isReady.
+One :class:`ChangelogReader` serves every copy of state a member holds. An active task's
+stores are restored to the changelog's end before the task runs; standby and learner copies
+stay registered and keep following the changelog. For each registered store the reader knows
+its position and the changelog's end, hence its lag, which the member reports in its
+subscription and which decides isReady.
 
-The changelog's end is taken from the fetch high watermark, never from ListOffsets: some
-brokers answer ListOffsets(latest) with the last batch's base offset + 1.
+The reader fetches through :mod:`statestore.fetch` (no per-record consumer objects) and keeps
+the next fetch in flight while it checks and writes the previous one: the broker serves it
+meanwhile. A store being restored collects the last change per key of each stretch of
+changelog and writes it as a sorted file (see :meth:`KeyValueStore.apply_restore_changes`);
+copies that follow the changelog apply each fetch in one WriteBatch.
+
+The changelog's end is taken from the fetch response (its last stable offset, which is the
+high watermark unless a transaction is open), never from ListOffsets: some brokers answer
+ListOffsets(latest) with the last batch's base offset + 1.
 """
 
 from __future__ import annotations
@@ -18,14 +25,14 @@ import logging
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from statestore.errors import ChangelogDecodeError, StateStoreError
+from statestore.fetch import ChangelogFetcher, FetchedPartition, FetchedRecord, FetchSettings
 from statestore.serdes import OrderedKeySerde, SerdeError
-from statestore.store import ChangelogRecord, KeyValueStore
+from statestore.store import KeyValueStore
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +43,7 @@ _ORDERED_KEY_TAGS = frozenset({0x05, 0x08, 0x10, 0x18, 0x20, 0x30, 0x40, 0xFF})
 @dataclass
 class RestoreStats:
     records: int = 0
+    #: Bytes of record batches read.
     bytes: int = 0
     seconds: float = 0.0
 
@@ -62,6 +70,15 @@ class CopyProgress:
         return None if self.end is None else max(0, self.end - self.position)
 
 
+@dataclass
+class _CollectedChanges:
+    """A restoring store's changes read but not written yet: the last change per key."""
+
+    latest: dict[bytes, bytes | None] = field(default_factory=dict)
+    #: Bytes of record batches they came from, to bound the memory they hold.
+    size: int = 0
+
+
 class ChangelogReader:
     """Reads changelog partitions into the stores registered with it."""
 
@@ -71,36 +88,45 @@ class ChangelogReader:
         *,
         client_id: str = "relay-restore",
         validate: bool = True,
-        max_records: int = 50_000,
+        max_records: int | None = None,
         fetch_max_bytes: int = 64 * 1024 * 1024,
         max_partition_fetch_bytes: int = 16 * 1024 * 1024,
+        fetch_max_wait_ms: int = 100,
+        restore_buffer_bytes: int = 64 * 1024 * 1024,
     ) -> None:
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap_servers,
-            client_id=client_id,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_bytes=fetch_max_bytes,
-            max_partition_fetch_bytes=max_partition_fetch_bytes,
-            fetch_max_wait_ms=100,
-            check_crcs=False,
+        """``max_records`` caps the records one poll applies per partition (None: all that
+        a fetch returned). A restoring store writes its collected changes once they came
+        from ``restore_buffer_bytes`` of changelog, and at the changelog's end."""
+        settings = FetchSettings(
+            max_wait_ms=fetch_max_wait_ms,
+            max_bytes=fetch_max_bytes,
+            max_partition_bytes=max_partition_fetch_bytes,
         )
+        self._fetcher = ChangelogFetcher(bootstrap_servers, client_id, settings)
         self._validate = validate
         self._max_records = max_records
+        self._restore_buffer_bytes = restore_buffer_bytes
         self._stores: dict[TopicPartition, KeyValueStore] = {}
+        #: Where each partition's next fetch starts: ahead of its store's position while a
+        #: restoring store collects changes.
+        self._fetch_positions: dict[TopicPartition, int] = {}
+        #: Each partition's end as the last fetch answered it.
+        self._ends: dict[TopicPartition, int] = {}
+        self._collecting: dict[TopicPartition, _CollectedChanges] = {}
+        self._in_flight: asyncio.Task[list[FetchedPartition]] | None = None
         self._started = False
         self.stats = RestoreStats()
 
     async def start(self) -> None:
         if not self._started:
-            await self._consumer.start()
+            await self._fetcher.start()
             self._started = True
 
     async def stop(self) -> None:
         if self._started:
             self._started = False
-            await self._consumer.stop()
+            await self._cancel_in_flight()
+            await self._fetcher.close()
 
     async def __aenter__(self) -> ChangelogReader:
         await self.start()
@@ -118,27 +144,28 @@ class ChangelogReader:
         if not store.is_open:
             raise StateStoreError(f"open store {store.name} before registering it")
         tp = TopicPartition(store.changelog_topic, store.partition)
+        self._drop_in_flight()
         self._stores[tp] = store
-        self._reassign()
+        self._fetch_positions[tp] = store.position
+        # The end is unknown until a fetch issued from now on answers.
+        self._ends.pop(tp, None)
+        self._collecting.pop(tp, None)
+        self._fetcher.track(tp.topic)
 
     def unregister(self, store: KeyValueStore) -> None:
         if store.changelog_topic is None:
             return
         tp = TopicPartition(store.changelog_topic, store.partition)
         if self._stores.get(tp) is store:
+            self._drop_in_flight()
             del self._stores[tp]
-            self._reassign()
+            self._fetch_positions.pop(tp, None)
+            self._ends.pop(tp, None)
+            self._collecting.pop(tp, None)
 
-    def _reassign(self) -> None:
-        # assign() forgets every position, so every registered store is sought again.
-        if not self._stores:
-            # An empty assignment (or unsubscribe) while a fetch is in flight leaves aiokafka
-            # 0.14's fetcher unable to stop; pausing what was assigned stops the fetching alike.
-            self._consumer.pause(*self._consumer.assignment())
-            return
-        self._consumer.assign(list(self._stores))
-        for tp, store in self._stores.items():
-            self._consumer.seek(tp, store.position)
+    @property
+    def fetcher(self) -> ChangelogFetcher:
+        return self._fetcher
 
     @property
     def stores(self) -> list[KeyValueStore]:
@@ -148,7 +175,7 @@ class ChangelogReader:
         if store.changelog_topic is None:
             return CopyProgress("", store.partition, store.position, store.position)
         tp = TopicPartition(store.changelog_topic, store.partition)
-        end = self._consumer.highwater(tp) if tp in self._stores else None
+        end = self._ends.get(tp) if self._stores.get(tp) is store else None
         return CopyProgress(tp.topic, tp.partition, store.position, end)
 
     def lag(self, store: KeyValueStore) -> int | None:
@@ -158,54 +185,158 @@ class ChangelogReader:
     def caught_up(self, store: KeyValueStore) -> bool:
         return self.lag(store) == 0
 
+    def read_position(self, store: KeyValueStore) -> int:
+        """How far the store's changelog was read (collected changes included)."""
+        tp = TopicPartition(store.changelog_topic or "", store.partition)
+        return self._fetch_positions.get(tp, store.position)
+
     # -- reading ---------------------------------------------------------------------------
 
     async def poll(self, timeout_ms: int = 200) -> int:
-        """Fetch once and apply what came to the stores; returns the records applied."""
+        """Apply what the fetch in flight returned (waiting up to ``timeout_ms`` for it) and
+        send the next one; returns the records applied."""
         if not self._stores:
             await asyncio.sleep(timeout_ms / 1000)
             return 0
-        batches = await self._consumer.getmany(
-            timeout_ms=timeout_ms, max_records=self._max_records
-        )
+        if self._in_flight is None:
+            self._in_flight = self._send_fetch()
+        fetch = self._in_flight
+        await asyncio.wait({fetch}, timeout=timeout_ms / 1000)
+        if fetch is not self._in_flight or not fetch.done():
+            return 0  # still in flight, or dropped by a registration meanwhile
+        self._in_flight = None
+        accepted = self._accept(fetch.result())
+        if self._stores:
+            # The broker serves the next fetch while this one is checked and written.
+            self._in_flight = self._send_fetch()
         applied = 0
-        for tp, records in batches.items():
-            store = self._stores.get(tp)
-            if store is None or not records:
-                continue
-            changes = self._changes(tp, store, records)
-            store.apply_restore_batch(changes, records[-1].offset + 1)
-            applied += len(records)
-            self.stats.bytes += sum(
-                r.serialized_key_size + r.serialized_value_size for r in records
-            )
-        self.stats.records += applied
+        for done, (store, fetched, changes, next_offset) in enumerate(accepted):
+            try:
+                self._check(store, fetched, changes)
+                self._apply(store, fetched, changes, next_offset)
+            except BaseException:
+                self._read_again(accepted[done:])
+                raise
+            applied += len(changes)
+            self.stats.bytes += fetched.size
+            self.stats.records += len(changes)
         return applied
 
-    def _changes(self, tp: TopicPartition, store: KeyValueStore, records: list) -> list:
-        """The records as (key, value) pairs, each checked in the same pass: a key that is
-        present and starts with a known tag, a value the store's serde can read."""
+    def _read_again(
+        self, unapplied: list[tuple[KeyValueStore, FetchedPartition, list[FetchedRecord], int]]
+    ) -> None:
+        """Fetches not applied (one failed) are read again from what their stores hold."""
+        self._drop_in_flight()
+        for store, fetched, _, _ in unapplied:
+            if self._stores.get(fetched.tp) is store:
+                self._fetch_positions[fetched.tp] = store.position
+                if fetched.tp in self._collecting:
+                    self._collecting[fetched.tp] = _CollectedChanges()
+
+    def _send_fetch(self) -> asyncio.Task[list[FetchedPartition]]:
+        return asyncio.ensure_future(self._fetcher.fetch(dict(self._fetch_positions)))
+
+    def _accept(
+        self, fetched: list[FetchedPartition]
+    ) -> list[tuple[KeyValueStore, FetchedPartition, list[FetchedRecord], int]]:
+        """The fetched partitions still wanted from where they were fetched, with the changes
+        to apply and the offset after them; moves the fetch positions past them."""
+        accepted = []
+        for part in fetched:
+            store = self._stores.get(part.tp)
+            if store is None or self._fetch_positions.get(part.tp) != part.fetch_offset:
+                continue
+            changes, next_offset = part.changes, part.next_offset
+            if self._max_records is not None and len(changes) > self._max_records:
+                changes = changes[: self._max_records]
+                next_offset = part.offset_of(self._max_records)
+            self._fetch_positions[part.tp] = next_offset
+            if part.end is not None:
+                self._ends[part.tp] = part.end
+            accepted.append((store, part, changes, next_offset))
+        return accepted
+
+    def _apply(
+        self,
+        store: KeyValueStore,
+        fetched: FetchedPartition,
+        changes: list[FetchedRecord],
+        next_offset: int,
+    ) -> None:
+        collected = self._collecting.get(fetched.tp)
+        if collected is None:
+            store.apply_restore_batch(changes, next_offset)  # type: ignore[arg-type]
+            return
+        collected.latest.update(changes)  # type: ignore[arg-type]
+        collected.size += fetched.size
+        end = self._ends.get(fetched.tp)
+        if collected.size >= self._restore_buffer_bytes or (end is not None and next_offset >= end):
+            store.apply_restore_changes(collected.latest, next_offset)
+            self._collecting[fetched.tp] = _CollectedChanges()
+
+    def _check(
+        self, store: KeyValueStore, fetched: FetchedPartition, changes: list[FetchedRecord]
+    ) -> None:
+        """Every change has a key that starts with a known tag and a value the store's serde
+        can read; else a ChangelogDecodeError names the first bad record."""
         if not self._validate:
-            return [(r.key, r.value) for r in records]
+            return
         check_tag = isinstance(store.spec.key_serde, OrderedKeySerde)
         loads_value = store.spec.value_serde.loads
         tags = _ORDERED_KEY_TAGS
-        changes: list[ChangelogRecord] = []
-        append = changes.append
-        for record in records:
-            key, value = record.key, record.value
-            if not key or (check_tag and key[0] not in tags):
-                reason = "no key" if not key else f"key starts with 0x{key[0]:02x}"
-                raise ChangelogDecodeError(tp.topic, tp.partition, record.offset, reason)
-            if value is not None:
-                try:
+        # One tight pass; only when it fails does a second one find which record and why.
+        try:
+            for key, value in changes:
+                if not key or (check_tag and key[0] not in tags):
+                    break
+                if value is not None:
                     loads_value(value)
+            else:
+                return
+        except SerdeError:
+            pass
+        self._raise_first_bad(store, fetched, changes, check_tag)
+
+    def _raise_first_bad(
+        self,
+        store: KeyValueStore,
+        fetched: FetchedPartition,
+        changes: list[FetchedRecord],
+        check_tag: bool,
+    ) -> None:
+        tp = fetched.tp
+        for index, (key, value) in enumerate(changes):
+            cause: SerdeError | None = None
+            if not key:
+                reason = "no key"
+            elif check_tag and key[0] not in _ORDERED_KEY_TAGS:
+                reason = f"key starts with 0x{key[0]:02x}"
+            elif value is None:
+                continue
+            else:
+                try:
+                    store.spec.value_serde.loads(value)
+                    continue
                 except SerdeError as exc:
-                    raise ChangelogDecodeError(
-                        tp.topic, tp.partition, record.offset, str(exc)
-                    ) from exc
-            append((key, value))
-        return changes
+                    reason, cause = str(exc), exc
+            raise ChangelogDecodeError(
+                tp.topic, tp.partition, fetched.offset_of(index), reason
+            ) from cause
+        raise StateStoreError(f"a record of {tp} failed a check and then passed it")
+
+    def _drop_in_flight(self) -> None:
+        """Forget the fetch in flight: it was sent for other stores or positions."""
+        fetch, self._in_flight = self._in_flight, None
+        if fetch is not None:
+            fetch.cancel()
+            fetch.add_done_callback(_retrieve_outcome)
+
+    async def _cancel_in_flight(self) -> None:
+        fetch, self._in_flight = self._in_flight, None
+        if fetch is not None:
+            fetch.cancel()
+            with contextlib.suppress(BaseException):
+                await fetch
 
     async def restore(
         self,
@@ -223,6 +354,9 @@ class ChangelogReader:
         started = time.perf_counter()
         for store in stores:
             self.register(store)
+            self._collecting[TopicPartition(store.changelog_topic or "", store.partition)] = (
+                _CollectedChanges()
+            )
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         draw = sys.stderr.isatty() if show_progress is None else show_progress
         progress_bar = _RestoreProgress(stores, self) if draw else None
@@ -258,6 +392,13 @@ class ChangelogReader:
             await self.poll(timeout_ms=200)
 
 
+def _retrieve_outcome(fetch: asyncio.Future[object]) -> None:
+    # A dropped fetch may have failed; its error is of no interest, but unretrieved it
+    # would be reported as "never retrieved".
+    if not fetch.cancelled():
+        fetch.exception()
+
+
 class _RestoreProgress:
     """A rich progress bar over the records left to restore."""
 
@@ -273,12 +414,12 @@ class _RestoreProgress:
             TimeRemainingColumn(),
             transient=True,
         )
-        self._start = {id(s): s.position for s in stores}
+        self._start = {id(s): reader.read_position(s) for s in stores}
         self._task = self._progress.add_task("restore", total=None, count=len(stores))
         self._progress.start()
 
     def update(self) -> None:
-        done = sum(s.position - self._start[id(s)] for s in self._stores)
+        done = sum(self._reader.read_position(s) - self._start[id(s)] for s in self._stores)
         ends = [self._reader.progress(s).end for s in self._stores]
         total = None
         if all(end is not None for end in ends):

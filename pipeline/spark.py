@@ -19,6 +19,7 @@ def spark_session(master: str = "local[*]", app_name: str = "relay-pipeline",
     builder = (
         SparkSession.builder.master(master).appName(app_name)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.pyspark.python", sys.executable)
         .config("spark.sql.session.timeZone", "UTC")
     )

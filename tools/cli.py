@@ -1,7 +1,8 @@
 """``relay``: the command-line tool for running Relay apps.
 
 Subcommands: ``describe`` (the group as Relay sees it), ``mark-leaving`` (announce a
-scale-down) and ``remove-members`` (remove static members for good). Exit codes: 0 done,
+scale-down), ``remove-members`` (remove static members for good) and ``snapshot build|list``
+(store snapshots built with Spark, see :mod:`tools.snapshot`). Exit codes: 0 done,
 1 failed, 2 bad arguments or unknown app/instance, 3 broker unreachable.
 """
 
@@ -28,6 +29,7 @@ from streams.control import LeavingMark, control_topic_name, encode_mark
 from streams.membership import MembershipError, describe_group, leave_group
 from streams.status import read_status as read_member_status
 from streams.status import status_topic_name
+from tools.snapshot import snapshot
 
 EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
 STALE_AFTER_MS = 15_000
@@ -115,7 +117,10 @@ def task_view(members: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 @click.group()
 def cli() -> None:
-    """Operate Relay apps: describe groups, scale down, remove members."""
+    """Operate Relay apps: describe groups, scale down, remove members, build snapshots."""
+
+
+cli.add_command(snapshot)
 
 
 bootstrap_option = click.option(

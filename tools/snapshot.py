@@ -1,0 +1,185 @@
+"""``relay snapshot``: build store snapshots with Spark and list what a snapshot folder holds.
+
+``build`` reads a store's changelog (or a Parquet history of keys and values) and writes one
+SST file and manifest per task under ``--out``; apps started with ``snapshot_dir`` pointing
+there bootstrap stores without a checkpoint from them. Exit codes like the other commands:
+0 done, 1 failed, 2 bad arguments or unknown app/store, 3 broker unreachable.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from statestore.snapshot import (
+    MANIFEST_FILE,
+    SST_FILE,
+    SnapshotError,
+    SnapshotManifest,
+    read_manifest,
+)
+
+EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+console = Console()
+
+
+class SnapshotToolError(click.ClickException):
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = code
+
+
+@click.group()
+def snapshot() -> None:
+    """Build store snapshots with Spark; list them."""
+
+
+@snapshot.command()
+@click.argument("app")
+@click.argument("store")
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+@click.option("--source", type=click.Choice(["changelog", "parquet"]), default="changelog",
+              show_default=True, help="The store's changelog, or a Parquet history at PATH.")
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
+              help="Snapshot folder (an app's snapshot_dir).")
+@click.option("--bootstrap", envvar="RELAY_BOOTSTRAP_SERVERS", default=None,
+              help="Broker address host:port (or RELAY_BOOTSTRAP_SERVERS); for --source "
+                   "changelog.")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@click.option("--subtopology", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The sub-topology whose tasks own the store.")
+@click.option("--partitions", type=click.IntRange(min=1), default=None,
+              help="Parquet: the changelog's partition count, when there is no partition "
+                   "column.")
+@click.option("--order-column", default="offset", show_default=True,
+              help="Parquet: the column that orders a key's rows (the last one wins).")
+@click.option("--value-serde", default="msgpack", show_default=True,
+              help="The store's value serde (encodes non-binary Parquet values).")
+def build(app: str, store: str, path: Path | None, source: str, out_dir: Path,
+          bootstrap: str | None, master: str, subtopology: int, partitions: int | None,
+          order_column: str, value_serde: str) -> None:
+    """Snapshot STORE of APP from its changelog, or (--source parquet) from PATH.
+
+    Example: relay snapshot build clicks counts --out snapshots --bootstrap host:9092
+    """
+    if source == "changelog" and path is not None:
+        raise click.UsageError("PATH is only for --source parquet")
+    if source == "changelog" and bootstrap is None:
+        raise click.UsageError("--source changelog needs --bootstrap (or RELAY_BOOTSTRAP_SERVERS)")
+    if source == "parquet" and path is None:
+        raise click.UsageError("--source parquet needs the PATH of the Parquet history")
+    if source == "parquet" and path is not None and not path.exists():
+        raise click.BadParameter(f"{path} does not exist", param_hint="PATH")
+    # Spark is an optional extra: imported only when a build runs.
+    try:
+        from pipeline.errors import (
+            BrokerUnreachableError,
+            OptionError,
+            PipelineError,
+            UnknownTopicError,
+        )
+        from pipeline.kafka import partition_count, run_sync
+        from pipeline.snapshot_builder import (
+            SnapshotTarget,
+            build_from_changelog,
+            build_from_dataframe,
+        )
+        from pipeline.spark import spark_session
+        from statestore.serdes import serde_from_name
+    except ImportError as exc:
+        raise SnapshotToolError(f"snapshot builds need Spark: pip install "
+                                f"'relay-streams[spark]' ({exc})") from exc
+    try:
+        serde_from_name(value_serde)
+        target = SnapshotTarget(app, store, out_dir, subtopology, value_serde=value_serde)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+    started = time.perf_counter()
+    try:
+        if source == "changelog":
+            assert bootstrap is not None
+            # Before Spark starts: a wrong address or name fails in a moment.
+            run_sync(partition_count(bootstrap, target.changelog))
+        with console.status(f"starting Spark ({master}) …") as status:
+            spark = spark_session(master, f"relay-snapshot-{app}-{store}")
+            try:
+                status.update(f"building snapshots of {app}/{store} from {source} …")
+                if source == "changelog":
+                    assert bootstrap is not None
+                    manifests = build_from_changelog(spark, bootstrap, target)
+                else:
+                    history = spark.read.parquet(str(path))
+                    manifests = build_from_dataframe(history, target, partitions=partitions,
+                                                     order_column=order_column)
+            finally:
+                spark.stop()
+    except BrokerUnreachableError as exc:
+        raise SnapshotToolError(str(exc), EXIT_UNREACHABLE) from exc
+    except UnknownTopicError as exc:
+        raise SnapshotToolError(f"unknown app or store {app}/{store}: {exc}", EXIT_USAGE) from exc
+    except OptionError as exc:
+        raise SnapshotToolError(str(exc), EXIT_USAGE) from exc
+    except PipelineError as exc:
+        raise SnapshotToolError(str(exc)) from exc
+    except Exception as exc:  # Spark reports errors of its workers as its own exceptions
+        raise SnapshotToolError(f"snapshot build failed: {_first_line(exc)}") from exc
+    seconds = time.perf_counter() - started
+    console.print(manifest_table(f"{app}/{store}: {len(manifests)} snapshots in "
+                                 f"{seconds:.1f}s → {out_dir}",
+                                 [(target.directory(m.partition), m) for m in manifests]))
+
+
+@snapshot.command("list")
+@click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
+def list_snapshots(directory: Path) -> None:
+    """The snapshots under DIRECTORY (an app's snapshot_dir, or any folder within it)."""
+    found: list[tuple[Path, SnapshotManifest]] = []
+    broken: list[str] = []
+    for manifest_path in sorted(directory.rglob(MANIFEST_FILE)):
+        try:
+            manifest = read_manifest(manifest_path.parent)
+        except SnapshotError as exc:
+            broken.append(str(exc))
+            continue
+        if manifest is not None:
+            found.append((manifest_path.parent, manifest))
+    if not found and not broken:
+        console.print(f"no snapshots under {directory}")
+        return
+    console.print(manifest_table(f"snapshots under {directory}", found))
+    for problem in broken:
+        console.print(f"[red]{problem}[/]", highlight=False)
+    if broken:
+        raise SystemExit(EXIT_FAILED)
+
+
+def manifest_table(title: str, snapshots: list[tuple[Path, SnapshotManifest]]) -> Table:
+    table = Table(title=title)
+    for column in ("app", "store", "task", "source", "offset", "records", "size", "sha256"):
+        table.add_column(column, justify="right" if column in ("offset", "records", "size")
+                         else "left")
+    for directory, m in sorted(snapshots, key=lambda s: (s[1].app, s[1].store, s[1].partition)):
+        sst = directory / SST_FILE
+        size = _size(sst.stat().st_size) if m.records and sst.exists() else "-"
+        table.add_row(m.app, m.store, m.task, m.source, f"{m.offset:,}", f"{m.records:,}",
+                      size, (m.sha256 or "-")[:12])
+    return table
+
+
+def _size(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB" if size >= 1e6 else f"{size / 1e3:,.1f} kB"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    # Spark wraps a worker's error in a traceback: its last line names the cause.
+    lines = [line for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error:" in line or "Exception:" in line:
+            return line.strip()
+    return lines[0] if lines else type(exc).__name__

@@ -75,8 +75,19 @@ class _CollectedChanges:
     """A restoring store's changes read but not written yet: the last change per key."""
 
     latest: dict[bytes, bytes | None] = field(default_factory=dict)
-    #: Bytes of record batches they came from, to bound the memory they hold.
+    #: Records and bytes of record batches they came from.
+    records: int = 0
     size: int = 0
+
+    def add(self, changes: list[FetchedRecord], size: int) -> None:
+        self.latest.update(changes)  # type: ignore[arg-type]
+        self.records += len(changes)
+        self.size += size
+
+    @property
+    def held_bytes(self) -> int:
+        """About the changelog bytes held: overwritten changes are not held any more."""
+        return self.size * len(self.latest) // self.records if self.records else 0
 
 
 class ChangelogReader:
@@ -95,8 +106,9 @@ class ChangelogReader:
         restore_buffer_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         """``max_records`` caps the records one poll applies per partition (None: all that
-        a fetch returned). A restoring store writes its collected changes once they came
-        from ``restore_buffer_bytes`` of changelog, and at the changelog's end."""
+        a fetch returned). A restoring store writes the changes it collected at the
+        changelog's end, or before once they hold ``restore_buffer_bytes`` of changelog
+        (as Python objects they take about twice that)."""
         settings = FetchSettings(
             max_wait_ms=fetch_max_wait_ms,
             max_bytes=fetch_max_bytes,
@@ -263,14 +275,17 @@ class ChangelogReader:
         changes: list[FetchedRecord],
         next_offset: int,
     ) -> None:
+        # An empty fetch at the end changes nothing; control batches alone move the position.
+        moves = bool(changes) or next_offset != store.position
         collected = self._collecting.get(fetched.tp)
         if collected is None:
-            store.apply_restore_batch(changes, next_offset)  # type: ignore[arg-type]
+            if moves:
+                store.apply_restore_batch(changes, next_offset)  # type: ignore[arg-type]
             return
-        collected.latest.update(changes)  # type: ignore[arg-type]
-        collected.size += fetched.size
+        collected.add(changes, fetched.size)
         end = self._ends.get(fetched.tp)
-        if collected.size >= self._restore_buffer_bytes or (end is not None and next_offset >= end):
+        at_end = end is not None and next_offset >= end
+        if moves and (at_end or collected.held_bytes >= self._restore_buffer_bytes):
             store.apply_restore_changes(collected.latest, next_offset)
             self._collecting[fetched.tp] = _CollectedChanges()
 

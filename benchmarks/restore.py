@@ -14,6 +14,7 @@ import asyncio
 import cProfile
 import io
 import json
+import os
 import platform
 import pstats
 import random
@@ -135,6 +136,7 @@ async def relay_restore(bootstrap: str, app: str, expected: dict[bytes, bytes] |
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    load_before = os.getloadavg()
     broker = None
     bootstrap = args.bootstrap
     if bootstrap is None:
@@ -184,6 +186,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "verified": True, "runs": {"raw": [asdict(r) for r in raw_runs],
                                    "relay": [asdict(r) for r in relay_runs]},
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        # The machine's 1-minute load before and after: other work skews both rates.
+        "load_average": {"before": load_before[0], "after": os.getloadavg()[0],
+                         "cpus": os.cpu_count()},
         "versions": {"python": platform.python_version(), "aiokafka": version("aiokafka"),
                      "rocksdict": version("rocksdict")},
         "profile_top": profile_text,
@@ -199,7 +204,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     console.print(table)
     console.print(f"ratio Relay / aiokafka: best {result['ratio_best']:.2f}, median "
                   f"{result['ratio_median']:.2f}; fill {fill_rate:,.0f} records/s; store "
-                  f"verified ({len(expected):,} keys); peak RSS {result['peak_rss_mb']:.0f} MB")
+                  f"verified ({len(expected):,} keys); peak RSS {result['peak_rss_mb']:.0f} MB; "
+                  f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after "
+                  f"on {os.cpu_count()} CPUs")
     if profile_text:
         console.print(profile_text)
     return result

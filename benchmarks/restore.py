@@ -4,7 +4,8 @@ Fills a changelog with N records (100-byte values; a realistic mix of new keys, 
 and deletes), then, on the same broker and in the same run, measures (a) the raw rate at which
 aiokafka alone consumes that changelog — the limit for any restore from it — and (b) Relay's
 restoration into RocksDB, and checks the restored store holds exactly the last value per key.
-Prints both rates and their ratio and writes them to PATH.
+Prints both rates and their ratio and writes them to PATH. With ``--snapshot`` it also times
+restoring from a Spark-built snapshot plus tail beside a full replay (``snapshot_restore``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from aiokafka.structs import TopicPartition
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks import snapshot_restore
 from statestore.restore import ChangelogReader
 from statestore.serdes import MsgPackSerde, OrderedKeySerde
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
@@ -165,6 +167,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             out = io.StringIO()
             pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(12)
             profile_text = out.getvalue()
+        # Last, since it appends a tail to the changelog.
+        snapshot = (await snapshot_restore.measure(bootstrap, app, expected, args.records)
+                    if args.snapshot else None)
     finally:
         if broker is not None:
             broker.stop()
@@ -192,6 +197,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "versions": {"python": platform.python_version(), "aiokafka": version("aiokafka"),
                      "rocksdict": version("rocksdict")},
         "profile_top": profile_text,
+        "snapshot": snapshot,
     }
     title = f"restoring {args.records:,} changelog records ({result['changelog_mb']:.0f} MB)"
     table = Table(title=title)
@@ -209,6 +215,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                   f"on {os.cpu_count()} CPUs")
     if profile_text:
         console.print(profile_text)
+    if snapshot:
+        snapshot_restore.print_report(snapshot)
     return result
 
 
@@ -221,6 +229,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--profile", action="store_true", help="profile one extra restore")
+    parser.add_argument("--snapshot", action="store_true",
+                        help="also restore from a snapshot (built with Spark) plus tail")
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,34 +194,55 @@ class ChangelogFetcher:
             if self._client is not None:
                 self._client.add_topic(topic)
 
-    async def fetch(self, positions: Mapping[TopicPartition, int]) -> list[FetchedPartition]:
+    async def fetch(
+        self, positions: Mapping[TopicPartition, int], sent: asyncio.Event | None = None
+    ) -> list[FetchedPartition]:
         """Fetch every partition from its position, one request per leader, concurrently.
 
         Partitions that failed with a retriable error are left out of the result (after a
-        metadata refresh): fetching them again retries.
+        metadata refresh): fetching them again retries. ``sent`` is set once the requests
+        are on their way (or none will be), so that the caller can work meanwhile.
         """
-        client = self.client
-        by_leader: dict[int, list[tuple[TopicPartition, int]]] = defaultdict(list)
-        leaderless = False
-        for tp, offset in positions.items():
-            leader = client.cluster.leader_for_partition(tp)
-            if leader is None or leader == -1:
-                leaderless = True
-            else:
-                by_leader[leader].append((tp, offset))
-        if not by_leader:
+        try:
+            client = self.client
+            by_leader: dict[int, list[tuple[TopicPartition, int]]] = defaultdict(list)
+            leaderless = False
+            for tp, offset in positions.items():
+                leader = client.cluster.leader_for_partition(tp)
+                if leader is None or leader == -1:
+                    leaderless = True
+                else:
+                    by_leader[leader].append((tp, offset))
+            if not by_leader:
+                if sent is not None:
+                    sent.set()
+                if leaderless:
+                    await self._wait_metadata(client.force_metadata_update())
+                return []
+            unsent = len(by_leader)
+
+            def one_sent() -> None:
+                nonlocal unsent
+                unsent -= 1
+                if unsent == 0 and sent is not None:
+                    sent.set()
+
+            rounds = await asyncio.gather(
+                *(self._fetch_from(leader, wanted, one_sent)
+                  for leader, wanted in by_leader.items())
+            )
             if leaderless:
-                await self._wait_metadata(client.force_metadata_update())
-            return []
-        rounds = await asyncio.gather(
-            *(self._fetch_from(leader, wanted) for leader, wanted in by_leader.items())
-        )
-        if leaderless:
-            client.force_metadata_update()
-        return [fetched for round_ in rounds for fetched in round_]
+                client.force_metadata_update()
+            return [fetched for round_ in rounds for fetched in round_]
+        finally:
+            if sent is not None:
+                sent.set()
 
     async def _fetch_from(
-        self, leader: int, wanted: list[tuple[TopicPartition, int]]
+        self,
+        leader: int,
+        wanted: list[tuple[TopicPartition, int]],
+        on_sending: Callable[[], None] = lambda: None,
     ) -> list[FetchedPartition]:
         settings = self.settings
         by_topic: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
@@ -231,6 +252,10 @@ class ChangelogFetcher:
             settings.max_wait_ms, 1, settings.max_bytes, READ_COMMITTED, list(by_topic.items())
         )
         try:
+            # Connected first, send() writes the request before it first waits: whoever
+            # waits for on_sending resumes with the request on its way.
+            await self.client.ready(leader)
+            on_sending()
             response = await self.client.send(leader, request)
         except kafka_errors.KafkaError as exc:
             log.warning("changelog fetch from node %s failed (%r); retrying", leader, exc)

@@ -220,7 +220,15 @@ class ChangelogReader:
         accepted = self._accept(fetch.result())
         if self._stores:
             # The broker serves the next fetch while this one is checked and written.
-            self._in_flight = self._send_fetch()
+            sent = asyncio.Event()
+            self._in_flight = next_fetch = self._send_fetch(sent)
+            await _until_sent(next_fetch, sent)
+            # Registrations may have changed meanwhile: apply only what is still wanted.
+            accepted = [
+                item for item in accepted
+                if self._stores.get(item[1].tp) is item[0]
+                and self._fetch_positions.get(item[1].tp) == item[3]
+            ]
         applied = 0
         for done, (store, fetched, changes, next_offset) in enumerate(accepted):
             try:
@@ -245,8 +253,10 @@ class ChangelogReader:
                 if fetched.tp in self._collecting:
                     self._collecting[fetched.tp] = _CollectedChanges()
 
-    def _send_fetch(self) -> asyncio.Task[list[FetchedPartition]]:
-        return asyncio.ensure_future(self._fetcher.fetch(dict(self._fetch_positions)))
+    def _send_fetch(
+        self, sent: asyncio.Event | None = None
+    ) -> asyncio.Task[list[FetchedPartition]]:
+        return asyncio.ensure_future(self._fetcher.fetch(dict(self._fetch_positions), sent))
 
     def _accept(
         self, fetched: list[FetchedPartition]
@@ -405,6 +415,15 @@ class ChangelogReader:
         """Keep registered standby and learner copies up to date until ``stop`` is set."""
         while not stop.is_set():
             await self.poll(timeout_ms=200)
+
+
+async def _until_sent(fetch: asyncio.Task[list[FetchedPartition]], sent: asyncio.Event) -> None:
+    """Wait until the fetch's requests are written (or it ended, or was dropped)."""
+    waiter = asyncio.ensure_future(sent.wait())
+    try:
+        await asyncio.wait({fetch, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
 
 
 def _retrieve_outcome(fetch: asyncio.Future[object]) -> None:

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgpack
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
 
 from statestore.checkpoint import Checkpoint
 from statestore.errors import StateStoreError
@@ -241,7 +243,9 @@ def load_snapshot(store: KeyValueStore, plan: BootstrapPlan) -> None:
         store.position = plan.position
     if plan.seed:
         assert plan.bootstrap_servers is not None
-        end = _run_blocking(_seed(plan.bootstrap_servers, store, plan.manifest))
+        # No overall deadline: a large snapshot takes a while to write (the producer's own
+        # timeouts still apply to each request).
+        end = _run_blocking(_seed(plan.bootstrap_servers, store, plan.manifest), None)
         store.apply_restore_batch([(SEED_MARKER_KEY, _marker(plan.manifest, "end"))], end)
     store.commit()
     log.info(
@@ -255,7 +259,9 @@ def load_snapshot(store: KeyValueStore, plan: BootstrapPlan) -> None:
 # -- the broker side: changelog bounds and seeding ------------------------------------------
 
 
-def _run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
+def _run_blocking(
+    coroutine: Coroutine[Any, Any, T], timeout_s: float | None = BROKER_TIMEOUT_S
+) -> T:
     """Run ``coroutine`` on its own loop in a helper thread: stores open synchronously, often
     from inside a running event loop. The caller blocks until it is done (once per store)."""
     result: list[T] = []
@@ -263,7 +269,7 @@ def _run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
 
     def target() -> None:
         try:
-            result.append(asyncio.run(asyncio.wait_for(coroutine, BROKER_TIMEOUT_S)))
+            result.append(asyncio.run(asyncio.wait_for(coroutine, timeout_s)))
         except BaseException as exc:
             failure.append(exc)
 
@@ -288,9 +294,7 @@ def _is_marker(record: Any, manifest: SnapshotManifest, phase: str) -> bool:
             and record.value == _marker(manifest, phase))
 
 
-async def _consumer(bootstrap: str) -> Any:
-    from aiokafka import AIOKafkaConsumer
-
+async def _consumer(bootstrap: str) -> AIOKafkaConsumer:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
                                 enable_auto_commit=False, auto_offset_reset="none",
                                 fetch_max_wait_ms=50)
@@ -300,8 +304,6 @@ async def _consumer(bootstrap: str) -> Any:
 
 async def _bounds(bootstrap: str, store: KeyValueStore) -> tuple[int, int]:
     """(log start, end) of the store's changelog partition; the end is the high watermark."""
-    from aiokafka.structs import TopicPartition
-
     tp = TopicPartition(str(store.changelog_topic), store.partition)
     consumer = await _consumer(bootstrap)
     try:
@@ -316,8 +318,6 @@ async def _bounds(bootstrap: str, store: KeyValueStore) -> tuple[int, int]:
 
 
 async def _record_at(bootstrap: str, store: KeyValueStore, offset: int) -> Any:
-    from aiokafka.structs import TopicPartition
-
     tp = TopicPartition(str(store.changelog_topic), store.partition)
     consumer = await _consumer(bootstrap)
     try:
@@ -363,8 +363,6 @@ async def _seeding_state(
 async def _seed(bootstrap: str, store: KeyValueStore, manifest: SnapshotManifest) -> int:
     """Write the start marker (on an empty changelog), the store's entries and the end marker;
     returns the changelog offset after the end marker."""
-    from aiokafka import AIOKafkaProducer
-
     topic, partition = str(store.changelog_topic), store.partition
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20,
                                 max_batch_size=1024 * 1024, max_request_size=8 * 1024 * 1024)

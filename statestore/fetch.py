@@ -218,6 +218,8 @@ class ChangelogFetcher:
                     sent.set()
                 if leaderless:
                     await self._wait_metadata(client.force_metadata_update())
+                    # A refresh may answer at once with still no leader: do not spin.
+                    await asyncio.sleep(self.settings.retry_backoff_ms / 1000)
                 return []
             unsent = len(by_leader)
 

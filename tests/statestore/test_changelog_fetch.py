@@ -237,6 +237,8 @@ async def test_fetcher_retries_leader_and_connection_errors_and_resets_out_of_ra
     fetcher.track(tp.topic)
     await fetcher.start()
     try:
+        # No leader known (the topic has one partition): left out after a metadata refresh.
+        assert await fetcher.fetch({TopicPartition(tp.topic, 5): 0}) == []
         failures = InjectedFailures(fetcher, monkeypatch)
         failures.queue.append(NotLeaderForPartitionError.errno)
         assert await fetcher.fetch({tp: 0}) == []  # left out, after a metadata refresh

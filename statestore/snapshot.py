@@ -246,7 +246,7 @@ def load_snapshot(store: KeyValueStore, plan: BootstrapPlan) -> None:
         # No overall deadline: a large snapshot takes a while to write (the producer's own
         # timeouts still apply to each request).
         end = _run_blocking(_seed(plan.bootstrap_servers, store, plan.manifest), None)
-        store.apply_restore_batch([(SEED_MARKER_KEY, _marker(plan.manifest, "end"))], end)
+        store.apply_restore_batch([(SEED_MARKER_KEY, seed_marker(plan.manifest, "end"))], end)
     store.commit()
     log.info(
         "store %s[%d] bootstrapped from snapshot %s (%s, %d records) in %.2fs; replaying the "
@@ -284,14 +284,15 @@ def _run_blocking(
     return result[0]
 
 
-def _marker(manifest: SnapshotManifest, phase: str) -> bytes:
+def seed_marker(manifest: SnapshotManifest, phase: str) -> bytes:
+    """The value of the seeding marker record: which snapshot, and ``start`` or ``end``."""
     return msgpack.packb({"sha256": manifest.sha256, "records": manifest.records,
                           "phase": phase})
 
 
 def _is_marker(record: Any, manifest: SnapshotManifest, phase: str) -> bool:
     return (record is not None and record.key == SEED_MARKER_KEY
-            and record.value == _marker(manifest, phase))
+            and record.value == seed_marker(manifest, phase))
 
 
 async def _consumer(bootstrap: str) -> AIOKafkaConsumer:
@@ -371,7 +372,7 @@ async def _seed(bootstrap: str, store: KeyValueStore, manifest: SnapshotManifest
         start, end = await _bounds(bootstrap, store)
         if end == start:
             await producer.send_and_wait(topic, key=SEED_MARKER_KEY,
-                                         value=_marker(manifest, "start"), partition=partition)
+                                         value=seed_marker(manifest, "start"), partition=partition)
         pending = []
         for key, value in store.raw_items():
             pending.append(await producer.send(topic, key=key, value=value, partition=partition))
@@ -380,7 +381,7 @@ async def _seed(bootstrap: str, store: KeyValueStore, manifest: SnapshotManifest
                 pending.clear()
         await asyncio.gather(*pending)
         metadata = await producer.send_and_wait(
-            topic, key=SEED_MARKER_KEY, value=_marker(manifest, "end"), partition=partition)
+            topic, key=SEED_MARKER_KEY, value=seed_marker(manifest, "end"), partition=partition)
         return int(metadata.offset) + 1
     finally:
         await producer.stop()

@@ -48,6 +48,14 @@ def test_changelog_snapshot_plus_tail_equals_full_replay(
     for partition, store in enumerate(writers):
         write_history(bootstrap, store, 400 + 100 * partition, seed=partition)
     snapshot_positions = [store.position for store in writers]
+    # A copy that restored partition 0 up to an earlier point and checkpointed there.
+    stale = open_store(tmp_path / "booted", app, 0)
+    restore(bootstrap, stale)
+    stale.put("stale-only", 1)  # state the snapshot does not have: it must go
+    stale.drain_changelog()
+    stale.position = snapshot_positions[0] - 100
+    stale.commit()
+    stale.close()
 
     manifests = build_from_changelog(spark, bootstrap, SnapshotTarget(app, "counts",
                                                                       tmp_path / "snapshots"))
@@ -214,3 +222,68 @@ def test_ordered_keys_sort_like_rocksdb() -> None:
     keys whose first bytes differ in sign when read as signed bytes."""
     keys = [OrderedKeySerde().dumps(k) for k in (-5, 3, "a", "\u00e9", b"\x7f", b"\x80")]
     assert sorted(keys) == sorted(keys, key=lambda k: list(k))
+
+
+def changelog_end(bootstrap: str, app: str, partition: int) -> int:
+    from pipeline.kafka import offset_bounds, run_sync
+
+    return run_sync(offset_bounds(bootstrap, f"{app}-counts-changelog", [partition]))[partition][1]
+
+
+def test_dataframe_snapshot_never_seeds_over_other_state(
+    spark: SparkSession, bootstrap: str, tmp_path: Path, unique: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = unique("foreign")
+    create_changelog(bootstrap, app, 1)
+    writer = open_store(tmp_path / "writer", app, 0)
+    write_history(bootstrap, writer, 100, seed=4)
+    writer.close()
+    end = changelog_end(bootstrap, app, 0)
+    df = spark.createDataFrame([("a", 1), ("b", 2)], "key string, value long")
+    build_from_dataframe(df, SnapshotTarget(app, "counts", tmp_path / "snapshots"), partitions=1)
+
+    ref = SnapshotSettings(tmp_path / "snapshots", bootstrap).for_store(app, "0_0", "counts")
+    with caplog.at_level(logging.WARNING, logger="statestore.snapshot"):
+        store = open_store(tmp_path / "state", app, 0, snapshot=ref)
+    assert any(f"already holds {end} records of other state" in r.getMessage()
+               for r in caplog.records)
+    assert store.position == 0
+    restore(bootstrap, store)
+    replayed = open_store(tmp_path / "replay", app, 0)
+    restore(bootstrap, replayed)
+    assert state(store) == state(replayed)
+    assert changelog_end(bootstrap, app, 0) == end  # nothing was written
+    store.close()
+    replayed.close()
+
+
+def test_interrupted_seeding_is_seeded_again(
+    spark: SparkSession, bootstrap: str, tmp_path: Path, unique: Callable[[str], str]
+) -> None:
+    import asyncio
+
+    from pipeline.kafka import produce
+    from statestore.snapshot import SEED_MARKER_KEY, read_manifest, seed_marker
+
+    app = unique("resume")
+    create_changelog(bootstrap, app, 1)
+    df = spark.createDataFrame([(f"k{i}", i) for i in range(30)], "key string, value long")
+    build_from_dataframe(df, SnapshotTarget(app, "counts", tmp_path / "snapshots"), partitions=1)
+    ref = SnapshotSettings(tmp_path / "snapshots", bootstrap).for_store(app, "0_0", "counts")
+    manifest = read_manifest(ref.directory)
+    assert manifest is not None and manifest.records == 30
+    # A bootstrap that died after the start marker and a third of the records.
+    partial = [(0, SEED_MARKER_KEY, seed_marker(manifest, "start"), None)]
+    partial += [(0, OrderedKeySerde().dumps(f"k{i}"), MsgPackSerde().dumps(i), None)
+                for i in range(10)]
+    asyncio.run(produce(bootstrap, f"{app}-counts-changelog", partial))
+
+    store = open_store(tmp_path / "state", app, 0, snapshot=ref)
+    assert dict(store.items()) == {f"k{i}": i for i in range(30)}
+    replayed = open_store(tmp_path / "replay", app, 0)
+    restore(bootstrap, replayed)
+    assert state(replayed) == state(store)
+    assert store.position == changelog_end(bootstrap, app, 0) == 1 + 10 + 30 + 1
+    store.close()
+    replayed.close()

@@ -70,6 +70,16 @@ class CopyProgress:
         return None if self.end is None else max(0, self.end - self.position)
 
 
+@dataclass(frozen=True)
+class _Accepted:
+    """A fetched partition to apply to its store: the changes and the offset after them."""
+
+    store: KeyValueStore
+    fetched: FetchedPartition
+    changes: list[FetchedRecord]
+    next_offset: int
+
+
 @dataclass
 class _CollectedChanges:
     """A restoring store's changes read but not written yet: the last change per key."""
@@ -224,46 +234,45 @@ class ChangelogReader:
             self._in_flight = next_fetch = self._send_fetch(sent)
             await _until_sent(next_fetch, sent)
             # Registrations may have changed meanwhile: apply only what is still wanted.
-            accepted = [
-                item for item in accepted
-                if self._stores.get(item[1].tp) is item[0]
-                and self._fetch_positions.get(item[1].tp) == item[3]
-            ]
+            accepted = [item for item in accepted if self._still_wanted(item)]
         applied = 0
-        for done, (store, fetched, changes, next_offset) in enumerate(accepted):
+        for done, item in enumerate(accepted):
             try:
-                self._check(store, fetched, changes)
-                self._apply(store, fetched, changes, next_offset)
+                self._check(item.store, item.fetched, item.changes)
+                self._apply(item)
             except BaseException:
                 self._read_again(accepted[done:])
                 raise
-            applied += len(changes)
-            self.stats.bytes += fetched.size
-            self.stats.records += len(changes)
+            applied += len(item.changes)
+            self.stats.bytes += item.fetched.size
+            self.stats.records += len(item.changes)
         return applied
 
-    def _read_again(
-        self, unapplied: list[tuple[KeyValueStore, FetchedPartition, list[FetchedRecord], int]]
-    ) -> None:
+    def _still_wanted(self, item: _Accepted) -> bool:
+        tp = item.fetched.tp
+        return self._stores.get(tp) is item.store and self._fetch_positions.get(tp) == (
+            item.next_offset
+        )
+
+    def _read_again(self, unapplied: list[_Accepted]) -> None:
         """Fetches not applied (one failed) are read again from what their stores hold."""
         self._drop_in_flight()
-        for store, fetched, _, _ in unapplied:
-            if self._stores.get(fetched.tp) is store:
-                self._fetch_positions[fetched.tp] = store.position
-                if fetched.tp in self._collecting:
-                    self._collecting[fetched.tp] = _CollectedChanges()
+        for item in unapplied:
+            tp = item.fetched.tp
+            if self._stores.get(tp) is item.store:
+                self._fetch_positions[tp] = item.store.position
+                if tp in self._collecting:
+                    self._collecting[tp] = _CollectedChanges()
 
     def _send_fetch(
         self, sent: asyncio.Event | None = None
     ) -> asyncio.Task[list[FetchedPartition]]:
         return asyncio.ensure_future(self._fetcher.fetch(dict(self._fetch_positions), sent))
 
-    def _accept(
-        self, fetched: list[FetchedPartition]
-    ) -> list[tuple[KeyValueStore, FetchedPartition, list[FetchedRecord], int]]:
+    def _accept(self, fetched: list[FetchedPartition]) -> list[_Accepted]:
         """The fetched partitions still wanted from where they were fetched, with the changes
         to apply and the offset after them; moves the fetch positions past them."""
-        accepted = []
+        accepted: list[_Accepted] = []
         for part in fetched:
             store = self._stores.get(part.tp)
             if store is None or self._fetch_positions.get(part.tp) != part.fetch_offset:
@@ -275,16 +284,13 @@ class ChangelogReader:
             self._fetch_positions[part.tp] = next_offset
             if part.end is not None:
                 self._ends[part.tp] = part.end
-            accepted.append((store, part, changes, next_offset))
+            accepted.append(_Accepted(store, part, changes, next_offset))
         return accepted
 
-    def _apply(
-        self,
-        store: KeyValueStore,
-        fetched: FetchedPartition,
-        changes: list[FetchedRecord],
-        next_offset: int,
-    ) -> None:
+    def _apply(self, item: _Accepted) -> None:
+        store, fetched, changes, next_offset = (
+            item.store, item.fetched, item.changes, item.next_offset
+        )
         # An empty fetch at the end changes nothing; control batches alone move the position.
         moves = bool(changes) or next_offset != store.position
         collected = self._collecting.get(fetched.tp)

@@ -1,6 +1,7 @@
 """The scaling benchmark's stream app: per key, a running count and the last payload (so
 every task holds real state), and for every record an output that says which task and which
-process handled it, and when. Settings come from RELAY_* and BENCH_* variables."""
+process handled it, when, and the input's sequence number (to count records processed twice).
+Settings come from RELAY_* and BENCH_* variables."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class Track:
         count = (previous["n"] if previous else 0) + 1
         self.state.put(key, {"n": count, "blob": value["blob"]})
         self.context.forward(key, {"n": count, "task": self.context.task_id, "pid": PID,
-                                   "t": time.time()})
+                                   "t": time.time(), "seq": value.get("seq", -1)})
 
 
 app = App(os.environ.get("BENCH_APP_ID", "scaling"))

@@ -1,0 +1,46 @@
+"""The scaling benchmark's plot: records processed per second over time, one panel per
+strategy, with each group change marked (a dashed line where it starts, shading until the
+group is balanced again)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def plot_throughput(results: list[dict[str, Any]], rate: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in results if r.get("throughput")]
+    if not shown:
+        return
+    fig, axes = plt.subplots(len(shown), 1, figsize=(12, 3.4 * len(shown)), squeeze=False,
+                             sharex=True)
+    # The start (catching up on the prefilled input) runs far above the steady rate; the
+    # plot is about the steady rate, so the y axis is clipped and says so.
+    top = rate * 2.5
+    for ax, result in zip(axes[:, 0], shown, strict=True):
+        series = result["throughput"]
+        ax.plot(range(len(series)), series, linewidth=0.9, color="tab:blue",
+                label="records processed per second")
+        ax.axhline(rate, color="grey", linestyle=":", linewidth=0.8, label="input rate")
+        for mark in result["marks"]:
+            ax.axvline(mark["at_s"], color="tab:red", linestyle="--", linewidth=1.0)
+            if mark["balanced_at_s"] is not None:
+                ax.axvspan(mark["at_s"], mark["balanced_at_s"], color="tab:red", alpha=0.08)
+            ax.text(mark["at_s"] + 0.5, top * 0.97, mark["label"], fontsize=8, va="top",
+                    color="tab:red")
+        ax.set_ylim(0, top)
+        title = result["strategy"]
+        if result.get("error"):
+            title += f" (stopped: {result['error'][:80]})"
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel("records/s (clipped)")
+        ax.legend(loc="lower right", fontsize=7)
+    axes[-1, 0].set_xlabel("seconds since the strategy's workers started")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

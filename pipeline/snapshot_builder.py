@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgpack
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
@@ -36,7 +37,7 @@ from statestore.snapshot import (
     snapshot_directory,
     write_manifest,
 )
-from statestore.store import RESERVED_PREFIX, changelog_topic_name
+from statestore.store import INPUT_POSITION_KEY, RESERVED_PREFIX, changelog_topic_name
 
 ENCODED = StructType([
     StructField("partition", IntegerType(), nullable=False),
@@ -94,6 +95,7 @@ def build_from_changelog(
 def build_from_dataframe(
     df: DataFrame, target: SnapshotTarget, *, partitions: int | None = None,
     order_column: str = "offset", partition_key_serde: str = "msgpack",
+    input_offsets: dict[str, dict[int, int]] | None = None,
 ) -> list[SnapshotManifest]:
     """Snapshot a DataFrame of ``key`` and ``value`` (null value: deleted).
 
@@ -102,6 +104,10 @@ def build_from_dataframe(
     once per partition. A ``partition`` column says which task a key belongs to; without it,
     ``partitions`` is required and a key goes where the runtime's partitioner puts it (its
     topic encoding is ``partition_key_serde``, msgpack like the DSL's default).
+
+    ``input_offsets`` (input topic -> partition -> next offset) says which input the history
+    already reflects: each task's snapshot then carries it as the store's input position, and
+    the task resumes its input there instead of processing those records again.
     """
     missing = {"key", "value"} - set(df.columns)
     if missing:
@@ -115,9 +121,31 @@ def build_from_dataframe(
     columns = ["key", "value"] + (["partition"] if has_partition else [])
     columns += [order_column] if has_order else []
     encode = _RowEncoder(target, partitions, partition_key_serde, has_order, order_column)
-    encoded = df.select(*columns).rdd.map(encode).toDF(ENCODED)
+    # Reserved keys cannot come from a DataFrame: the input position is given explicitly.
+    rows = df.select(*columns).rdd.map(encode).filter(
+        lambda row: not row[1].startswith(RESERVED_PREFIX))
+    encoded = rows.toDF(ENCODED)
+    positions = _input_positions(input_offsets or {}, partitions)
+    if positions:
+        encoded = encoded.unionByName(df.sparkSession.createDataFrame(positions, ENCODED))
     offsets = dict.fromkeys(range(partitions), 0) if partitions else {}
     return _build(encoded, target, "dataframe", offsets, dedupe=has_order)
+
+
+def _input_positions(input_offsets: dict[str, dict[int, int]], partitions: int | None
+                     ) -> list[tuple[int, bytes, bytes, int]]:
+    """One input position row per task, encoded like ``KeyValueStore.write_input_position``,
+    ordered after every history row."""
+    per_task: dict[int, dict[str, int]] = {}
+    for topic, by_partition in input_offsets.items():
+        for partition, offset in by_partition.items():
+            if partition < 0 or offset < 0 or (partitions is not None
+                                               and partition >= partitions):
+                raise OptionError(f"input offset {topic}[{partition}] = {offset} is not a "
+                                  f"partition and offset of this store's tasks")
+            per_task.setdefault(int(partition), {})[f"{topic}:{partition}"] = int(offset)
+    return [(p, INPUT_POSITION_KEY, msgpack.packb(position), 2**62)
+            for p, position in sorted(per_task.items())]
 
 
 @dataclass
@@ -239,9 +267,6 @@ class _SstWriter:
                 if sst is not None and current is not None:
                     yield self._finish(current, sst, path, count)
                 current, sst, previous, count = partition, None, None, 0
-            # A dataframe cannot speak for the reserved keys (the input position).
-            if self.source == "dataframe" and key.startswith(RESERVED_PREFIX):
-                continue
             if previous is not None and key <= previous:
                 raise PipelineError(
                     f"partition {partition}: key {key!r} occurs twice (give the DataFrame an "

@@ -380,6 +380,14 @@ async def _seed(bootstrap: str, store: KeyValueStore, manifest: SnapshotManifest
                 await asyncio.gather(*pending)
                 pending.clear()
         await asyncio.gather(*pending)
+        # The input position is a reserved key, which raw_items() leaves out. (Imported here:
+        # statestore.store imports this module.)
+        from statestore.store import INPUT_POSITION_KEY
+
+        position = store.read_input_position()
+        if position:
+            await producer.send_and_wait(topic, key=INPUT_POSITION_KEY,
+                                         value=msgpack.packb(position), partition=partition)
         metadata = await producer.send_and_wait(
             topic, key=SEED_MARKER_KEY, value=seed_marker(manifest, "end"), partition=partition)
         return int(metadata.offset) + 1

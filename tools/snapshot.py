@@ -8,6 +8,7 @@ there bootstrap stores without a checkpoint from them. Exit codes like the other
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -57,11 +58,14 @@ def snapshot() -> None:
                    "column.")
 @click.option("--order-column", default="offset", show_default=True,
               help="Parquet: the column that orders a key's rows (the last one wins).")
+@click.option("--input-offsets", default=None, metavar="JSON",
+              help='Parquet: the input the history reflects, e.g. \'{"clicks": {"0": 1200}}\' '
+                   "(topic -> partition -> next offset); tasks resume their input there.")
 @click.option("--value-serde", default="msgpack", show_default=True,
               help="The store's value serde (encodes non-binary Parquet values).")
 def build(app: str, store: str, path: Path | None, source: str, out_dir: Path,
           bootstrap: str | None, master: str, subtopology: int, partitions: int | None,
-          order_column: str, value_serde: str) -> None:
+          order_column: str, input_offsets: str | None, value_serde: str) -> None:
     """Snapshot STORE of APP from its changelog, or (--source parquet) from PATH.
 
     Example: relay snapshot build clicks counts --out snapshots --bootstrap host:9092
@@ -74,6 +78,10 @@ def build(app: str, store: str, path: Path | None, source: str, out_dir: Path,
         raise click.UsageError("--source parquet needs the PATH of the Parquet history")
     if source == "parquet" and path is not None and not path.exists():
         raise click.BadParameter(f"{path} does not exist", param_hint="PATH")
+    if input_offsets is not None and source != "parquet":
+        raise click.UsageError("--input-offsets is only for --source parquet (a changelog "
+                               "snapshot carries the input position it reflects)")
+    input_positions = _parse_input_offsets(input_offsets)
     # Spark is an optional extra: imported only when a build runs.
     try:
         from pipeline.errors import (
@@ -115,7 +123,8 @@ def build(app: str, store: str, path: Path | None, source: str, out_dir: Path,
                 else:
                     history = spark.read.parquet(str(path))
                     manifests = build_from_dataframe(history, target, partitions=partitions,
-                                                     order_column=order_column)
+                                                     order_column=order_column,
+                                                     input_offsets=input_positions)
             finally:
                 spark.stop()
     except BrokerUnreachableError as exc:
@@ -156,6 +165,19 @@ def list_snapshots(directory: Path) -> None:
         console.print(f"[red]{problem}[/]", highlight=False)
     if broken:
         raise SystemExit(EXIT_FAILED)
+
+
+def _parse_input_offsets(text: str | None) -> dict[str, dict[int, int]] | None:
+    if text is None:
+        return None
+    try:
+        raw = json.loads(text)
+        return {str(topic): {int(p): int(o) for p, o in offsets.items()}
+                for topic, offsets in raw.items()}
+    except (ValueError, TypeError, AttributeError):
+        raise click.BadParameter(
+            f'expected JSON like {{"clicks": {{"0": 1200}}}}, not {text!r}',
+            param_hint="--input-offsets") from None
 
 
 def manifest_table(title: str, snapshots: list[tuple[Path, SnapshotManifest]]) -> Table:

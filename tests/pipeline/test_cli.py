@@ -65,11 +65,11 @@ def test_build_from_parquet(spark: SparkSession, tmp_path: Path) -> None:
     out = tmp_path / "snapshots"
     code, text = relay("snapshot", "build", "clicks", "counts", "--source", "parquet",
                        str(history), "--partitions", "3", "--out", str(out), "--master",
-                       "local[2]")
+                       "local[2]", "--input-offsets", '{"clicks": {"0": 4, "2": 6}}')
     assert code == 0, text
     manifests = [json.loads(p.read_text()) for p in sorted(out.rglob(MANIFEST_FILE))]
     assert [m["task"] for m in manifests] == ["0_0", "0_1", "0_2"]
-    assert sum(m["records"] for m in manifests) == 5
+    assert sum(m["records"] for m in manifests) == 5 + 2  # keys, and two input positions
     assert {m["source"] for m in manifests} == {"dataframe"}
 
 
@@ -86,6 +86,9 @@ def test_bad_arguments_exit_with_their_codes(bootstrap: str, tmp_path: Path) -> 
     assert code == 2 and "unknown app or store no-such-app/counts" in text
     code, text = relay("snapshot", "build", "app", "counts", "--source", "kafka", "--out", out)
     assert code == 2 and "'kafka' is not one of" in text
+    code, text = relay("snapshot", "build", "app", "counts", "--source", "parquet", str(tmp_path),
+                       "--input-offsets", "[1]", "--out", out)
+    assert code == 2 and "--input-offsets" in text
     code, text = relay("snapshot", "list", str(tmp_path / "missing"))
     assert code == 2 and "does not exist" in text
     assert not Path(out).exists()

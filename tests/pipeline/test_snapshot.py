@@ -103,7 +103,8 @@ def test_dataframe_snapshot_seeds_the_changelog(
     history += [(f"user-{i}", None, 500 + i) for i in range(0, 40, 7)]
     df = spark.createDataFrame(history, "key string, value struct<clicks:int>, offset long")
     target = SnapshotTarget(app, "counts", tmp_path / "snapshots")
-    manifests = build_from_dataframe(df, target, partitions=PARTITIONS)
+    manifests = build_from_dataframe(df, target, partitions=PARTITIONS,
+                                     input_offsets={"clicks": {0: 7, 1: 9}})
 
     expected: dict[str, dict] = {}
     for key, value, _ in sorted(history, key=lambda row: row[2]):
@@ -111,7 +112,8 @@ def test_dataframe_snapshot_seeds_the_changelog(
             expected.pop(key, None)
         else:
             expected[key] = value
-    assert sum(m.records for m in manifests) == len(expected)
+    # Every live key, and one input position per task.
+    assert sum(m.records for m in manifests) == len(expected) + PARTITIONS
     assert {m.source for m in manifests} == {"dataframe"}
 
     seen: dict[str, dict] = {}
@@ -120,6 +122,7 @@ def test_dataframe_snapshot_seeds_the_changelog(
         booted = open_store(tmp_path / "booted", app, partition, snapshot=ref)
         items = dict(booted.items())
         seen.update(items)
+        assert booted.read_input_position() == {f"clicks:{partition}": 7 + 2 * partition}
         # The changelog now holds the same state: a fresh store replaying it agrees.
         replayed = open_store(tmp_path / "replay", app, partition)
         restore(bootstrap, replayed)

@@ -443,14 +443,22 @@ class _RestoreProgress:
     """A rich progress bar over the records left to restore."""
 
     def __init__(self, stores: list[KeyValueStore], reader: ChangelogReader) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         self._stores = stores
         self._reader = reader
         self._progress = Progress(
             TextColumn("restoring {task.fields[count]} stores"),
             BarColumn(),
-            TextColumn("{task.completed:,.0f}/{task.total:,.0f} records"),
+            # Counts whether or not the total is known yet (a format spec fails on None).
+            MofNCompleteColumn(),
+            TextColumn("records"),
             TimeRemainingColumn(),
             transient=True,
         )

@@ -94,11 +94,12 @@ async def test_restore_over_many_fetches_and_writes_equals_the_last_value_per_ke
     model = await produce_history(producer, changelog, 40_000, keys=12_000, seed=1)
     store = open_store(tmp_path, changelog)
     # Small fetches and a small buffer: dozens of fetches, several writes of collected
-    # changes (some as ingested files, the last ones as WriteBatches).
+    # changes (some as ingested files, the last ones as WriteBatches). The progress bar is
+    # drawn before the end is known, and updated along.
     async with ChangelogReader(
         bootstrap, max_partition_fetch_bytes=64 * 1024, restore_buffer_bytes=512 * 1024
     ) as reader:
-        stats = await reader.restore([store], show_progress=False)
+        stats = await reader.restore([store], show_progress=True)
     assert stats.records == 40_000
     assert store.position == 40_000
     assert dict(store.items()) == model

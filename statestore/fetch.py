@@ -91,7 +91,7 @@ def decode_records(
         # have removed the last ones): the next fetch starts there.
         batch_end = batch.next_offset
         if is_data and batch_end > fetch_offset:
-            if batch.base_offset >= fetch_offset:
+            if _base_offset(batch) >= fetch_offset:
                 changes += [(record.key, record.value) for record in batch]
             else:  # a fetch from the middle of a batch gets the whole batch
                 changes += [(r.key, r.value) for r in batch if r.offset >= fetch_offset]
@@ -114,7 +114,7 @@ def _walk_batches(
         batch = records.next_batch()
         if batch is None:
             break
-        while pending_aborts and pending_aborts[0][1] <= batch.base_offset:
+        while pending_aborts and pending_aborts[0][1] <= _base_offset(batch):
             aborting.add(pending_aborts.pop(0)[0])
         if batch.is_control_batch:
             if batch.producer_id in aborting and _is_abort_marker(batch):
@@ -124,6 +124,12 @@ def _walk_batches(
             yield batch, False
         else:
             yield batch, True
+
+
+def _base_offset(batch: Any) -> int:
+    # Message format v0 and v1 batches do not carry it (nor transactions): -1 makes a caller
+    # look at each record's offset.
+    return int(getattr(batch, "base_offset", -1))
 
 
 def _is_abort_marker(batch: Any) -> bool:

@@ -18,6 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError, NotLeaderForPartitionError, OffsetOutOfRangeError
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import TopicPartition
 
@@ -313,6 +314,17 @@ def test_aborted_transactions_and_control_batches_are_skipped() -> None:
     changes, next_offset = decode_records(tp, raw[:-5], 1, [(7, 3)])
     assert changes == [(b"b", b"2"), (b"c", b"3"), (b"d", b"4"), (b"e", None)]
     assert next_offset == 9
+
+
+def test_message_format_v1_batches_are_read() -> None:
+    """Old message formats have no batch base offset and no transactions."""
+    builder = LegacyRecordBatchBuilder(1, 0, 2**20)
+    for offset, key in enumerate([b"a", b"b", b"c"]):
+        builder.append(offset, 1_000, key, key.upper())
+    raw = bytes(builder.build())
+    tp = TopicPartition("t", 0)
+    assert decode_records(tp, raw, 0) == ([(b"a", b"A"), (b"b", b"B"), (b"c", b"C")], 3)
+    assert decode_records(tp, raw, 2) == ([(b"c", b"C")], 3)
 
 
 def test_restored_changes_written_as_files_and_batches(tmp_path: Path) -> None:

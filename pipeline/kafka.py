@@ -9,6 +9,7 @@ runs its own event loop. A partition's end is the fetch high watermark, never Li
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -53,12 +54,15 @@ def _unreachable(bootstrap: str, exc: BaseException) -> BrokerUnreachableError:
 
 
 async def _start(client: Any, bootstrap: str) -> None:
+    """Start an aiokafka client; a broker that does not answer is BrokerUnreachableError."""
     try:
         await asyncio.wait_for(client.start(), CONNECT_TIMEOUT_S)
-    except (TimeoutError, KafkaConnectionError, OSError) as exc:
-        raise _unreachable(bootstrap, exc) from exc
-    except KafkaError as exc:
-        if "Unable to bootstrap" in str(exc):
+    except (TimeoutError, KafkaError, OSError) as exc:
+        # Release what the half-started client holds before reporting.
+        with contextlib.suppress(Exception):
+            await (client.close() if isinstance(client, AIOKafkaAdminClient) else client.stop())
+        if isinstance(exc, TimeoutError | KafkaConnectionError | OSError) or (
+                "Unable to bootstrap" in str(exc)):
             raise _unreachable(bootstrap, exc) from exc
         raise
 

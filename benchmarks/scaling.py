@@ -32,9 +32,11 @@ import argparse
 import asyncio
 import contextlib
 import json
+import shutil
 import tempfile
 import time
 import traceback
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -121,7 +123,15 @@ async def prefill(bootstrap: str, topic: str, sizes: Sizes) -> float:
     return sizes.prefill_records / max(1e-9, time.perf_counter() - started)
 
 
-async def steady_traffic(bootstrap: str, topic: str, sizes: Sizes, stop: asyncio.Event) -> int:
+@dataclass
+class Written:
+    """Input records written so far (prefill and steady traffic)."""
+
+    count: int = 0
+
+
+async def steady_traffic(bootstrap: str, topic: str, sizes: Sizes, stop: asyncio.Event,
+                         written: Written) -> int:
     """Write ``sizes.rate`` records/s (same keys and payload size as the prefill) until
     ``stop``; returns how many were written."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
@@ -139,6 +149,7 @@ async def steady_traffic(bootstrap: str, topic: str, sizes: Sizes, stop: asyncio
                 key, value = _record(seq, sizes.keys, blob)
                 await producer.send(topic, key=key, value=value)
                 seq += 1
+            written.count = seq
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), tick)
         await producer.flush()
@@ -302,7 +313,7 @@ async def mark_leaving(bootstrap: str, app_id: str, instance: str) -> None:
 
 async def run_strategy(name: str, args: argparse.Namespace, sizes: Sizes, bootstrap: str,
                        run_dir: Path) -> dict[str, Any]:
-    app_id = f"scaling-{name}-{int(time.time())}"
+    app_id = f"scaling-{name}-{uuid.uuid4().hex[:8]}"
     source, sink = f"{app_id}-in", f"{app_id}-out"
     faust = name == "faust"
     status_topic = f"{app_id}-faust-status" if faust else status_topic_name(app_id)
@@ -326,7 +337,7 @@ async def run_strategy(name: str, args: argparse.Namespace, sizes: Sizes, bootst
         FaustPool(settings) if faust else RelayPool(
             settings, "eager" if name == "relay-stop-the-world" else "cooperative",
             args.acceptable_lag, args.max_learners))
-    outputs = OutputFollower(bootstrap, sink, sizes.prefill_records)
+    outputs = OutputFollower(bootstrap, sink)
     status = StatusFollower(bootstrap, status_topic, faust_status if faust else relay_status)
     run = Run(name, pool, outputs, status, sizes, args, bootstrap, app_id)
     result: dict[str, Any] = {"strategy": name, "app_id": app_id, "error": None, "phases": [],
@@ -338,21 +349,30 @@ async def run_strategy(name: str, args: argparse.Namespace, sizes: Sizes, bootst
     await status.start()
     try:
         run.started = time.time()
-        traffic = asyncio.create_task(steady_traffic(bootstrap, source, sizes, stop_traffic))
-        start = Phase(f"start {sizes.instances} instances (prefilled input)", run.started)
+        written = Written(sizes.prefill_records)
+        traffic = asyncio.create_task(
+            steady_traffic(bootstrap, source, sizes, stop_traffic, written))
+        start = Phase(f"start {sizes.instances} instances and catch up with the input",
+                      run.started)
         for i in range(1, sizes.instances + 1):
             pool.start(f"w{i}")
-        # The steady state begins once the prefilled backlog has been processed.
+        # The steady state begins once the backlog (the prefill, and the steady input that
+        # arrived meanwhile) has been processed: at most two seconds of input outstanding.
         deadline = time.monotonic() + args.start_timeout
-        while not outputs.prefill_processed and time.monotonic() < deadline:
+
+        def caught_up() -> bool:
+            return len(outputs.processed) >= written.count - 2 * sizes.rate
+
+        while not caught_up() and time.monotonic() < deadline:
             run.check_workers()
             await asyncio.sleep(0.5)
-        if not outputs.prefill_processed:
-            raise StrategyFailed(f"the prefilled records were not all processed within "
+        if not caught_up():
+            raise StrategyFailed(f"the input backlog was not processed within "
                                  f"{args.start_timeout:.0f}s of the start")
+        caught_up_at = time.time() - OUTPUT_DELAY_S
         start.balanced, balanced_at, problem = await run.wait_balanced(
             run.started, max(1.0, deadline - time.monotonic()))
-        start.ended = max(balanced_at, outputs.prefill_done_at or balanced_at)
+        start.ended = max(balanced_at, caught_up_at)
         if not start.balanced:
             raise StrategyFailed(f"not balanced within {args.start_timeout:.0f}s of the start: "
                                  f"{problem}")
@@ -384,6 +404,8 @@ async def run_strategy(name: str, args: argparse.Namespace, sizes: Sizes, bootst
             await pool.stop_all()
         finally:
             pool.kill_all()
+            # The workers' stores are big and of no use after the run; their logs stay.
+            shutil.rmtree(settings.run_dir / "state", ignore_errors=True)
         with contextlib.suppress(Exception):
             await outputs.caught_up()
             await status.caught_up()
@@ -405,6 +427,9 @@ async def run_strategy(name: str, args: argparse.Namespace, sizes: Sizes, bootst
     result["member_status"] = [
         {**asdict(m), "tasks": sorted(m.tasks)} for m in status.history]
     result["throughput"] = throughput(outputs.outputs, run.started)
+    result["throughput_by_task"] = {
+        f"0_{p}": throughput(outputs.outputs, run.started, f"0_{p}")
+        for p in range(sizes.partitions)}
     return result
 
 
@@ -452,12 +477,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     size.add_argument("--keys", type=int, default=40_000)
     size.add_argument("--records-per-task", type=int, default=50_000,
                       help="prefilled records per task: the changelog a moved task restores")
-    size.add_argument("--value-bytes", type=int, default=4000)
+    size.add_argument("--value-bytes", type=int, default=8000)
     size.add_argument("--rate", type=int, default=400, help="steady input records/s")
     timing = parser.add_argument_group("timing")
     timing.add_argument("--settle", type=float, default=8.0,
                         help="seconds of steady state observed before each change and at end")
-    timing.add_argument("--start-timeout", type=float, default=420.0,
+    timing.add_argument("--start-timeout", type=float, default=600.0,
                         help="deadline for the first balance (includes the prefill backlog)")
     timing.add_argument("--phase-timeout", type=float, default=240.0,
                         help="deadline for the group to balance again after a change")

@@ -106,10 +106,11 @@ def member_counters(phase: Phase, history: list[MemberStatus], counted_until: fl
         n - restored_before.get(key, 0) for key, n in restored_after.items())
 
 
-def throughput(outputs: list[Output], started: float) -> list[int]:
-    """Outputs per second since ``started``."""
+def throughput(outputs: list[Output], started: float, task: str | None = None) -> list[int]:
+    """Outputs (of one task, or all) per second since ``started``."""
     buckets: dict[int, int] = defaultdict(int)
     for output in outputs:
-        if output.t >= started:
+        if output.t >= started and (task is None or output.task == task):
             buckets[int(output.t - started)] += 1
-    return [buckets.get(i, 0) for i in range(max(buckets, default=-1) + 1)]
+    last = max((int(o.t - started) for o in outputs if o.t >= started), default=-1)
+    return [buckets.get(i, 0) for i in range(last + 1)]

@@ -103,27 +103,17 @@ class _TopicTail:
 class OutputFollower(_TopicTail):
     """Every output of the app, in the order they were written."""
 
-    def __init__(self, bootstrap: str, topic: str, prefilled: int) -> None:
+    def __init__(self, bootstrap: str, topic: str) -> None:
         super().__init__(bootstrap, topic)
         self.outputs: list[Output] = []
-        self._prefilled = prefilled
-        self._prefill_seen: set[int] = set()
-        #: When the last prefilled record was processed.
-        self.prefill_done_at: float | None = None
+        #: The input records processed at least once, by sequence number.
+        self.processed: set[int] = set()
 
     def handle(self, record: Any) -> None:
         v = msgpack.unpackb(record.value, raw=False)
         output = Output(v["task"], v["pid"], v["t"], v.get("seq", -1))
         self.outputs.append(output)
-        if 0 <= output.seq < self._prefilled and output.seq not in self._prefill_seen:
-            self._prefill_seen.add(output.seq)
-            if len(self._prefill_seen) == self._prefilled:
-                self.prefill_done_at = output.t
-
-    @property
-    def prefill_processed(self) -> bool:
-        """Every prefilled record has been processed (the backlog at the start is gone)."""
-        return len(self._prefill_seen) >= self._prefilled
+        self.processed.add(output.seq)
 
     def owners(self, since: float, until: float) -> dict[str, set[int]]:
         """The processes that produced outputs of each task between two times."""

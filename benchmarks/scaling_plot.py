@@ -1,6 +1,6 @@
 """The scaling benchmark's plot: records processed per second over time, one panel per
-strategy, with each group change marked (a dashed line where it starts, shading until the
-group is balanced again)."""
+strategy from shortly before the first change, with each group change marked (a dashed line
+where it starts, shading until the group is balanced again)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ def plot_throughput(results: list[dict[str, Any]], rate: int, path: Path) -> Non
     shown = [r for r in results if r.get("throughput")]
     if not shown:
         return
-    fig, axes = plt.subplots(len(shown), 1, figsize=(12, 3.4 * len(shown)), squeeze=False,
-                             sharex=True)
+    fig, axes = plt.subplots(len(shown), 1, figsize=(12, 3.4 * len(shown)), squeeze=False)
     # The start (catching up on the prefilled input) runs far above the steady rate; the
     # plot is about the steady rate, so the y axis is clipped and says so.
     top = rate * 2.5
@@ -34,13 +33,17 @@ def plot_throughput(results: list[dict[str, Any]], rate: int, path: Path) -> Non
             ax.text(mark["at_s"] + 0.5, top * 0.97, mark["label"], fontsize=8, va="top",
                     color="tab:red")
         ax.set_ylim(0, top)
+        # From shortly before the first change: the start is the prefill's backlog, and the
+        # strategies take very different times over it.
+        first = min((mark["at_s"] for mark in result["marks"]), default=0.0)
+        ax.set_xlim(max(0.0, first - 20), len(series))
+        ax.set_xlabel("seconds since the strategy's workers started", fontsize=8)
         title = result["strategy"]
         if result.get("error"):
             title += f" (stopped: {result['error'][:80]})"
         ax.set_title(title, fontsize=10)
         ax.set_ylabel("records/s (clipped)")
         ax.legend(loc="lower right", fontsize=7)
-    axes[-1, 0].set_xlabel("seconds since the strategy's workers started")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

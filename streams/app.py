@@ -224,10 +224,10 @@ class App:
                 thread.request_rejoin(f"as leader, for another member: {reason}",
                                       broadcast=False)
 
-    def _on_fetch_request(self, static_ids: list[str], generation: int) -> None:
+    def _on_fetch_request(self, digests: dict[str, str]) -> None:
         for thread in self.threads:
-            if thread.static_id in static_ids and not thread.assignor.is_leader:
-                thread.fetch_assignment(generation)
+            if thread.static_id in digests and not thread.assignor.is_leader:
+                thread.fetch_assignment(digests[thread.static_id])
 
     def _on_subscription(self, static_id: str, data: bytes) -> None:
         for thread in self.threads:
@@ -241,9 +241,9 @@ class App:
         if self._control is not None:
             self._in_background(self._control.request_rebalance(reason))
 
-    def _tell_followers(self, static_ids: list[str], generation: int) -> None:
-        if self._control is not None and static_ids:
-            self._in_background(self._control.request_fetch(static_ids, generation))
+    def _tell_followers(self, digests: dict[str, str]) -> None:
+        if self._control is not None and digests:
+            self._in_background(self._control.request_fetch(digests))
 
     def _in_background(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)

@@ -31,7 +31,8 @@ def control_topic_name(application_id: str) -> str:
 #: gets its cached assignment back without a rebalance on some brokers; the leader rejoining
 #: always starts one.
 REBALANCE_KEY = b"__rebalance__"
-#: Key of the records in which a leader tells static members to fetch a new assignment.
+#: Key of the records in which a leader tells static members which assignment it computed
+#: for each (a digest), so that one that missed the round fetches it.
 FETCH_KEY = b"__fetch__"
 #: Key of the records in which a static member publishes its current subscription: a broker
 #: may keep a static follower's old metadata when it rejoins a stable group.
@@ -73,7 +74,7 @@ class ControlListener:
         instance_id: str | None,
         on_mark: Callable[[LeavingMark | None], None],
         on_rebalance_request: Callable[[str], None] = lambda reason: None,
-        on_fetch_request: Callable[[list[str], int], None] = lambda members, generation: None,
+        on_fetch_request: Callable[[dict[str, str]], None] = lambda digests: None,
         on_subscription: Callable[[str, bytes], None] = lambda static_id, data: None,
     ) -> None:
         self._topic = control_topic_name(application_id)
@@ -108,9 +109,9 @@ class ControlListener:
                         if record.key == FETCH_KEY:
                             if record.timestamp >= self._started_ms and record.value:
                                 with contextlib.suppress(Exception):
-                                    names, generation = msgpack.unpackb(record.value, raw=False)
-                                    self._on_fetch_request([str(n) for n in names],
-                                                           int(generation))
+                                    digests = msgpack.unpackb(record.value, raw=False)
+                                    self._on_fetch_request(
+                                        {str(k): str(v) for k, v in digests.items()})
                             continue
                         if record.key == REBALANCE_KEY:
                             if record.timestamp >= self._started_ms and record.value:
@@ -137,8 +138,8 @@ class ControlListener:
     async def publish_subscription(self, static_id: str, data: bytes) -> None:
         await self._send(SUBSCRIPTION_KEY, msgpack.packb([static_id, data]))
 
-    async def request_fetch(self, static_ids: list[str], generation: int) -> None:
-        await self._send(FETCH_KEY, msgpack.packb([static_ids, generation]))
+    async def request_fetch(self, digests: dict[str, str]) -> None:
+        await self._send(FETCH_KEY, msgpack.packb(digests))
 
     async def _send(self, key: bytes, value: bytes) -> None:
         producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap)

@@ -10,6 +10,7 @@ aiokafka calls ``metadata`` when the member joins, ``assign`` on the leader, and
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -81,9 +82,13 @@ class RelayAssignor(AbstractPartitionAssignor):
         #: Whether this member computed the last assignment (was the group's leader).
         self.is_leader = False
         self._assigned_this_round = False
-        #: Static members of the last round this leader assigned; some brokers let a static
-        #: follower skip the rejoin, so the leader tells them to fetch their assignment.
-        self.static_followers: list[str] = []
+        #: Per static member of the last round this leader assigned, the digest of the
+        #: assignment it computed for it. Some brokers let a static follower skip the rejoin
+        #: (and keep the generation), so the leader tells them what they should hold, and a
+        #: follower holding something else fetches its assignment.
+        self.static_digests: dict[str, str] = {}
+        #: The digest of the last assignment this member received.
+        self.received_digest: str | None = None
         #: The latest subscription each static member published on the control topic.
         self.fresh_subscriptions: dict[str, bytes] = {}
         self.last_assignments: dict[str, MemberAssignment] = {}
@@ -122,18 +127,19 @@ class RelayAssignor(AbstractPartitionAssignor):
         )
         self.last_assignments = assignments
         self._assigned_this_round = True
-        self.static_followers = sorted(static_ids.values())
         result: dict[str, ConsumerProtocolMemberAssignment] = {}
+        self.static_digests = {}
         for member_id, member_assignment in assignments.items():
             by_topic: dict[str, list[int]] = {}
             for task_id in member_assignment.active:
                 for topic, partition in self._layout.partitions_of(task_id):
                     by_topic.setdefault(topic, []).append(partition)
+            user_data = encode_assignment(member_assignment)
             result[member_id] = ConsumerProtocolMemberAssignment(
-                0,
-                sorted((t, sorted(ps)) for t, ps in by_topic.items()),
-                encode_assignment(member_assignment),
+                0, sorted((t, sorted(ps)) for t, ps in by_topic.items()), user_data
             )
+            if member_id in static_ids:
+                self.static_digests[static_ids[member_id]] = assignment_digest(user_data)
         log.info("leader assigned %d tasks to %d members", len(self._layout.tasks()), len(result))
         return result
 
@@ -151,4 +157,10 @@ class RelayAssignor(AbstractPartitionAssignor):
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:  # type: ignore[override]
         self.is_leader, self._assigned_this_round = self._assigned_this_round, False
+        self.received_digest = assignment_digest(assignment.user_data or b"")
         self._on_assigned(decode_assignment(assignment.user_data))
+
+
+def assignment_digest(user_data: bytes) -> str:
+    """A short fingerprint of an encoded assignment (leader and member hash the same bytes)."""
+    return hashlib.blake2b(user_data, digest_size=8).hexdigest()

@@ -111,7 +111,7 @@ class StreamThread:
         self._rejoin_timer: asyncio.TimerHandle | None = None
         self.shutdown_requested = False
         self.ask_leader: Callable[[str], None] = lambda reason: None
-        self.tell_followers: Callable[[list[str], int], None] = lambda ids, generation: None
+        self.tell_followers: Callable[[dict[str, str]], None] = lambda digests: None
         self.publish_subscription: Callable[[str, bytes], None] = lambda sid, data: None
         self.status = ThreadStatus()
         self.late_records_dropped = 0
@@ -210,13 +210,14 @@ class StreamThread:
         if self.static_id is not None:
             self.publish_subscription(self.static_id, encode_subscription(self._subscription()))
 
-    def fetch_assignment(self, generation: int) -> None:
-        """Rejoin to fetch the assignment the leader computed in ``generation``, if this
-        member missed that round (a static follower the broker did not wait for)."""
+    def fetch_assignment(self, digest: str) -> None:
+        """Rejoin to fetch the assignment the leader computed for this member (``digest``)
+        if it holds another one: a static follower the broker did not wait for missed the
+        round, and the broker may not even have moved the generation on."""
         coordinator = getattr(self.consumer, "_coordinator", None)
-        if coordinator is not None and coordinator.generation < generation:
-            log.info("%s missed generation %d: rejoining to fetch its assignment",
-                     self.static_id, generation)
+        if coordinator is not None and self.assignor.received_digest != digest:
+            log.info("%s missed the leader's last assignment: rejoining to fetch it",
+                     self.static_id)
             coordinator.request_rejoin()
 
     # -- rebalance callbacks --------------------------------------------------------------
@@ -264,8 +265,9 @@ class StreamThread:
             await self._apply(assignment)
             self._publish(new_token=False)
             if self.assignor.is_leader:
-                followers = [s for s in self.assignor.static_followers if s != self.static_id]
-                self.tell_followers(followers, self.status.generation)
+                followers = {s: d for s, d in self.assignor.static_digests.items()
+                             if s != self.static_id}
+                self.tell_followers(followers)
 
     async def _apply(self, assignment: MemberAssignment) -> None:
         current: dict[str, Role] = {t: Role.ACTIVE for t in self.tasks}
@@ -442,6 +444,7 @@ class StreamThread:
             "incarnation": self.incarnation,
             "member_id": self.status.member_id,
             "generation": self.status.generation,
+            "leader": self.assignor.is_leader,
             "active": self.status.active,
             "restoring": self.status.restoring,
             "standbys": self.status.standbys,

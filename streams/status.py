@@ -22,12 +22,17 @@ def status_topic_name(application_id: str) -> str:
 
 
 async def read_status(bootstrap: str, application_id: str) -> dict[str, dict[str, Any]]:
-    """The latest status record of every member (tombstones removed). The topic must exist."""
+    """The latest status record of every member (tombstones removed); empty while the app
+    has not created its status topic yet (reading it then would have some brokers create it
+    with their default partition count, which the app would refuse)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     latest: dict[str, dict[str, Any]] = {}
     try:
-        tp = TopicPartition(status_topic_name(application_id), 0)
+        topic = status_topic_name(application_id)
+        if topic not in await consumer.topics():
+            return latest
+        tp = TopicPartition(topic, 0)
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
         while True:

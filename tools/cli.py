@@ -154,12 +154,13 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
     table = Table(title=f"{app}: group {result['state']} ({result['protocol'] or '-'})")
-    for column in ("member", "instance", "thread", "pid", "generation", "active", "leaving"):
+    columns = ("member", "instance", "thread", "pid", "generation", "leader", "active", "leaving")
+    for column in columns:
         table.add_column(column)
     for member, s in sorted(result["members"].items()):
         table.add_row(member, s["instance_id"], str(s["thread"]), str(s["pid"]),
-                      str(s["generation"]), ", ".join(s["active"]) or "-",
-                      "yes" if s["leaving"] else "")
+                      str(s["generation"]), "yes" if s.get("leader") else "",
+                      ", ".join(s["active"]) or "-", "yes" if s["leaving"] else "")
     console.print(table)
     tasks = Table(title="tasks")
     for column in ("task", "active", "learners (lag, ready)", "standbys (lag, ready)"):

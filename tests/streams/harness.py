@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,10 @@ from aiokafka.structs import TopicPartition
 
 from statestore.topics import TopicSpec, ensure_topics
 from streams.app import App
+from streams.status import read_status
+from tests.conftest import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
 
 FAST_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000,
               "commit_interval_ms": 200}
@@ -124,3 +132,91 @@ def running_tasks(*apps: App) -> dict[str, list[str]]:
         f"{a.config.group_instance_id or id(a)}-{t.index}": sorted(t.tasks)
         for a in apps for t in a.threads
     }
+
+
+class Traffic:
+    """Produces keyed records in the background and remembers how many per key."""
+
+    def __init__(self, bootstrap: str, topic: str, keys: int = 17) -> None:
+        self.bootstrap, self.topic, self.keys = bootstrap, topic, keys
+        self.produced: dict[str, int] = {}
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def produce(self, records: int) -> None:
+        """Produce ``records`` records now (before or besides the background traffic)."""
+        batch = [(f"k{i % self.keys}", i) for i in range(records)]
+        await produce(self.bootstrap, self.topic, batch)
+        for key, _ in batch:
+            self.produced[key] = self.produced.get(key, 0) + 1
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            await self.produce(50)
+            await asyncio.sleep(0.05)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await self._task
+
+
+async def exact_counts(bootstrap: str, sink: str, produced: dict[str, int]) -> None:
+    """Wait until the sink's latest count per key is exactly what was produced."""
+
+    async def exact() -> bool:
+        return latest(await read_all(bootstrap, sink, 1)) == produced
+
+    try:
+        await wait_until(exact, timeout_s=90, message="exact counts")
+    except AssertionError:
+        counted = latest(await read_all(bootstrap, sink, 1))
+        wrong = {k: (counted.get(k), n) for k, n in produced.items() if counted.get(k) != n}
+        raise AssertionError(f"counts differ (counted, produced) for {wrong}") from None
+
+
+async def published(bootstrap: str, app_id: str, active: dict[str, int]) -> None:
+    """Wait until each member (``<instance>-thread-<n>``) published its status with this many
+    active tasks: the tools read the status topic."""
+
+    async def seen() -> bool:
+        status = await read_status(bootstrap, app_id)
+        return all(len(status.get(member, {}).get("active", [])) == count
+                   for member, count in active.items())
+
+    await wait_until(seen, timeout_s=30, message=f"the status of {sorted(active)}")
+
+
+async def run_relay(*args: str, bootstrap: str | None = None) -> tuple[int, str]:
+    """Run the ``relay`` tool in a subprocess; returns its exit code and output."""
+    command = [sys.executable, "-m", "tools.cli", *args]
+    if bootstrap is not None:
+        command += ["--bootstrap", bootstrap]
+    python_path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
+    process = await asyncio.create_subprocess_exec(
+        *command, cwd=tempfile.gettempdir(), env={**os.environ, "PYTHONPATH": python_path},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 120)
+    return process.returncode or 0, out.decode()
+
+
+def spawn_worker(app_id: str, bootstrap: str, state_dir: Path, source: str, sink: str,
+                 **settings: object) -> subprocess.Popen[bytes]:
+    """The counting app as a worker process of its own (so that it can be killed)."""
+    python_path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
+    env = {**os.environ, "PYTHONPATH": python_path, "COUNTING_INPUT": source,
+           "COUNTING_OUTPUT": sink, "RELAY_APPLICATION_ID": app_id,
+           "RELAY_BOOTSTRAP_SERVERS": bootstrap, "RELAY_STATE_DIR": str(state_dir)}
+    for key, value in {**FAST_GROUP, **settings}.items():
+        env[f"RELAY_{key.upper()}"] = str(value)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "streams", "run", "tests.streams.apps.counting:app",
+         "--log-level", "WARNING"],
+        cwd=state_dir.parent, env=env,
+    )

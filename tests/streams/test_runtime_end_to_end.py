@@ -5,10 +5,7 @@ dead-letter topic (or stopping the app), and a duplicate group instance id faili
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +14,6 @@ import pytest
 from streams.thread import FatalThreadError
 from tests.conftest import wait_until
 from tests.streams.harness import (
-    FAST_GROUP,
     counting_app,
     create_topics,
     latest,
@@ -25,12 +21,10 @@ from tests.streams.harness import (
     produce,
     read_all,
     running,
+    spawn_worker,
 )
 
 pytestmark = pytest.mark.broker
-ROOT = Path(__file__).resolve().parents[2]
-
-
 
 
 def keyed(n: int, keys: int, start: int = 0) -> list[tuple[str, int]]:
@@ -68,21 +62,6 @@ async def test_restart_gives_exact_results_and_replays_only_the_tail(
     assert restored == 0
     final = latest(await read_all(bootstrap, sink, 1))
     assert final == expected_counts(1000, 7)
-
-
-def spawn_worker(app_id: str, bootstrap: str, state_dir: Path, source: str, sink: str,
-                 **settings: object) -> subprocess.Popen[bytes]:
-    python_path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
-    env = {**os.environ, "PYTHONPATH": python_path, "COUNTING_INPUT": source,
-           "COUNTING_OUTPUT": sink, "RELAY_APPLICATION_ID": app_id,
-           "RELAY_BOOTSTRAP_SERVERS": bootstrap, "RELAY_STATE_DIR": str(state_dir)}
-    for key, value in {**FAST_GROUP, **settings}.items():
-        env[f"RELAY_{key.upper()}"] = str(value)
-    return subprocess.Popen(
-        [sys.executable, "-m", "streams", "run", "tests.streams.apps.counting:app",
-         "--log-level", "WARNING"],
-        cwd=state_dir.parent, env=env,
-    )
 
 
 async def test_two_workers_share_tasks_and_a_standby_takes_over_when_one_dies(

@@ -12,11 +12,16 @@ import pytest
 
 from streams.thread import FatalThreadError
 from tests.conftest import wait_until
-from tests.streams.harness import counting_app, create_topics, latest, produce, read_all
+from tests.streams.harness import (
+    counting_app,
+    create_topics,
+    latest,
+    produce,
+    published,
+    read_all,
+)
 
 pytestmark = pytest.mark.broker
-
-
 
 
 async def test_a_static_restart_moves_nothing(
@@ -83,7 +88,7 @@ async def test_duplicate_group_instance_id_fails_the_newcomer_fast(
     try:
         await wait_until(lambda: bool(first.threads and first.threads[0].tasks),
                          timeout_s=120, message="the first member to run")
-        await asyncio.sleep(1.5)  # its status is published every second
+        await published(bootstrap, app_id, {"node-a-thread-0": len(first.threads[0].tasks)})
         second = counting_app(app_id, bootstrap, tmp_path / "b", source, sink, "node-a")
         with pytest.raises(FatalThreadError, match="duplicate group instance id node-a-thread-0"):
             await asyncio.wait_for(second.run_async(), 60)

@@ -165,6 +165,18 @@ class Traffic:
                 await self._task
 
 
+async def counting_topics(bootstrap: str, app_id: str, records: int = 0,
+                          partitions: int = 4) -> tuple[str, str, Traffic]:
+    """The counting app's input (``partitions``) and output topics, and traffic for the
+    input that has already produced ``records`` records."""
+    source, sink = f"{app_id}-in", f"{app_id}-out"
+    await create_topics(bootstrap, {source: partitions, sink: 1})
+    traffic = Traffic(bootstrap, source)
+    if records:
+        await traffic.produce(records)
+    return source, sink, traffic
+
+
 async def exact_counts(bootstrap: str, sink: str, produced: dict[str, int]) -> None:
     """Wait until the sink's latest count per key is exactly what was produced."""
 

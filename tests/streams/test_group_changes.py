@@ -19,9 +19,8 @@ from streams.status import read_status
 from streams.thread import StreamThread
 from tests.conftest import wait_until
 from tests.streams.harness import (
-    Traffic,
     counting_app,
-    create_topics,
+    counting_topics,
     exact_counts,
     published,
     run_relay,
@@ -80,10 +79,7 @@ async def test_online_host_swap(tmp_path: Path, bootstrap: str,
     """Seed 003, online host swapping: double the group with new instances, mark the old ones
     leaving; the new ones learn every task, take them over, and the old ones shut down."""
     app_id = unique("swap")
-    source, sink = f"{app_id}-in", f"{app_id}-out"
-    await create_topics(bootstrap, {source: 4, sink: 1})
-    traffic = Traffic(bootstrap, source)
-    await traffic.produce(2000)
+    source, sink, traffic = await counting_topics(bootstrap, app_id, 2000)
     apps = {name: counting_app(app_id, bootstrap, tmp_path / name, source, sink)
             for name in ("old-1", "old-2", "new-1", "new-2")}
     old, new = [apps["old-1"], apps["old-2"]], [apps["new-1"], apps["new-2"]]
@@ -127,10 +123,7 @@ async def test_the_leader_crashes_while_the_group_scales(
     (SIGKILL: no commit, no leave). A survivor becomes leader without the old leader's memory,
     and the group settles with every task running, counts exact."""
     app_id = unique("leader-crash")
-    source, sink = f"{app_id}-in", f"{app_id}-out"
-    await create_topics(bootstrap, {source: 4, sink: 1})
-    traffic = Traffic(bootstrap, source)
-    await traffic.produce(5000)
+    source, sink, traffic = await counting_topics(bootstrap, app_id, 5000)
     workers = {name: spawn_worker(app_id, bootstrap, tmp_path / name, source, sink)
                for name in ("w1", "w2")}
     newcomer = counting_app(app_id, bootstrap, tmp_path / "newcomer", source, sink)
@@ -189,10 +182,7 @@ async def test_lost_tasks_wait_for_their_member_then_move(
     The member that vanishes is a follower: the leader is the one who remembers who owned
     what (a new leader starts without that memory and reassigns at once, as the seed says)."""
     app_id = unique("lost")
-    source, sink = f"{app_id}-in", f"{app_id}-out"
-    await create_topics(bootstrap, {source: 4, sink: 1})
-    traffic = Traffic(bootstrap, source)
-    await traffic.produce(1000)
+    source, sink, traffic = await counting_topics(bootstrap, app_id, 1000)
     delay = {"lost_task_delay_ms": 45_000}
 
     def member(name: str) -> App:

@@ -14,9 +14,8 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.streams.harness import (
-    Traffic,
     counting_app,
-    create_topics,
+    counting_topics,
     exact_counts,
     published,
     run_relay,
@@ -32,15 +31,12 @@ async def test_scale_out_learns_first_then_moves(
     tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
 ) -> None:
     app_id = unique("scale-out")
-    source, sink = f"{app_id}-in", f"{app_id}-out"
-    await create_topics(bootstrap, {source: 4, sink: 1})
-    traffic = Traffic(bootstrap, source)
-    await traffic.produce(3000)
+    source, sink, traffic = await counting_topics(bootstrap, app_id, 3000)
     # Dynamic members (short sessions, quick rounds): static membership is not under test.
     old = counting_app(app_id, bootstrap, tmp_path / "old", source, sink, None,
-                   session_timeout_ms=6000, heartbeat_interval_ms=1000)
+                       session_timeout_ms=6000, heartbeat_interval_ms=1000)
     new = counting_app(app_id, bootstrap, tmp_path / "new", source, sink, None,
-                   session_timeout_ms=6000, heartbeat_interval_ms=1000)
+                       session_timeout_ms=6000, heartbeat_interval_ms=1000)
     async with running(old):
         await wait_until(lambda: bool(old.threads) and len(old.threads[0].tasks) == 4,
                          timeout_s=90, message="the first member to run every task")
@@ -68,11 +64,9 @@ async def test_a_member_marked_leaving_hands_over_and_shuts_down(
     tmp_path: Path, bootstrap: str, unique: Callable[[str], str], timeout_ms: int | None
 ) -> None:
     app_id = unique("scale-down")
-    source, sink = f"{app_id}-in", f"{app_id}-out"
-    await create_topics(bootstrap, {source: 4, sink: 1})
+    source, sink, traffic = await counting_topics(bootstrap, app_id)
     stays = counting_app(app_id, bootstrap, tmp_path / "a", source, sink, "node-a")
     leaves = counting_app(app_id, bootstrap, tmp_path / "b", source, sink, "node-b")
-    traffic = Traffic(bootstrap, source)
     async with running(stays):
         leaving_run = asyncio.create_task(leaves.run_async())
         try:

@@ -58,6 +58,8 @@ class FetchedPartition:
     changes: list[FetchedRecord] = field(default_factory=list)
     #: Bytes of record batches received.
     size: int = 0
+    #: The record batches as received and the (producer id, first offset) of the aborted
+    #: transactions they overlap: kept to find a record's offset when it is reported.
     raw: bytes = b""
     aborted_transactions: list[tuple[int, int]] = field(default_factory=list)
 

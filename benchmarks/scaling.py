@@ -31,8 +31,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gzip
 import json
 import shutil
+import signal
 import tempfile
 import time
 import traceback
@@ -424,6 +426,14 @@ async def run_strategy(name: str, args: argparse.Namespace, sizes: Sizes, bootst
         result["start"] = asdict(result["start"])
     result["phases"] = [asdict(p) for p in phases]
     result["outputs"] = len(outputs.outputs)
+    if args.save_outputs:
+        # Every output, for questions the figures do not answer (who processed what, when).
+        path = args.json.with_name(f"{args.json.stem}-{name}-outputs.csv.gz")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(path, "wt") as out:
+            out.write("task,pid,t,seq\n")
+            out.writelines(f"{o.task},{o.pid},{o.t:.4f},{o.seq}\n" for o in outputs.outputs)
+        result["outputs_file"] = str(path)
     result["member_status"] = [
         {**asdict(m), "tasks": sorted(m.tasks)} for m in status.history]
     result["throughput"] = throughput(outputs.outputs, run.started)
@@ -497,6 +507,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "table_standby_replicas)")
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     parser.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
+    parser.add_argument("--save-outputs", action="store_true",
+                        help="also write every output (task, pid, time, input sequence "
+                             "number) beside the JSON, one gzipped CSV per strategy")
     parser.add_argument("--bootstrap", default=None,
                         help="an existing broker (default: a fresh embedded one per strategy)")
     parser.add_argument("--json", type=Path, default=Path("results/scaling.json"),
@@ -506,6 +519,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # SIGTERM ends a run like Ctrl-C does: workers and brokers are stopped on the way out.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     sizes = Sizes(args.instances, args.partitions, args.keys, args.records_per_task,
                   args.value_bytes, args.rate)
     started = time.time()

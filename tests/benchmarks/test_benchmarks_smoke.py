@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import restore
+from benchmarks import restore, scaling
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,3 +37,25 @@ def test_assignor_benchmark_reports_time_and_size(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["tasks"] == 300 and result["members"] == 22
     assert 0 < result["metadata_bytes"] < 2**20
+
+
+@pytest.mark.broker
+def test_scaling_benchmark_reports_a_scale_out(bootstrap: str, tmp_path: Path) -> None:
+    out = tmp_path / "scaling.json"
+    scaling.main(["--strategies", "relay-learner", "--phases", "scale-out", "--instances", "1",
+                  "--partitions", "2", "--keys", "200", "--records-per-task", "300",
+                  "--value-bytes", "100", "--rate", "100", "--settle", "1",
+                  "--bootstrap", bootstrap, "--json", str(out)])
+    data = json.loads(out.read_text())
+    [result] = data["results"]
+    assert result["strategy"] == "relay-learner"
+    assert result["error"] is None
+    [phase] = result["phases"]
+    assert phase["name"] == "scale out by one instance"
+    assert {"seconds_to_balance", "longest_gap_moved_s", "longest_gap_unmoved_s",
+            "moved_tasks", "rebalances", "restored_records", "reprocessed_records",
+            "owners_before", "owners_after", "balanced"} <= set(phase)
+    assert isinstance(phase["balanced"], bool)
+    assert [mark["label"] for mark in result["marks"]] == ["scale out"]
+    assert result["throughput"] and result["member_status"]
+    assert out.with_suffix(".png").stat().st_size > 0

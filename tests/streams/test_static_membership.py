@@ -86,9 +86,9 @@ async def test_duplicate_group_instance_id_fails_the_newcomer_fast(
     first = counting_app(app_id, bootstrap, tmp_path / "a", source, sink, "node-a")
     run_first = asyncio.create_task(first.run_async())
     try:
-        await wait_until(lambda: bool(first.threads and first.threads[0].tasks),
-                         timeout_s=120, message="the first member to run")
-        await published(bootstrap, app_id, {"node-a-thread-0": len(first.threads[0].tasks)})
+        await wait_until(lambda: bool(first.threads) and len(first.threads[0].tasks) == 2,
+                         timeout_s=120, message="the first member to run both tasks")
+        await published(bootstrap, app_id, {"node-a-thread-0": 2})
         second = counting_app(app_id, bootstrap, tmp_path / "b", source, sink, "node-a")
         with pytest.raises(FatalThreadError, match="duplicate group instance id node-a-thread-0"):
             await asyncio.wait_for(second.run_async(), 60)

@@ -8,9 +8,11 @@ subscription and which decides isReady.
 
 The reader fetches through :mod:`statestore.fetch` (no per-record consumer objects) and keeps
 the next fetch in flight while it checks and writes the previous one: the broker serves it
-meanwhile. A store being restored collects the last change per key of each stretch of
-changelog and writes it as a sorted file (see :meth:`KeyValueStore.apply_restore_changes`);
-copies that follow the changelog apply each fetch in one WriteBatch.
+meanwhile. Each fetch is applied to its store in one WriteBatch, for restoring actives and
+following copies alike. (Collecting the last change per key and writing it at the end as a
+sorted file was faster, but lost changes when a member took over a task that had moved back
+and forth, in ``tests/streams/test_group_changes.py``; until that is understood, every fetch
+is written as it comes.)
 
 The changelog's end is taken from the fetch response (its last stable offset, which is the
 high watermark unless a transaction is open), never from ListOffsets: some brokers answer
@@ -25,7 +27,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiokafka.structs import TopicPartition
 
@@ -80,26 +82,6 @@ class _Accepted:
     next_offset: int
 
 
-@dataclass
-class _CollectedChanges:
-    """A restoring store's changes read but not written yet: the last change per key."""
-
-    latest: dict[bytes, bytes | None] = field(default_factory=dict)
-    #: Records and bytes of record batches they came from.
-    records: int = 0
-    size: int = 0
-
-    def add(self, changes: list[FetchedRecord], size: int) -> None:
-        self.latest.update(changes)  # type: ignore[arg-type]
-        self.records += len(changes)
-        self.size += size
-
-    @property
-    def held_bytes(self) -> int:
-        """About the changelog bytes held: overwritten changes are not held any more."""
-        return self.size * len(self.latest) // self.records if self.records else 0
-
-
 class ChangelogReader:
     """Reads changelog partitions into the stores registered with it."""
 
@@ -113,12 +95,9 @@ class ChangelogReader:
         fetch_max_bytes: int = 64 * 1024 * 1024,
         max_partition_fetch_bytes: int = 16 * 1024 * 1024,
         fetch_max_wait_ms: int = 100,
-        restore_buffer_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         """``max_records`` caps the records one poll applies per partition (None: all that
-        a fetch returned). A restoring store writes the changes it collected at the
-        changelog's end, or before once they hold ``restore_buffer_bytes`` of changelog
-        (as Python objects they take about twice that)."""
+        a fetch returned)."""
         settings = FetchSettings(
             max_wait_ms=fetch_max_wait_ms,
             max_bytes=fetch_max_bytes,
@@ -127,14 +106,12 @@ class ChangelogReader:
         self._fetcher = ChangelogFetcher(bootstrap_servers, client_id, settings)
         self._validate = validate
         self._max_records = max_records
-        self._restore_buffer_bytes = restore_buffer_bytes
         self._stores: dict[TopicPartition, KeyValueStore] = {}
-        #: Where each partition's next fetch starts: ahead of its store's position while a
-        #: restoring store collects changes.
+        #: Where each partition's next fetch starts: ahead of its store's position while the
+        #: fetch that got there is being checked and written.
         self._fetch_positions: dict[TopicPartition, int] = {}
         #: Each partition's end as the last fetch answered it.
         self._ends: dict[TopicPartition, int] = {}
-        self._collecting: dict[TopicPartition, _CollectedChanges] = {}
         self._in_flight: asyncio.Task[list[FetchedPartition]] | None = None
         self._started = False
         self.stats = RestoreStats()
@@ -171,7 +148,6 @@ class ChangelogReader:
         self._fetch_positions[tp] = store.position
         # The end is unknown until a fetch issued from now on answers.
         self._ends.pop(tp, None)
-        self._collecting.pop(tp, None)
         self._fetcher.track(tp.topic)
 
     def unregister(self, store: KeyValueStore) -> None:
@@ -183,7 +159,6 @@ class ChangelogReader:
             del self._stores[tp]
             self._fetch_positions.pop(tp, None)
             self._ends.pop(tp, None)
-            self._collecting.pop(tp, None)
 
     @property
     def fetcher(self) -> ChangelogFetcher:
@@ -261,8 +236,6 @@ class ChangelogReader:
             tp = item.fetched.tp
             if self._stores.get(tp) is item.store:
                 self._fetch_positions[tp] = item.store.position
-                if tp in self._collecting:
-                    self._collecting[tp] = _CollectedChanges()
 
     def _send_fetch(
         self, sent: asyncio.Event | None = None
@@ -288,22 +261,9 @@ class ChangelogReader:
         return accepted
 
     def _apply(self, item: _Accepted) -> None:
-        store, fetched, changes, next_offset = (
-            item.store, item.fetched, item.changes, item.next_offset
-        )
         # An empty fetch at the end changes nothing; control batches alone move the position.
-        moves = bool(changes) or next_offset != store.position
-        collected = self._collecting.get(fetched.tp)
-        if collected is None:
-            if moves:
-                store.apply_restore_batch(changes, next_offset)  # type: ignore[arg-type]
-            return
-        collected.add(changes, fetched.size)
-        end = self._ends.get(fetched.tp)
-        at_end = end is not None and next_offset >= end
-        if moves and (at_end or collected.held_bytes >= self._restore_buffer_bytes):
-            store.apply_restore_changes(collected.latest, next_offset)
-            self._collecting[fetched.tp] = _CollectedChanges()
+        if item.changes or item.next_offset != item.store.position:
+            item.store.apply_restore_batch(item.changes, item.next_offset)  # type: ignore[arg-type]
 
     def _check(
         self, store: KeyValueStore, fetched: FetchedPartition, changes: list[FetchedRecord]
@@ -385,9 +345,6 @@ class ChangelogReader:
         started = time.perf_counter()
         for store in stores:
             self.register(store)
-            self._collecting[TopicPartition(store.changelog_topic or "", store.partition)] = (
-                _CollectedChanges()
-            )
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         draw = sys.stderr.isatty() if show_progress is None else show_progress
         progress_bar = _RestoreProgress(stores, self) if draw else None

@@ -20,10 +20,8 @@ from typing import Any
 
 import msgpack
 from rocksdict import (
-    IngestExternalFileOptions,
     Options,
     Rdict,
-    SstFileWriter,
     WriteBatch,
     WriteOptions,
 )
@@ -86,7 +84,6 @@ class KeyValueStore:
         self.changelog_topic = changelog_topic if spec.changelogged else None
         self.partition = partition
         self._db: Rdict | None = None
-        self._options: Options | None = None
         self._lock_fd: int | None = None
         self._pending: list[ChangelogRecord] = []
         # The next changelog offset the state on disk reflects (restored or acknowledged).
@@ -130,7 +127,6 @@ class KeyValueStore:
             # Bigger memtables: restoring writes in large batches.
             options.set_write_buffer_size(64 * 1024 * 1024)
             self._db = Rdict(str(self.directory), options)
-            self._options = options
             if bootstrap is not None:
                 load_snapshot(self, bootstrap)
         except BaseException:
@@ -170,7 +166,6 @@ class KeyValueStore:
         self._db.flush()
         self._db.close()
         self._db = None
-        self._options = None
         self._release_lock()
 
     def wipe(self) -> None:
@@ -344,44 +339,6 @@ class KeyValueStore:
         db.write(batch, _NO_WAL)
         self.position = next_offset
 
-    def apply_restore_changes(
-        self, latest: dict[bytes, bytes | None], next_offset: int
-    ) -> None:
-        """Apply the last change per key of a stretch of changelog ending before
-        ``next_offset``: the puts as one sorted SST file ingested into RocksDB, the deletes
-        in a WriteBatch.
-
-        RocksDB inserts random keys into its memtable slowly (a cache miss per skip-list
-        level), while it takes a sorted file almost for free; and keeping only the last
-        change per key drops the overwrites a changelog is mostly made of. Small stretches
-        go through a WriteBatch, where a file would cost more than it saves.
-        """
-        db = self._require_open()
-        puts = sorted((key, value) for key, value in latest.items() if value is not None)
-        deletes = [key for key, value in latest.items() if value is None]
-        if len(puts) < _MIN_INGESTED_PUTS:
-            self.apply_restore_batch([*puts, *((key, None) for key in deletes)], next_offset)
-            return
-        # Keys are disjoint between the puts and the deletes, so their order does not matter.
-        if deletes:
-            batch = WriteBatch(raw_mode=True)
-            for key in deletes:
-                batch.delete(key)
-            db.write(batch, _NO_WAL)
-        # Next to the store's directory, not in it (RocksDB owns that), on the same file
-        # system so that ingesting moves the file instead of copying it.
-        sst_path = self.directory.parent / f".{self.directory.name}.restore.sst"
-        writer = SstFileWriter(options=self._options)
-        writer.open(str(sst_path))
-        for key, value in puts:
-            writer[key] = value
-        writer.finish()
-        try:
-            db.ingest_external_file([str(sst_path)], _MOVE_FILE)
-        finally:
-            sst_path.unlink(missing_ok=True)
-        self.position = next_offset
-
     def ingest_sst(self, sst_path: Path, next_offset: int) -> None:
         """Bulk-load a sorted SST file (a snapshot) and move the position to ``next_offset``."""
         self._require_open().ingest_external_file([str(sst_path)])
@@ -390,10 +347,6 @@ class KeyValueStore:
 
 _NO_WAL = WriteOptions()
 _NO_WAL.disable_wal = True
-_MOVE_FILE = IngestExternalFileOptions()
-_MOVE_FILE.set_move_files(True)
-#: Below this many puts a stretch of restored changes goes through a WriteBatch.
-_MIN_INGESTED_PUTS = 5_000
 
 
 def _prefix_upper_bound(prefix: bytes) -> bytes | None:

@@ -94,12 +94,9 @@ async def test_restore_over_many_fetches_and_writes_equals_the_last_value_per_ke
 ) -> None:
     model = await produce_history(producer, changelog, 40_000, keys=12_000, seed=1)
     store = open_store(tmp_path, changelog)
-    # Small fetches and a small buffer: dozens of fetches, several writes of collected
-    # changes (some as ingested files, the last ones as WriteBatches). The progress bar is
-    # drawn before the end is known, and updated along.
-    async with ChangelogReader(
-        bootstrap, max_partition_fetch_bytes=64 * 1024, restore_buffer_bytes=512 * 1024
-    ) as reader:
+    # Small fetches: dozens of them, each written as it comes. The progress bar is drawn
+    # before the end is known, and updated along.
+    async with ChangelogReader(bootstrap, max_partition_fetch_bytes=64 * 1024) as reader:
         stats = await reader.restore([store], show_progress=True)
     assert stats.records == 40_000
     assert store.position == 40_000
@@ -325,25 +322,3 @@ def test_message_format_v1_batches_are_read() -> None:
     tp = TopicPartition("t", 0)
     assert decode_records(tp, raw, 0) == ([(b"a", b"A"), (b"b", b"B"), (b"c", b"C")], 3)
     assert decode_records(tp, raw, 2) == ([(b"c", b"C")], 3)
-
-
-def test_restored_changes_written_as_files_and_batches(tmp_path: Path) -> None:
-    store = KeyValueStore(StoreSpec("s"), tmp_path / "s", "t", 0).open()
-    model = {i: i for i in range(20_000)}
-    store.apply_restore_changes({KEYS.dumps(k): VALUES.dumps(v) for k, v in model.items()}, 100)
-    # Many puts (a file) with deletes, then a few of each (a WriteBatch).
-    for changes, next_offset in (
-        ({**{i: None for i in range(0, 20_000, 2)}, **{i: -i for i in range(1, 20_000, 3)}}, 200),
-        ({1: None, 3: None, 5: "five", 20_001: "new"}, 210),
-    ):
-        latest = {KEYS.dumps(k): None if v is None else VALUES.dumps(v) for k, v in changes.items()}
-        store.apply_restore_changes(latest, next_offset)
-        for key, value in changes.items():
-            if value is None:
-                model.pop(key, None)
-            else:
-                model[key] = value
-        assert store.position == next_offset
-        assert dict(store.items()) == model
-    assert not list(tmp_path.glob(".*.sst"))
-    store.close()

@@ -211,14 +211,13 @@ class StreamThread:
             self.publish_subscription(self.static_id, encode_subscription(self._subscription()))
 
     def fetch_assignment(self, digest: str) -> None:
-        """Rejoin to fetch the assignment the leader computed for this member (``digest``)
-        if it holds another one: a static follower the broker did not wait for missed the
-        round, and the broker may not even have moved the generation on."""
-        coordinator = getattr(self.consumer, "_coordinator", None)
-        if coordinator is not None and self.assignor.received_digest != digest:
-            log.info("%s missed the leader's last assignment: rejoining to fetch it",
-                     self.static_id)
-            coordinator.request_rejoin()
+        """Fetch the assignment the leader computed for this member (``digest``) if it holds
+        another one: a static follower the broker did not wait for missed the round, and the
+        broker may not even have moved the generation on. A plain rejoin is not enough on
+        every broker (Tansu may hold the follower's join until the leader rejoins too), so
+        the member asks for a rebalance the way a ready learner does."""
+        if self.assignor.received_digest != digest:
+            self.request_rejoin("missed the leader's last assignment")
 
     # -- rebalance callbacks --------------------------------------------------------------
 

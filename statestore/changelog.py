@@ -28,12 +28,20 @@ class ChangelogWriter:
             records = store.drain_changelog()
             if topic is None or not records:
                 continue
-            for key, value in records:
-                future = await self._producer.send(
-                    topic, value=value, key=key, partition=store.partition
-                )
-                self._in_flight.append((store, future))
-            sent += len(records)
+            handed = 0
+            try:
+                for key, value in records:
+                    future = await self._producer.send(
+                        topic, value=value, key=key, partition=store.partition
+                    )
+                    self._in_flight.append((store, future))
+                    handed += 1
+            finally:
+                # A send waits when the producer's buffer is full; cancelled there (a thread
+                # stopping), the records not yet handed over must stay queued, or the input
+                # offsets committed next would cover state the changelog never got.
+                store.requeue_changelog(records[handed:])
+            sent += handed
         return sent
 
     async def wait_acknowledged(self) -> None:

@@ -320,6 +320,11 @@ class KeyValueStore:
         pending, self._pending = self._pending, []
         return pending
 
+    def requeue_changelog(self, records: list[ChangelogRecord]) -> None:
+        """Put records drained but never handed to the producer back in front of the queue."""
+        if records:
+            self._pending[:0] = records
+
     def acknowledged(self, next_offset: int) -> None:
         """The changelog holds this store's writes up to ``next_offset`` (exclusive)."""
         self.position = max(self.position, next_offset)

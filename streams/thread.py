@@ -48,6 +48,8 @@ from streams.transitions import Role, plan_transitions
 log = logging.getLogger(__name__)
 
 UNKNOWN_LAG = 2**31 - 1
+# How long a stopping thread waits for the process loop to finish its current batch.
+PROCESS_LOOP_GRACE_S = 10.0
 
 
 
@@ -556,12 +558,20 @@ class StreamThread:
     async def _ship(self) -> None:
         for task in self.tasks.values():
             task.record_input_position()
-            for output in task.take_outputs():
-                future = await self.producer.send(
-                    output.topic, value=output.value, key=output.key,
-                    timestamp_ms=output.timestamp_ms,
-                )
-                self._output_futures.append(future)
+            outputs = task.take_outputs()
+            handed = 0
+            try:
+                for output in outputs:
+                    future = await self.producer.send(
+                        output.topic, value=output.value, key=output.key,
+                        timestamp_ms=output.timestamp_ms,
+                    )
+                    self._output_futures.append(future)
+                    handed += 1
+            finally:
+                # Cancelled while the producer's buffer was full: what was not handed over
+                # is shipped by the final commit instead of being dropped.
+                task.context.outputs[:0] = outputs[handed:]
             await self.changelog.send_pending(task.stores.values())
 
     async def _commit(self, force: bool = False) -> None:
@@ -625,6 +635,9 @@ class StreamThread:
         finally:
             self._stop.set()
             self._restore_wakeup.set()
+            # The process loop sees the stop between two batches; letting it get there keeps
+            # a batch from being cut off halfway through shipping.
+            await asyncio.wait([loops[0]], timeout=PROCESS_LOOP_GRACE_S)
             for loop in loops:
                 loop.cancel()
             for loop in loops:

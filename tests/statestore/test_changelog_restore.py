@@ -108,6 +108,35 @@ async def test_restored_store_equals_last_value_per_key(
     assert list(other.items()) == []
 
 
+async def test_a_send_cancelled_on_a_full_producer_buffer_keeps_the_rest_queued(
+    tmp_path: Path, bootstrap: str, producer: AIOKafkaProducer, app_id: str
+) -> None:
+    """A stopping thread cancels its process loop; if that lands while the producer waits
+    for buffer room, the records not handed over yet stay queued for the final flush."""
+    store = open_store(tmp_path / "a", app_id)
+    model = {f"k{i}": "v" * 100 + str(i) for i in range(5000)}
+    for key, value in model.items():
+        store.put(key, value)
+    writer = ChangelogWriter(producer)
+    sending = asyncio.create_task(writer.send_pending([store]))
+    while not writer._in_flight:
+        await asyncio.sleep(0)
+    # 5000 records of ~100 bytes cannot fit one 16 kB batch: the send is waiting for room.
+    assert not sending.done()
+    sending.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sending
+    await writer.flush([store])
+    store.commit()
+    store.close()
+
+    moved = open_store(tmp_path / "b", app_id)
+    async with ChangelogReader(bootstrap) as reader:
+        stats = await reader.restore([moved], show_progress=False)
+    assert stats.records == len(model)
+    assert dict(moved.items()) == model
+
+
 async def test_restart_with_checkpoint_replays_only_the_tail(
     tmp_path: Path, bootstrap: str, producer: AIOKafkaProducer, app_id: str
 ) -> None:

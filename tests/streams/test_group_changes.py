@@ -172,11 +172,6 @@ async def test_the_leader_crashes_while_the_group_scales(
                 worker.wait()
 
 
-# Known problem: passed 3 of 4 runs since the restore fix (alone and in full runs) and failed
-# once in a fresh-clone run; the cause is not found yet (issue #5 stays open for it). Reported
-# as an expected failure when it fails, so that the rest of the suite decides CI.
-@pytest.mark.xfail(reason="intermittent on the embedded broker; under investigation",
-                   strict=False)
 async def test_lost_tasks_wait_for_their_member_then_move(
     tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
 ) -> None:

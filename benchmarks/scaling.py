@@ -65,6 +65,7 @@ from benchmarks.scaling_observe import (
 )
 from benchmarks.scaling_plot import plot_throughput
 from benchmarks.scaling_workers import FaustPool, PoolSettings, RelayPool, WorkerPool
+from statestore.bulk_send import BoundedSender
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
 from streams.broker import EmbeddedBroker
 from streams.control import LeavingMark, control_topic_name, encode_mark
@@ -112,14 +113,11 @@ async def prefill(bootstrap: str, topic: str, sizes: Sizes) -> float:
     blob = "x" * sizes.value_bytes
     started = time.perf_counter()
     try:
-        pending = []
+        sender = BoundedSender(producer)
         for seq in range(sizes.prefill_records):
             key, value = _record(seq, sizes.keys, blob)
-            pending.append(await producer.send(topic, key=key, value=value))
-            if len(pending) >= 20_000:
-                await asyncio.gather(*pending)
-                pending.clear()
-        await asyncio.gather(*pending)
+            await sender.send(topic, key=key, value=value)
+        await sender.flush()
     finally:
         await producer.stop()
     return sizes.prefill_records / max(1e-9, time.perf_counter() - started)

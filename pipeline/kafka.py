@@ -22,6 +22,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from pipeline.errors import BrokerUnreachableError, OffsetRangeError, UnknownTopicError
+from statestore.bulk_send import BoundedSender
 from statestore.topics import existing_partition_counts
 
 T = TypeVar("T")
@@ -174,15 +175,12 @@ async def produce(
     await _start(producer, bootstrap)
     counts: dict[int, int] = {}
     try:
-        pending: list[asyncio.Future[Any]] = []
+        sender = BoundedSender(producer)
         for partition, key, value, headers in records:
-            pending.append(await producer.send(
-                topic, key=key, value=value, partition=partition, headers=headers or None))
+            await sender.send(
+                topic, key=key, value=value, partition=partition, headers=headers or None)
             counts[partition] = counts.get(partition, 0) + 1
-            if len(pending) >= 20_000:
-                await asyncio.gather(*pending)
-                pending.clear()
-        await asyncio.gather(*pending)
+        await sender.flush()
     finally:
         await producer.stop()
     return counts

@@ -37,6 +37,7 @@ import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
+from statestore.bulk_send import BoundedSender
 from statestore.checkpoint import Checkpoint
 from statestore.errors import StateStoreError
 
@@ -373,13 +374,10 @@ async def _seed(bootstrap: str, store: KeyValueStore, manifest: SnapshotManifest
         if end == start:
             await producer.send_and_wait(topic, key=SEED_MARKER_KEY,
                                          value=seed_marker(manifest, "start"), partition=partition)
-        pending = []
+        sender = BoundedSender(producer)
         for key, value in store.raw_items():
-            pending.append(await producer.send(topic, key=key, value=value, partition=partition))
-            if len(pending) >= 20_000:
-                await asyncio.gather(*pending)
-                pending.clear()
-        await asyncio.gather(*pending)
+            await sender.send(topic, key=key, value=value, partition=partition)
+        await sender.flush()
         # The input position is a reserved key, which raw_items() leaves out. (Imported here:
         # statestore.store imports this module.)
         from statestore.store import INPUT_POSITION_KEY

@@ -87,11 +87,14 @@ async def restore_into_empty_store(bootstrap: str, app: str, snapshot_root: Path
         snapshot_root, bootstrap).for_store(app, TASK, STORE)
     started = time.perf_counter()
     store = KeyValueStore(StoreSpec(STORE), store_directory(state_dir, app, TASK, STORE),
-                          changelog_topic_name(app, STORE), 0, snapshot=snapshot).open()
+                          changelog_topic_name(app, STORE), 0, snapshot=snapshot,
+                          ).open(bulk_load=True)
     opened = time.perf_counter()
     try:
         async with ChangelogReader(bootstrap) as reader:
             stats = await reader.restore([store], show_progress=False)
+        store.end_bulk_load()
+        store.commit()
         seconds = time.perf_counter() - started
         restored = dict(store.raw_items())
         if restored != expected:

@@ -9,10 +9,9 @@ subscription and which decides isReady.
 The reader fetches through :mod:`statestore.fetch` (no per-record consumer objects) and keeps
 the next fetch in flight while it checks and writes the previous one: the broker serves it
 meanwhile. Each fetch is applied to its store in one WriteBatch, for restoring actives and
-following copies alike. (Collecting the last change per key and writing it at the end as a
-sorted file was faster, but lost changes when a member took over a task that had moved back
-and forth, in ``tests/streams/test_group_changes.py``; until that is understood, every fetch
-is written as it comes.)
+following copies alike. Stores being restored are opened for bulk loading (a vector memtable,
+sorted when RocksDB flushes it in its own threads) and switched to the default memtable
+before a task reads them (``KeyValueStore.end_bulk_load``).
 
 The changelog's end is taken from the fetch response (its last stable offset, which is the
 high watermark unless a transaction is open), never from ListOffsets: some brokers answer

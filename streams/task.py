@@ -57,10 +57,10 @@ class TaskId:
 
 def open_task_stores(
     sub: SubTopology, task_id: str, application_id: str, state_dir: Path,
-    snapshots: SnapshotSettings | None = None,
+    snapshots: SnapshotSettings | None = None, *, bulk_load: bool = False,
 ) -> dict[str, KeyValueStore]:
     """Open (lock, check checkpoints, bootstrap from snapshots) every store of a task; not
-    restored yet."""
+    restored yet. ``bulk_load``: opened for restoration (see ``KeyValueStore.open``)."""
     partition = TaskId.parse(task_id).partition
     stores: dict[str, KeyValueStore] = {}
     try:
@@ -72,7 +72,7 @@ def open_task_stores(
                 changelog_topic_name(application_id, name),
                 partition,
                 snapshot=snapshots.for_store(application_id, task_id, name) if snapshots else None,
-            ).open()
+            ).open(bulk_load=bulk_load)
     except BaseException:
         for store in stores.values():
             store.close()

@@ -334,9 +334,10 @@ class StreamThread:
         snapshots = None
         if self.config.snapshot_dir is not None:
             snapshots = SnapshotSettings(self.config.snapshot_dir, self.bootstrap)
+        # Every store a thread opens is restored or followed before anything reads it.
         return open_task_stores(
             self._sub_of(task_id), task_id, self.config.application_id, self.state_dir,
-            snapshots,
+            snapshots, bulk_load=True,
         )
 
     def _stop_active(self, task_id: str) -> dict[str, KeyValueStore]:
@@ -400,6 +401,9 @@ class StreamThread:
                 task_id = sorted(self.restoring)[0]
                 stores = self.restoring[task_id]
                 await self.restorer.restore(list(stores.values()))
+                if self.restoring.get(task_id) is stores:
+                    for store in stores.values():
+                        store.end_bulk_load()  # the task reads it from now on
                 async with self._lock:
                     if self.restoring.get(task_id) is not stores:
                         continue  # revoked while restoring

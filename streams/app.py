@@ -170,6 +170,10 @@ class App:
                         thread.stop()
                 # A thread told to shut down (a leaving member with nothing left) ends on
                 # its own; the others keep handing over until they are told too.
+            if self._background:
+                # Control messages the threads sent on their way out (a leaving leader's
+                # last word to its followers) go out before the control client stops.
+                await asyncio.wait(set(self._background), timeout=10)
             self._stop.set()
             for extra in extras:
                 with contextlib.suppress(Exception):

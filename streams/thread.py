@@ -114,6 +114,8 @@ class StreamThread:
         self.shutdown_requested = False
         self.ask_leader: Callable[[str], None] = lambda reason: None
         self.tell_followers: Callable[[dict[str, str]], None] = lambda digests: None
+        #: A leaving leader's last digests for its followers, sent once it has left.
+        self._tell_after_leaving: dict[str, str] = {}
         self.publish_subscription: Callable[[str, bytes], None] = lambda sid, data: None
         self.status = ThreadStatus()
         self.late_records_dropped = 0
@@ -196,6 +198,11 @@ class StreamThread:
         """Ask for a rebalance: rejoin with a changed token in the metadata. A static member
         also asks the leader (through the control topic) to rejoin, since a broker may answer
         a static follower's rejoin with its cached assignment and no rebalance."""
+        if self._stop.is_set():
+            # Stopping: its leaving rebalances the group anyway, and a join sent now would
+            # re-add it (as leader, maybe) to a round it will never finish.
+            log.info("thread %d stopping; not rejoining for: %s", self.index, reason)
+            return
         log.info("thread %d asks for a rebalance: %s", self.index, reason)
         self._publish()
         coordinator = getattr(self.consumer, "_coordinator", None)
@@ -268,7 +275,13 @@ class StreamThread:
             if self.assignor.is_leader:
                 followers = {s: d for s, d in self.assignor.static_digests.items()
                              if s != self.static_id}
-                self.tell_followers(followers)
+                if self.shutdown_requested and self.static_id is not None:
+                    # Leaving: followers that rejoin to fetch this round's assignment while
+                    # this leader leaves may be held in a round led by a member that is gone
+                    # (seen on Tansu). Told once it has left, they rejoin a group without it.
+                    self._tell_after_leaving = followers
+                else:
+                    self.tell_followers(followers)
 
     async def _apply(self, assignment: MemberAssignment) -> None:
         current: dict[str, Role] = {t: Role.ACTIVE for t in self.tasks}
@@ -655,16 +668,16 @@ class StreamThread:
     def stop(self) -> None:
         self._stop.set()
 
-    async def _leave_as_static_member(self) -> None:
+    async def _leave_as_static_member(self, member_id: str) -> None:
         """A static member never sends LeaveGroup on close; one that handed everything over
-        leaves explicitly so the group does not wait a session timeout for it."""
-        coordinator = getattr(self.consumer, "_coordinator", None)
-        member_id = getattr(coordinator, "member_id", "")
+        leaves explicitly so the group does not wait a session timeout for it. Sent once its
+        consumer is stopped (through the producer's connection), so that no join of its own
+        can follow the leave."""
         if not member_id:
             return
         try:
             errors = await leave_group(
-                self.consumer._client, self.config.application_id,  # type: ignore[attr-defined]
+                self.producer.client, self.config.application_id,
                 [(member_id, self.static_id or "")],
             )
             log.info("thread %d left the group as %s: %s", self.index, self.static_id, errors)
@@ -684,12 +697,17 @@ class StreamThread:
         for task_id in list(self.tasks) + list(self.restoring) + list(self.copies):
             with contextlib.suppress(Exception):
                 self._close_task(task_id)
+        member_id = getattr(getattr(self.consumer, "_coordinator", None), "member_id", "")
+        for client in (self.consumer, self.follower, self.restorer):
+            with contextlib.suppress(Exception):
+                await client.stop()
         if self.shutdown_requested and self.static_id is not None:
-            await self._leave_as_static_member()
+            await self._leave_as_static_member(member_id)
+            if self._tell_after_leaving:
+                self.tell_followers(self._tell_after_leaving)
         with contextlib.suppress(Exception):
             # Gone: describe and the duplicate check at start no longer see this member.
             await self.producer.send_and_wait(
                 status_topic_name(self.config.application_id), key=self.status_key, value=None)
-        for client in (self.consumer, self.follower, self.restorer, self.producer):
-            with contextlib.suppress(Exception):
-                await client.stop()
+        with contextlib.suppress(Exception):
+            await self.producer.stop()

@@ -114,8 +114,6 @@ class StreamThread:
         self.shutdown_requested = False
         self.ask_leader: Callable[[str], None] = lambda reason: None
         self.tell_followers: Callable[[dict[str, str]], None] = lambda digests: None
-        #: A leaving leader's last digests for its followers, sent once it has left.
-        self._tell_after_leaving: dict[str, str] = {}
         self.publish_subscription: Callable[[str, bytes], None] = lambda sid, data: None
         self.status = ThreadStatus()
         self.late_records_dropped = 0
@@ -272,16 +270,18 @@ class StreamThread:
                 return
             await self._apply(assignment)
             self._publish(new_token=False)
-            if self.assignor.is_leader:
-                followers = {s: d for s, d in self.assignor.static_digests.items()
-                             if s != self.static_id}
-                if self.shutdown_requested and self.static_id is not None:
-                    # Leaving: followers that rejoin to fetch this round's assignment while
-                    # this leader leaves may be held in a round led by a member that is gone
-                    # (seen on Tansu). Told once it has left, they rejoin a group without it.
-                    self._tell_after_leaving = followers
-                else:
-                    self.tell_followers(followers)
+            # A leaving static leader tells its followers once it has left (see _close).
+            if not self._leaves_explicitly():
+                self._tell_followers_their_digests()
+
+    def _leaves_explicitly(self) -> bool:
+        """A static member told to shut down sends LeaveGroup itself when it closes."""
+        return self.shutdown_requested and self.static_id is not None
+
+    def _tell_followers_their_digests(self) -> None:
+        if self.assignor.is_leader:
+            self.tell_followers({s: d for s, d in self.assignor.static_digests.items()
+                                 if s != self.static_id})
 
     async def _apply(self, assignment: MemberAssignment) -> None:
         current: dict[str, Role] = {t: Role.ACTIVE for t in self.tasks}
@@ -414,15 +414,14 @@ class StreamThread:
                 task_id = sorted(self.restoring)[0]
                 stores = self.restoring[task_id]
                 await self.restorer.restore(list(stores.values()))
-                if self.restoring.get(task_id) is stores:
-                    for store in stores.values():
-                        store.end_bulk_load()  # the task reads it from now on
                 async with self._lock:
                     if self.restoring.get(task_id) is not stores:
                         continue  # revoked while restoring
                     await self._start_task(task_id, self.restoring.pop(task_id))
 
     async def _start_task(self, task_id: str, stores: dict[str, KeyValueStore]) -> None:
+        for store in stores.values():
+            store.end_bulk_load()  # the task reads it from now on
         task = StreamTask(task_id, self._sub_of(task_id), stores)
         committed: dict[TopicPartition, int] = {}
         restored_position = task.restored_input_position()
@@ -701,10 +700,12 @@ class StreamThread:
         for client in (self.consumer, self.follower, self.restorer):
             with contextlib.suppress(Exception):
                 await client.stop()
-        if self.shutdown_requested and self.static_id is not None:
+        if self._leaves_explicitly():
             await self._leave_as_static_member(member_id)
-            if self._tell_after_leaving:
-                self.tell_followers(self._tell_after_leaving)
+            # Followers that rejoined to fetch the last assignment while this leader was
+            # leaving could be held in rounds led by the departed member (seen on Tansu);
+            # told now, they rejoin a group without it.
+            self._tell_followers_their_digests()
         with contextlib.suppress(Exception):
             # Gone: describe and the duplicate check at start no longer see this member.
             await self.producer.send_and_wait(

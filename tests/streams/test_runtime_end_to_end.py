@@ -107,6 +107,10 @@ async def test_two_workers_share_tasks_and_a_standby_takes_over_when_one_dies(
             # The tasks it held standbys for restored from its own copies: no full replay.
             assert standby_tasks <= set(thread.tasks)
             assert thread.restorer.stats.records < 300
+            # Standby copies follow the changelog in bulk-load mode; running tasks, the
+            # promoted ones included, read their stores with the default memtable.
+            assert not any(store.bulk_loading for task in thread.tasks.values()
+                           for store in task.stores.values())
     finally:
         if worker.poll() is None:
             worker.kill()

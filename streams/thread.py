@@ -684,6 +684,22 @@ class StreamThread:
             log.warning("thread %d: LeaveGroup failed (%s); the session timeout will do",
                         self.index, exc)
 
+    async def _wait_for_a_settled_group(self) -> None:
+        """A member that hands over and leaves lets a round under way finish first: on Tansu
+        a leader that left during a round left the others joining rounds led by the departed
+        member (seen in the host swap test). Bounded by the session timeout."""
+        coordinator = getattr(self.consumer, "_coordinator", None)
+        if coordinator is None:
+            return
+        deadline = time.monotonic() + self.config.session_timeout_ms / 1000
+        # A round another member started shows at this member's next heartbeat.
+        await asyncio.sleep(self.config.heartbeat_interval_ms / 1000)
+        while time.monotonic() < deadline and (
+            getattr(coordinator, "rebalancing", False)
+            or coordinator._rejoin_needed_fut.done()
+        ):
+            await asyncio.sleep(0.1)
+
     async def _close(self) -> None:
         if self._rejoin_timer is not None:
             self._rejoin_timer.cancel()
@@ -696,6 +712,8 @@ class StreamThread:
         for task_id in list(self.tasks) + list(self.restoring) + list(self.copies):
             with contextlib.suppress(Exception):
                 self._close_task(task_id)
+        if self.shutdown_requested:
+            await self._wait_for_a_settled_group()
         member_id = getattr(getattr(self.consumer, "_coordinator", None), "member_id", "")
         for client in (self.consumer, self.follower, self.restorer):
             with contextlib.suppress(Exception):

@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m streams.demo
+	$(PY) -m examples.demo
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

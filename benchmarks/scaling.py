@@ -67,8 +67,8 @@ from benchmarks.scaling_plot import plot_throughput
 from benchmarks.scaling_workers import FaustPool, PoolSettings, RelayPool, WorkerPool
 from statestore.bulk_send import BoundedSender
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
-from streams.broker import EmbeddedBroker
 from streams.control import LeavingMark, control_topic_name, encode_mark
+from streams.embedded_broker import EmbeddedBroker
 from streams.status import status_topic_name
 
 STRATEGIES = ("relay-learner", "relay-stop-the-world", "faust")

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from streams.broker import EmbeddedBroker
+from streams.embedded_broker import EmbeddedBroker
 
 
 @pytest.fixture(scope="session")

@@ -127,6 +127,58 @@ def counting_app(app_id: str, bootstrap: str, state_dir: Path, source: str, sink
     return app
 
 
+class Watch:
+    """Samples what apps run and learn, in the background, so that a test can say afterwards
+    which tasks an app ever ran or learned: as an async context manager, or with
+    :meth:`start` and :meth:`stop` (which stops sampling)."""
+
+    def __init__(self, *apps: App) -> None:
+        self.apps: list[App] = []
+        self.ran: dict[int, set[str]] = {}
+        self.learned: dict[int, set[str]] = {}
+        for app in apps:
+            self.add(app)
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, app: App) -> None:
+        self.apps.append(app)
+        self.ran[id(app)] = set()
+        self.learned[id(app)] = set()
+
+    def sample(self) -> None:
+        for app in self.apps:
+            for thread in app.threads:
+                self.ran[id(app)].update(thread.tasks)
+                self.learned[id(app)].update(thread.learners)
+
+    async def _sample(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(0.02)
+
+    def start(self) -> Watch:
+        self._task = asyncio.create_task(self._sample())
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.sample()
+
+    async def __aenter__(self) -> Watch:
+        return self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def tasks_of(app: App) -> set[str]:
+    return {t for thread in app.threads for t in thread.tasks}
+
+
 def running_tasks(*apps: App) -> dict[str, list[str]]:
     return {
         f"{a.config.group_instance_id or id(a)}-{t.index}": sorted(t.tasks)

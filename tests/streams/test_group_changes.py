@@ -19,44 +19,17 @@ from streams.status import read_status
 from streams.thread import StreamThread
 from tests.conftest import wait_until
 from tests.streams.harness import (
+    Watch,
     counting_app,
     counting_topics,
     exact_counts,
     published,
     run_relay,
     spawn_worker,
+    tasks_of,
 )
 
 pytestmark = pytest.mark.broker
-
-
-class Watch:
-    """Samples what apps run and learn, in the background, so a test can say afterwards
-    which tasks an app ever ran or learned."""
-
-    def __init__(self, *apps: App) -> None:
-        self.apps = apps
-        self.ran: dict[int, set[str]] = {id(a): set() for a in apps}
-        self.learned: dict[int, set[str]] = {id(a): set() for a in apps}
-        self._task = asyncio.create_task(self._sample())
-
-    async def _sample(self) -> None:
-        while True:
-            for app in self.apps:
-                for thread in app.threads:
-                    self.ran[id(app)].update(thread.tasks)
-                    self.learned[id(app)].update(
-                        t for t, role in thread.copy_roles.items() if role.value == "learner")
-            await asyncio.sleep(0.02)
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-
-
-def tasks_of(app: App) -> set[str]:
-    return {t for thread in app.threads for t in thread.tasks}
 
 
 def holds_back(thread: StreamThread, after: int, lost: set[str]) -> bool:
@@ -84,7 +57,7 @@ async def test_online_host_swap(tmp_path: Path, bootstrap: str,
             for name in ("old-1", "old-2", "new-1", "new-2")}
     old, new = [apps["old-1"], apps["old-2"]], [apps["new-1"], apps["new-2"]]
     runs = {name: asyncio.create_task(apps[name].run_async()) for name in ("old-1", "old-2")}
-    watch = Watch(*new)
+    watch = Watch(*new).start()
     try:
         await wait_until(lambda: all(len(tasks_of(a)) == 2 for a in old), timeout_s=120,
                          message="the old instances to share the tasks")
@@ -139,8 +112,7 @@ async def test_the_leader_crashes_while_the_group_scales(
         traffic.start()
         run = asyncio.create_task(newcomer.run_async())
         await wait_until(
-            lambda: any(role.value == "learner"
-                        for t in newcomer.threads for role in t.copy_roles.values()),
+            lambda: any(t.learners for t in newcomer.threads),
             timeout_s=150, interval_s=0.02, message="the newcomer to learn a task")
         status = await read_status(bootstrap, app_id)
         leader = next(s for s in status.values() if s.get("leader"))
@@ -190,7 +162,7 @@ async def test_lost_tasks_wait_for_their_member_then_move(
 
     apps = {name: member(name) for name in ("node-a", "node-b")}
     runs = {name: asyncio.create_task(app.run_async()) for name, app in apps.items()}
-    watch = Watch(*apps.values())
+    watch = Watch(*apps.values()).start()
     try:
         await wait_until(lambda: all(len(tasks_of(a)) == 2 for a in apps.values()),
                          timeout_s=150, message="the two members to share the tasks")
@@ -209,9 +181,7 @@ async def test_lost_tasks_wait_for_their_member_then_move(
             assert tasks_of(stays) == own
             if round_ == "returns":
                 back = apps[gone] = member(gone)
-                watch.apps = (*watch.apps, back)
-                watch.ran[id(back)] = set()
-                watch.learned[id(back)] = set()
+                watch.add(back)
                 runs[gone] = asyncio.create_task(back.run_async())
                 await wait_until(lambda: tasks_of(back) == lost, timeout_s=120,  # noqa: B023
                                  message=f"{gone} to get its own tasks back")

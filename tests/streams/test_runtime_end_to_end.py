@@ -78,7 +78,7 @@ async def test_two_workers_share_tasks_and_a_standby_takes_over_when_one_dies(
         async with running(here):
             def shared() -> bool:
                 thread = here.threads[0] if here.threads else None
-                return bool(thread and 0 < len(thread.tasks) < 4 and thread.copies)
+                return bool(thread and 0 < len(thread.tasks) < 4 and thread.standbys)
 
             await wait_until(shared, timeout_s=120, message="the two workers to share tasks")
 
@@ -88,11 +88,10 @@ async def test_two_workers_share_tasks_and_a_standby_takes_over_when_one_dies(
             await wait_until(counted, timeout_s=90, message="counts of the first batch")
             thread = here.threads[0]
             await wait_until(
-                lambda: thread.copies and all(
-                    thread._copy_lag(t) == 0 for t in thread.copies),
+                lambda: thread.standbys and all(lag == 0 for lag in thread.standbys.values()),
                 timeout_s=60, message="the standby copies to catch up",
             )
-            standby_tasks = set(thread.copies)
+            standby_tasks = set(thread.standbys)
 
             worker.send_signal(signal.SIGKILL)  # dies: no commit, no leave
             worker.wait()

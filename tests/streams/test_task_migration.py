@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.streams.harness import (
+    Watch,
     counting_app,
     counting_topics,
     exact_counts,
@@ -23,8 +24,6 @@ from tests.streams.harness import (
 )
 
 pytestmark = pytest.mark.broker
-
-
 
 
 async def test_scale_out_learns_first_then_moves(
@@ -41,19 +40,15 @@ async def test_scale_out_learns_first_then_moves(
         await wait_until(lambda: bool(old.threads) and len(old.threads[0].tasks) == 4,
                          timeout_s=90, message="the first member to run every task")
         traffic.start()
-        learned: set[str] = set()
-        async with running(new):
-            def watch() -> bool:
-                thread = new.threads[0] if new.threads else None
-                if thread is None:
-                    return False
-                learned.update(t for t, r in thread.copy_roles.items() if r.value == "learner")
-                return len(thread.tasks) == 2 and len(old.threads[0].tasks) == 2
-            await wait_until(watch, timeout_s=180, interval_s=0.05,
-                             message="the new member to learn and take over two tasks")
+        async with running(new), Watch(new) as watch:
+            await wait_until(
+                lambda: bool(new.threads) and len(new.threads[0].tasks) == 2
+                and len(old.threads[0].tasks) == 2,
+                timeout_s=180, interval_s=0.05,
+                message="the new member to learn and take over two tasks")
             moved = set(new.threads[0].tasks)
             # Every task it took over, it learned first.
-            assert moved <= learned
+            assert moved <= watch.learned[id(new)]
             await traffic.stop()
             await exact_counts(bootstrap, sink, traffic.produced)
     await traffic.stop()
@@ -82,15 +77,10 @@ async def test_a_member_marked_leaving_hands_over_and_shuts_down(
                 args += ["--timeout-ms", str(timeout_ms)]
             code, out = await run_relay(*args, bootstrap=bootstrap)
             assert code == 0, out
-            learned: set[str] = set()
-
-            def watch() -> bool:
-                thread = stays.threads[0]
-                learned.update(t for t, r in thread.copy_roles.items() if r.value == "learner")
-                return leaving_run.done()
-
-            await wait_until(watch, timeout_s=180, interval_s=0.05,
-                             message="node-b to hand over and shut down")
+            async with Watch(stays) as watch:
+                await wait_until(leaving_run.done, timeout_s=180, interval_s=0.05,
+                                 message="node-b to hand over and shut down")
+            learned = watch.learned[id(stays)]
             leaving_run.result()  # ended cleanly, not with an error
             assert leaves.threads[0].shutdown_requested
             await wait_until(lambda: len(stays.threads[0].tasks) == 4, timeout_s=90,

@@ -35,7 +35,6 @@ class Committer:
         self._consumer = consumer
         self._tasks = tasks
         self._name = name
-        self.commits = 0
 
     async def commit(self, force: bool = False) -> None:
         """Acknowledgements, then input offsets, then checkpoints. ``force``: commit the
@@ -66,4 +65,3 @@ class Committer:
         for task in tasks:
             for store in task.stores.values():
                 store.commit()
-        self.commits += 1

@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 
 ENV_PREFIX = "RELAY_"
 #: ``RELAY_`` variables that are not app settings (the embedded broker's binary, the tests'
-#: external broker): no warning for these.
-OTHER_RELAY_VARIABLES = frozenset({"RELAY_TANSU_BIN", "RELAY_TEST_BOOTSTRAP"})
+#: external broker, the demo's pace): no warning for these.
+OTHER_RELAY_VARIABLES = frozenset({"RELAY_TANSU_BIN", "RELAY_TEST_BOOTSTRAP",
+                                   "RELAY_DEMO_PHASE_SECONDS"})
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]+$")
 
 

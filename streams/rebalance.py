@@ -108,7 +108,6 @@ class RelayAssignor(AbstractPartitionAssignor):
         self.static_digests: dict[str, str] = {}
         #: The digest of the last assignment this member received.
         self.received_digest: str | None = None
-        self.last_assignments: dict[str, MemberAssignment] = {}
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -142,7 +141,6 @@ class RelayAssignor(AbstractPartitionAssignor):
             self._layout.tasks(), decoded, self._config, self._clock_ms(), self.memory,
             use_learners=self.cooperative,
         )
-        self.last_assignments = assignments
         self._assigned_this_round = True
         result: dict[str, ConsumerProtocolMemberAssignment] = {}
         self.static_digests = {}

@@ -28,9 +28,6 @@ class ProcessStores:
     def __init__(self) -> None:
         self._holders: dict[str, StoreHolder] = {}
 
-    def holder(self, task_id: str) -> StoreHolder | None:
-        return self._holders.get(task_id)
-
     def hold(self, task_id: str, holder: StoreHolder) -> None:
         self._holders[task_id] = holder
 

@@ -32,9 +32,6 @@ class Tasks:
         current.update(self.copy_roles)
         return current
 
-    def role(self, task_id: str) -> Role | None:
-        return self.roles().get(task_id)
-
     def ids(self) -> list[str]:
         return list(self.active) + list(self.restoring) + list(self.copies)
 

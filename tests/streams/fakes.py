@@ -16,7 +16,7 @@ import msgpack
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.structs import ConsumerRecord, RecordMetadata, TopicPartition
 
-from assignor import MemberAssignment
+from assignor import MemberAssignment, parse_task_id
 from assignor.protocol import encode_assignment
 from streams.app import App
 from streams.config import AppConfig
@@ -255,7 +255,7 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
 
 
 def partitions_of(*task_ids: str) -> set[TopicPartition]:
-    return {TopicPartition(SOURCE, int(t.split("_")[1])) for t in task_ids}
+    return {TopicPartition(SOURCE, parse_task_id(t)[1]) for t in task_ids}
 
 
 async def assign(rig: Rig, active: tuple[str, ...] = (), *, standbys: tuple[str, ...] = (),

@@ -12,6 +12,7 @@ import msgpack
 import pytest
 from aiokafka.structs import TopicPartition
 
+from assignor import parse_task_id
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from streams.store_handover import ProcessStores
 from streams.thread import MAX_REBALANCE_FAILURES, FatalThreadError, ThreadState
@@ -131,7 +132,7 @@ async def test_records_already_processed_are_not_processed_again(tmp_path: Path)
 
 def _hold_lock(state_dir: Path, task_id: str) -> KeyValueStore:
     """Open a store of ``task_id`` outside the thread, so the thread's open clashes."""
-    partition = int(task_id.split("_")[1])
+    partition = parse_task_id(task_id)[1]
     return KeyValueStore(StoreSpec("counts"), store_directory(state_dir, "unit", task_id,
                                                               "counts"),
                          changelog_topic_name("unit", "counts"), partition).open()

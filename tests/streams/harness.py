@@ -284,3 +284,47 @@ def spawn_worker(app_id: str, bootstrap: str, state_dir: Path, source: str, sink
          "--log-level", "WARNING"],
         cwd=state_dir.parent, env=env,
     )
+
+
+class Launched:
+    """Apps run as tasks, worker processes and traffic a test started."""
+
+    def __init__(self) -> None:
+        self.runs: dict[int, tuple[App, asyncio.Task[None]]] = {}
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.traffic: list[Traffic] = []
+
+    def app(self, app: App) -> asyncio.Task[None]:
+        """Run ``app`` until it stops (or the test ends)."""
+        task = asyncio.create_task(app.run_async())
+        self.runs[id(app)] = (app, task)
+        return task
+
+    async def stop(self, app: App, timeout_s: float = 60) -> None:
+        """Stop ``app`` and wait for it (its error, if any, is raised)."""
+        app.stop()
+        await asyncio.wait_for(self.runs[id(app)][1], timeout_s)
+
+    def worker(self, app_id: str, bootstrap: str, state_dir: Path, source: str, sink: str,
+               **settings: object) -> subprocess.Popen[bytes]:
+        """The counting app in a worker process of its own (so that it can be killed)."""
+        process = spawn_worker(app_id, bootstrap, state_dir, source, sink, **settings)
+        self.workers.append(process)
+        return process
+
+    def traffic_for(self, traffic: Traffic) -> Traffic:
+        self.traffic.append(traffic)
+        return traffic
+
+    async def close(self) -> None:
+        for traffic in self.traffic:
+            await traffic.stop()
+        for app, _ in self.runs.values():
+            app.stop()
+        for _, task in self.runs.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 60)
+        for process in self.workers:
+            if process.poll() is None:
+                process.kill()
+            process.wait()

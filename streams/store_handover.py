@@ -10,9 +10,12 @@ lets go of the copy (without closing its stores), and the copy's state is kept.
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 from statestore.store import KeyValueStore
+
+log = logging.getLogger(__name__)
 
 
 class StoreHolder(Protocol):
@@ -35,6 +38,10 @@ class ProcessStores:
         if self._holders.get(task_id) is holder:
             del self._holders[task_id]
 
+    def held_by_another(self, task_id: str, me: StoreHolder) -> bool:
+        holder = self._holders.get(task_id)
+        return holder is not None and holder is not me
+
     def take_over(self, task_id: str, taker: StoreHolder) -> dict[str, KeyValueStore] | None:
         """The open stores of ``task_id`` if another thread of this process held them as a
         copy (they are ``taker``'s from now on); None when nobody else here holds them."""
@@ -44,4 +51,5 @@ class ProcessStores:
         stores = holder.give_up(task_id)
         if stores is not None:
             self._holders[task_id] = taker
+            log.info("task %s handed over between two threads of this process", task_id)
         return stores

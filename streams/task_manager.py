@@ -65,7 +65,14 @@ class TaskManager:
         for task_id, role in plan.retag:
             self.tasks.retag(task_id, role)
         for task_id, role in plan.add_copies:
-            self._add_copy(task_id, role, self._stores_for(task_id))
+            stores = self._process_stores.take_over(task_id, self)
+            if stores is None and self._process_stores.held_by_another(task_id, self):
+                # Another thread of this process runs it: a copy on the same instance adds
+                # nothing, and its store is locked. Not held, so not reported either.
+                log.warning("%s: not keeping a %s copy of %s, which another thread of this "
+                            "process runs", self._name, role.value, task_id)
+                continue
+            self._add_copy(task_id, role, self._open(task_id) if stores is None else stores)
         for task_id in plan.start:
             stores = self._remove_copy(task_id) if task_id in plan.promote else None
             if stores is None:
@@ -89,10 +96,9 @@ class TaskManager:
         """The task's stores: taken over from another thread of this process that holds them
         as a copy, or opened."""
         stores = self._process_stores.take_over(task_id, self)
-        if stores is not None:
-            log.info("%s: took %s over from another thread of this process", self._name,
-                     task_id)
-            return stores
+        return self._open(task_id) if stores is None else stores
+
+    def _open(self, task_id: str) -> dict[str, KeyValueStore]:
         stores = self._open_stores(task_id)
         self._process_stores.hold(task_id, self)
         return stores

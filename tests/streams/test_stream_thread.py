@@ -221,3 +221,17 @@ async def test_an_active_task_is_never_taken_from_another_thread(tmp_path: Path)
         await assign(second, ("0_0",))
         assert list(first.thread.tasks) == ["0_0"]
         assert second.thread.tasks == {} and second.consumer.rejoins == 1
+
+
+async def test_a_copy_of_a_task_another_thread_runs_is_not_kept(tmp_path: Path) -> None:
+    """An assignment that gives a thread a copy of a task another thread of the same process
+    runs (a copy on the same instance adds nothing): skipped, not a lock clash."""
+    shared = ProcessStores()
+    first = rig(tmp_path, index=0, process_stores=shared)
+    second = rig(tmp_path, index=1, process_stores=shared)
+    async with closing(first, second):
+        await assign(first, ("0_0",))
+        await assign(second, ("0_1",), standbys=("0_0",))
+        assert list(second.thread.tasks) == ["0_1"] and second.thread.standbys == {}
+        assert second.consumer.rejoins == 0 and second.thread.failure is None
+        assert list(first.thread.tasks) == ["0_0"]

@@ -39,7 +39,7 @@ from statestore.store import KeyValueStore
 from streams.commit import Committer
 from streams.config import AppConfig
 from streams.driver import GroupConsumer, producer_client
-from streams.membership import leave_group
+from streams.membership import leave_as_static_member
 from streams.rebalance import RelayAssignor, TaskLayout
 from streams.rebalance_listener import RebalanceListener
 from streams.record_collector import RecordCollector
@@ -515,23 +515,6 @@ class StreamThread:
     def stop(self) -> None:
         self._stop.set()
 
-    async def _leave_as_static_member(self, member_id: str) -> None:
-        """A static member never sends LeaveGroup on close; one that handed everything over
-        leaves explicitly so the group does not wait a session timeout for it. Sent once its
-        consumer is stopped (through the producer's connection), so that no join of its own
-        can follow the leave."""
-        client = producer_client(self.producer)
-        if not member_id or client is None:
-            return
-        try:
-            errors = await leave_group(
-                client, self.config.application_id, [(member_id, self.static_id or "")],
-            )
-            log.info("%s left the group: %s", self.name, errors)
-        except Exception as exc:
-            log.warning("%s: LeaveGroup failed (%s); the session timeout will do",
-                        self.name, exc)
-
     async def _close(self) -> None:
         if self._rejoin_timer is not None:
             self._rejoin_timer.cancel()
@@ -551,7 +534,11 @@ class StreamThread:
             await self.consumer.stop()
         await self.state_updater.stop()
         if self._leaves_explicitly():
-            await self._leave_as_static_member(member_id)
+            # Sent once its consumer is stopped (through the producer's connection), so that
+            # no join of its own can follow the leave.
+            await leave_as_static_member(producer_client(self.producer),
+                                         self.config.application_id, member_id,
+                                         self.static_id or "")
             # Followers that rejoined for the last assignment while this leader was leaving
             # could be held in rounds led by the departed member (seen on Tansu); told now,
             # they rejoin a group without it.

@@ -216,16 +216,18 @@ class Topology:
         detail = ", ".join(f"{t}={n}" for t, n in sorted(counts.items()))
         tables = sorted(t for t, source in sub.sources.items()
                         if any(isinstance(c, TableNode) for c in source.children))
-        what = (f"joins a stream with table {', '.join(tables)}" if tables
-                else "reads several topics")
+        if tables:
+            what = f"joins a stream with table {', '.join(tables)}"
+            fix = ("Call .repartition() on the stream before the join (it is then written to "
+                   "an internal topic with the table's count)")
+        else:
+            what = "reads several topics"
+            fix = "Call .repartition() on the streams before they meet"
         return (
             f"sub-topology {sub.id} {what}, but the topics are not co-partitioned ({detail}): "
             f"partition p of each is processed by the same task, so they need the same number "
-            f"of partitions. Call .repartition() on the stream before the join (it is then "
-            f"written to an internal topic with the table's count), or create the topics "
-            f"with the same partition count"
+            f"of partitions. {fix}, or create the topics with the same partition count"
         )
-
 
 def _shape(decl: TopicDecl) -> tuple[object, ...]:
     serdes = (decl.key_serde, decl.value_serde)

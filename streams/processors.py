@@ -455,7 +455,6 @@ class StoreDecl:
 
     name: str
     value_serde: Serde = field(default_factory=MsgPackSerde)
-    windowed: bool = False
 
 
 def walk_nodes(roots: Iterable[Node]) -> list[Node]:

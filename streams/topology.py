@@ -71,7 +71,6 @@ class Topology:
     repartition_partitions: dict[str, int] = field(default_factory=dict)
     topics: dict[str, TopicDecl] = field(default_factory=dict)
     co_located: list[tuple[Node, Node]] = field(default_factory=list)
-    _names: set[str] = field(default_factory=set)
     _counter: int = 0
 
     def node_name(self, kind: str) -> str:

@@ -94,6 +94,10 @@ class GuardedStore:
     def approximate_count(self) -> int:
         return int(self._call(self._store.approximate_count))
 
+    def __getattr__(self, name: str) -> Any:
+        # Anything else a store offers, unguarded.
+        return getattr(self._store, name)
+
 
 def _require_key(node: Node, key: Any, why: str) -> None:
     if key is None:

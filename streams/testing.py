@@ -113,9 +113,6 @@ class TopologyTestDriver:
         self.dead_letter_topic = (config.dead_letters if config is not None
                                   else f"{self.application_id}-dead-letters")
         self._partitions = partitions
-        self._own_state_dir = state_dir is None
-        self.state_dir = Path(tempfile.mkdtemp(prefix="relay-driver-") if state_dir is None
-                              else state_dir)
         self.subs: list[SubTopology] = self.topology.sub_topologies()
         if not self.subs:
             raise ValueError("the app declares no streams or tables: nothing to run")
@@ -135,7 +132,14 @@ class TopologyTestDriver:
         #: The timestamp of records piped without one.
         self.clock_ms = 0
         self.tasks: dict[str, StreamTask] = {}
-        self._open_tasks(from_changelog=False)
+        self._own_state_dir = state_dir is None
+        self.state_dir = Path(tempfile.mkdtemp(prefix="relay-driver-") if state_dir is None
+                              else state_dir)
+        try:
+            self._open_tasks(from_changelog=False)
+        except BaseException:
+            self.close()
+            raise
 
     # -- input -------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import msgpack
@@ -214,7 +215,7 @@ class OrderedKeySerde:
             pos = zero + 2
 
 
-_BY_NAME: dict[str, type] = {
+_BY_NAME: dict[str, Callable[[], Serde]] = {
     "msgpack": MsgPackSerde,
     "json": JsonSerde,
     "str": StrSerde,
@@ -223,15 +224,25 @@ _BY_NAME: dict[str, type] = {
 }
 
 
+def register_serde(name: str, factory: Callable[[], Serde]) -> None:
+    """Make ``serde_from_name(name)`` build ``factory()`` (the stream layer adds ``windowed``)."""
+    _BY_NAME[name] = factory
+
+
+def serde_names() -> list[str]:
+    return sorted(_BY_NAME)
+
+
 def serde_from_name(serde: str | Serde) -> Serde:
-    """A serde given by name (``msgpack``, ``json``, ``str``, ``bytes``, ``ordered``) or as an
-    object with ``dumps``/``loads``."""
+    """A serde given by name (``msgpack``, ``json``, ``str``, ``bytes``, ``ordered``, and
+    ``windowed`` once :mod:`streams.windows` is imported) or as an object with
+    ``dumps``/``loads``."""
     if isinstance(serde, str):
         try:
             return _BY_NAME[serde]()
         except KeyError:
             raise ValueError(
-                f"unknown serde {serde!r}; choose one of {sorted(_BY_NAME)} or pass an object "
+                f"unknown serde {serde!r}; choose one of {serde_names()} or pass an object "
                 f"with dumps() and loads()"
             ) from None
     if not (callable(getattr(serde, "dumps", None)) and callable(getattr(serde, "loads", None))):

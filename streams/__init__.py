@@ -1,1 +1,70 @@
-"""Relay streams: the App, its DSL, stream threads, tasks and the cooperative rebalance layer."""
+"""Relay streams: the App, its DSL, stream threads, tasks and the cooperative rebalance layer.
+
+The public names are importable from here (``from streams import App, TumblingWindows``).
+Each is imported on first use, so that ``import streams`` stays light: a tool or a test that
+needs one module does not load the runtime, aiokafka or RocksDB.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "App": "streams.app",
+    "AppConfig": "streams.config",
+    "ConfigError": "streams.config",
+    "GroupedStream": "streams.dsl",
+    "Stream": "streams.dsl",
+    "Table": "streams.dsl",
+    "WindowedStream": "streams.dsl",
+    "TopicDecl": "streams.topology",
+    "TopologyError": "streams.topology",
+    "HoppingWindows": "streams.windows",
+    "TumblingWindows": "streams.windows",
+    "Windowed": "streams.windows",
+    "WindowedSerde": "streams.windows",
+    "RecordError": "streams.task",
+    "TopologyTestDriver": "streams.testing",
+}
+
+__all__ = [
+    "App",
+    "AppConfig",
+    "ConfigError",
+    "GroupedStream",
+    "HoppingWindows",
+    "RecordError",
+    "Stream",
+    "Table",
+    "TopicDecl",
+    "TopologyError",
+    "TopologyTestDriver",
+    "TumblingWindows",
+    "Windowed",
+    "WindowedSerde",
+    "WindowedStream",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'streams' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # what editors and type checkers see
+    from streams.app import App
+    from streams.config import AppConfig, ConfigError
+    from streams.dsl import GroupedStream, Stream, Table, WindowedStream
+    from streams.task import RecordError
+    from streams.testing import TopologyTestDriver
+    from streams.topology import TopicDecl, TopologyError
+    from streams.windows import HoppingWindows, TumblingWindows, Windowed, WindowedSerde

@@ -22,20 +22,19 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from statestore.serdes import Serde, serde_from_name
+from statestore.serdes import Serde
 from statestore.store import changelog_topic_name
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics, existing_partition_counts
 from streams.config import AppConfig
 from streams.control import ControlChannel, ControlListener, LeavingMark, control_topic_name
 from streams.driver import broker_cluster_id
-from streams.dsl import Stream, Table, table_from_topic
-from streams.processors import SourceNode
+from streams.dsl import Stream, Table, stream_from_topic, table_from_topic
 from streams.static_followers import StaticFollowers, needs_digests
 from streams.status import read_status, status_topic_name
 from streams.store_handover import ProcessStores
 from streams.thread import FatalThreadError, StreamThread
 from streams.thread_factory import build_stream_thread
-from streams.topology import SubTopology, Topology
+from streams.topology import SubTopology, TopicDecl, Topology
 
 log = logging.getLogger(__name__)
 _APP_COUNTER = itertools.count()
@@ -112,26 +111,35 @@ class App:
 
     # -- the DSL's entry points -----------------------------------------------------------
 
+    def topic(
+        self,
+        name: str,
+        key_serde: str | Serde | None = None,
+        value_serde: str | Serde | None = None,
+        partitions: int | None = None,
+    ) -> TopicDecl:
+        """Declare a topic once: its serdes serve every ``stream``, ``table`` and ``to`` of it
+        that names none; with ``partitions`` the app creates it when it is missing."""
+        return self.topology.declare_topic(TopicDecl(name, key_serde, value_serde, partitions))
+
     def stream(
-        self, topic: str, key_serde: str | Serde = "msgpack", value_serde: str | Serde = "msgpack"
+        self,
+        topic: str | TopicDecl,
+        key_serde: str | Serde | None = None,
+        value_serde: str | Serde | None = None,
     ) -> Stream:
-        source = SourceNode(
-            self.topology.node_name("source"), topic,
-            serde_from_name(key_serde), serde_from_name(value_serde),
-        )
-        self.topology.add_source(source)
-        return Stream(self.topology, source)
+        """A stream of ``topic``'s records; serdes default to the topic's, else msgpack."""
+        return stream_from_topic(self.topology, topic, key_serde, value_serde)
 
     def table(
         self,
-        topic: str,
+        topic: str | TopicDecl,
         store: str,
-        key_serde: str | Serde = "msgpack",
-        value_serde: str | Serde = "msgpack",
+        key_serde: str | Serde | None = None,
+        value_serde: str | Serde | None = None,
     ) -> Table:
-        return table_from_topic(
-            self.topology, topic, store, serde_from_name(key_serde), serde_from_name(value_serde)
-        )
+        """The latest value per key of ``topic``, kept in ``store``."""
+        return table_from_topic(self.topology, topic, store, key_serde, value_serde)
 
     # -- running --------------------------------------------------------------------------
 
@@ -143,6 +151,8 @@ class App:
         external = {
             t for s in subs for t in s.sources if t not in self.topology.repartition_topics
         }
+        await ensure_topics(admin, [TopicSpec(t, n) for t, n in
+                                    self.topology.topics_to_create().items()])
         counts = await existing_partition_counts(admin, external)
         repartition = self.topology.assign_partitions(subs, counts, self.config.default_partitions)
         specs = [TopicSpec(topic, n) for topic, n in sorted(repartition.items())]

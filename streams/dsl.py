@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from statestore.serdes import MsgPackSerde, Serde, serde_from_name
+from statestore.serdes import MsgPackSerde, Serde
 from streams.processors import (
     AggregateNode,
     BranchNode,
@@ -31,7 +31,7 @@ from streams.processors import (
     TableNode,
     WindowAggregateNode,
 )
-from streams.topology import Topology, TopologyError
+from streams.topology import TopicDecl, Topology, TopologyError
 from streams.windows import HoppingWindows
 
 
@@ -99,15 +99,22 @@ class Stream:
 
     def to(
         self,
-        topic: str,
-        key_serde: str | Serde = "msgpack",
-        value_serde: str | Serde = "msgpack",
+        topic: str | TopicDecl,
+        key_serde: str | Serde | None = None,
+        value_serde: str | Serde | None = None,
     ) -> None:
-        self._node.add_child(
-            SinkNode(
-                self._name("sink"), topic, serde_from_name(key_serde), serde_from_name(value_serde)
-            )
-        )
+        """Write to ``topic`` (the app does not create it unless it was declared with
+        ``app.topic(name, partitions=N)``); serdes default to the topic's declared ones."""
+        name = topic_name(topic)
+        keys, values = self._topology.serdes_for(name, key_serde, value_serde)
+        self._node.add_child(SinkNode(self._name("sink"), name, keys, values))
+
+    def repartition(self, partitions: int | None = None) -> Stream:
+        """Write the stream to an internal topic and read it back, with ``partitions``
+        partitions (by default what the step after it needs: a joined table's count)."""
+        if partitions is not None and partitions < 1:
+            raise TopologyError(f"repartition(partitions=...) must be >= 1, not {partitions}")
+        return self._repartitioned("repartition", partitions)
 
     def process(
         self, factory: Callable[[], Processor], stores: Iterable[str | StoreDecl] = ()
@@ -145,14 +152,16 @@ class Stream:
     def group_by(self, fn: Callable[[Any, Any], Any]) -> GroupedStream:
         return GroupedStream(self.select_key(fn))
 
-    def _repartitioned(self, purpose: str) -> Stream:
+    def _repartitioned(self, purpose: str, partitions: int | None = None) -> Stream:
         """Write to an internal repartition topic and read it back in a new sub-topology."""
         app = self._topology.application_id
         name = self._name(f"{purpose}-repartition")
         topic = f"{app}-{name}"
         serde = MsgPackSerde()
-        self._node.add_child(SinkNode(f"{name}-sink", topic, serde, serde))
+        self._node.add_child(SinkNode(f"{name}-sink", topic, serde, serde, requires_key=True))
         self._topology.repartition_topics.add(topic)
+        if partitions is not None:
+            self._topology.repartition_partitions[topic] = partitions
         source = SourceNode(f"{name}-source", topic, serde, serde)
         self._topology.add_source(source)
         return Stream(self._topology, source, key_changed=False)
@@ -193,7 +202,9 @@ class GroupedStream:
 
 
 class WindowedStream:
-    """A grouped stream cut into time windows; results are keyed by ``Windowed``."""
+    """A grouped stream cut into time windows (by record timestamp). Its aggregations are
+    tables keyed by ``Windowed(key, start, end)``, kept in a store keyed
+    ``(key, window_start)``."""
 
     def __init__(self, grouped: GroupedStream, windows: HoppingWindows) -> None:
         self._grouped = grouped
@@ -204,17 +215,17 @@ class WindowedStream:
         initializer: Callable[[], Any],
         aggregator: Callable[[Any, Any, Any], Any],
         store: str,
-    ) -> Stream:
+    ) -> Table:
         stream = self._grouped._prepared(store)
         node = WindowAggregateNode(
             stream._name("window-aggregate"), store, self._windows, initializer, aggregator
         )
-        return stream._then(node)
+        return Table(stream._then(node), store)
 
-    def count(self, store: str) -> Stream:
+    def count(self, store: str) -> Table:
         return self.aggregate(lambda: 0, lambda _k, _v, n: n + 1, store)
 
-    def reduce(self, reducer: Callable[[Any, Any], Any], store: str) -> Stream:
+    def reduce(self, reducer: Callable[[Any, Any], Any], store: str) -> Table:
         sentinel: dict[str, Any] = {}
 
         def reduce_or_first(_key: Any, value: Any, current: Any) -> Any:
@@ -235,10 +246,28 @@ class Table:
         return Stream(self._stream._topology, self._node, key_changed=False)
 
 
+def topic_name(topic: str | TopicDecl) -> str:
+    return topic.name if isinstance(topic, TopicDecl) else topic
+
+
+def stream_from_topic(
+    topology: Topology, topic: str | TopicDecl,
+    key_serde: str | Serde | None = None, value_serde: str | Serde | None = None,
+) -> Stream:
+    name = topic_name(topic)
+    keys, values = topology.serdes_for(name, key_serde, value_serde)
+    source = SourceNode(topology.node_name("source"), name, keys, values)
+    topology.add_source(source)
+    return Stream(topology, source)
+
+
 def table_from_topic(
-    topology: Topology, topic: str, store: str, key_serde: Serde, value_serde: Serde
+    topology: Topology, topic: str | TopicDecl, store: str,
+    key_serde: str | Serde | None = None, value_serde: str | Serde | None = None,
 ) -> Table:
-    source = SourceNode(topology.node_name("table-source"), topic, key_serde, value_serde)
+    name = topic_name(topic)
+    keys, values = topology.serdes_for(name, key_serde, value_serde)
+    source = SourceNode(topology.node_name("table-source"), name, keys, values)
     topology.add_source(source)
     topology.declare_store(StoreDecl(store))
     node = TableNode(topology.node_name("table"), store)

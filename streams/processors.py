@@ -9,15 +9,99 @@ Nodes are built once per topology and shared by its tasks; everything that belon
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from statestore.serdes import MsgPackSerde, Serde
+from statestore.errors import StateStoreError
+from statestore.serdes import MsgPackSerde, Serde, SerdeError
 from statestore.store import KeyValueStore
-from streams.windows import HoppingWindows, Windowed
+from streams.windows import HoppingWindows, Windowed, windowed_key_serde
 
 log = logging.getLogger(__name__)
+
+
+class MissingKeyError(ValueError):
+    """A record without a key reached a step that needs one (an aggregation, a table, a join,
+    a repartition): a bad record, dead-lettered like the others."""
+
+
+class StoreFailure(StateStoreError):
+    """A store could not be read or written (disk full, I/O error, a closed store): an error of
+    the machine, never of the record being processed, so it is not dead-lettered."""
+
+
+class GuardedStore:
+    """A task's store as processors see it. A failure of RocksDB itself becomes a
+    :class:`StoreFailure`; a key or value the serdes cannot encode stays a ``SerdeError``,
+    which is the record's fault."""
+
+    def __init__(self, store: KeyValueStore) -> None:
+        self._store = store
+
+    @property
+    def name(self) -> str:
+        return self._store.name
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (SerdeError, StateStoreError, StopIteration):
+            raise
+        except Exception as exc:  # rocksdict raises plain Exception for I/O errors
+            raise StoreFailure(
+                f"store {self._store.name} at {self._store.directory} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _scan(self, fn: Callable[..., Iterator[Any]], *args: Any, **kwargs: Any) -> Iterator[Any]:
+        iterator = self._call(fn, *args, **kwargs)
+        while True:
+            try:
+                item = self._call(next, iterator)
+            except StopIteration:
+                return
+            yield item
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._call(self._store.get, key, default)
+
+    def __contains__(self, key: Any) -> bool:
+        return bool(self._call(self._store.__contains__, key))
+
+    def put(self, key: Any, value: Any) -> None:
+        self._call(self._store.put, key, value)
+
+    def delete(self, key: Any) -> None:
+        self._call(self._store.delete, key)
+
+    def range(self, start: Any = None, end: Any = None, *, reverse: bool = False
+              ) -> Iterator[tuple[Any, Any]]:
+        return self._scan(self._store.range, start, end, reverse=reverse)
+
+    def prefix(self, prefix: Any) -> Iterator[tuple[Any, Any]]:
+        return self._scan(self._store.prefix, prefix)
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        return self._scan(self._store.items)
+
+    def keys(self) -> Iterator[Any]:
+        return (key for key, _ in self.items())
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.keys()
+
+    def approximate_count(self) -> int:
+        return int(self._call(self._store.approximate_count))
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else a store offers, unguarded.
+        return getattr(self._store, name)
+
+
+def _require_key(node: Node, key: Any, why: str) -> None:
+    if key is None:
+        raise MissingKeyError(f"{node.name}: the record has no key, and {why} needs one")
 
 
 @dataclass
@@ -42,15 +126,19 @@ class ProcessorContext:
         self.stream_time_ms = -1
         self.late_records_dropped = 0
         self.custom: dict[str, Processor] = {}
+        self._guarded: dict[str, GuardedStore] = {}
 
-    def store(self, name: str) -> KeyValueStore:
-        try:
-            return self.stores[name]
-        except KeyError:
-            raise KeyError(
-                f"task {self.task_id} has no store {name!r}; declare it on the processor "
-                f"(stores=[...]) or the operation that creates it"
-            ) from None
+    def store(self, name: str) -> GuardedStore:
+        guarded = self._guarded.get(name)
+        if guarded is None:
+            try:
+                guarded = self._guarded[name] = GuardedStore(self.stores[name])
+            except KeyError:
+                raise KeyError(
+                    f"task {self.task_id} has no store {name!r}; declare it on the processor "
+                    f"(stores=[...]) or the operation that creates it"
+                ) from None
+        return guarded
 
     def send(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         self.outputs.append(Output(topic, key, value, self.timestamp_ms))
@@ -152,16 +240,25 @@ class BranchNode(Node):
 
 
 class SinkNode(Node):
-    """Writes records to a topic (also used for repartition topics)."""
+    """Writes records to a topic (also used for repartition topics, which need a key: it picks
+    the partition, hence the task, of the stateful step after them)."""
 
-    def __init__(self, name: str, topic: str, key_serde: Serde, value_serde: Serde) -> None:
+    def __init__(
+        self, name: str, topic: str, key_serde: Serde, value_serde: Serde,
+        requires_key: bool = False,
+    ) -> None:
         super().__init__(name)
         self.topic = topic
         self.key_serde = key_serde
         self.value_serde = value_serde
+        self.requires_key = requires_key
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        raw_key = None if key is None else self.key_serde.dumps(key)
+        if self.requires_key:
+            _require_key(self, key, "repartitioning by key")
+        key_serde = windowed_key_serde(self.key_serde) if isinstance(key, Windowed) else (
+            self.key_serde)
+        raw_key = None if key is None else key_serde.dumps(key)
         raw_value = None if value is None else self.value_serde.dumps(value)
         ctx.send(self.topic, raw_key, raw_value)
 
@@ -182,9 +279,7 @@ class AggregateNode(Node):
         self.aggregator = aggregator
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        if key is None:
-            log.debug("%s: record without key skipped at %s", self.name, ctx.offset)
-            return
+        _require_key(self, key, "an aggregation")
         store = ctx.store(self.store)
         current = store.get(key)
         if current is None:
@@ -204,8 +299,7 @@ class ReduceNode(Node):
         self.reducer = reducer
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        if key is None:
-            return
+        _require_key(self, key, "a reduce")
         store = ctx.store(self.store)
         current = store.get(key)
         updated = value if current is None else self.reducer(current, value)
@@ -239,8 +333,7 @@ class WindowAggregateNode(Node):
         self.aggregator = aggregator
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        if key is None:
-            return
+        _require_key(self, key, "a windowed aggregation")
         store = ctx.store(self.store)
         timestamp = ctx.timestamp_ms
         stream_time = max(ctx.stream_time_ms, timestamp)
@@ -279,8 +372,7 @@ class TableNode(Node):
         self.store = store
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        if key is None:
-            return
+        _require_key(self, key, "a table")
         ctx.store(self.store).put(key, value)  # put(None) deletes
         self.forward(ctx, key, value)
 
@@ -300,6 +392,9 @@ class StreamTableJoinNode(Node):
         self.left = left
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        # A left join has an answer without a key (no table value); an inner join has none.
+        if not self.left:
+            _require_key(self, key, "an inner join")
         other = None if key is None else ctx.store(self.table_store).get(key)
         if other is None and not self.left:
             return
@@ -323,7 +418,7 @@ class CustomContext:
         self._node = node
         self._ctx = ctx
 
-    def store(self, name: str) -> KeyValueStore:
+    def store(self, name: str) -> GuardedStore:
         if name not in self._node.stores:
             raise KeyError(f"processor {self._node.name} did not declare store {name!r}")
         return self._ctx.store(name)
@@ -364,4 +459,15 @@ class StoreDecl:
 
     name: str
     value_serde: Serde = field(default_factory=MsgPackSerde)
-    windowed: bool = False
+
+
+def walk_nodes(roots: Iterable[Node]) -> list[Node]:
+    """Every node reachable from ``roots``, each once."""
+    seen: dict[int, Node] = {}
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen[id(node)] = node
+            stack.extend(node.children)
+    return list(seen.values())

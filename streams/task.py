@@ -4,20 +4,30 @@ A record goes: source topic -> :meth:`StreamTask.process` (deserialize with the 
 serdes) -> processor nodes -> stores (changelog records queued) and outputs (sink records
 queued). The stream thread ships what was queued and commits; the task remembers the next
 offset of each input partition it processed, which is what gets committed and where a kept
-partition resumes after a rebalance.
+partition resumes after a rebalance. It drops records below that offset, so a batch fetched
+before a rebalance sought its partition back is never processed twice.
+
+A bad record (one that cannot be deserialized, or whose processing raises) is a
+:class:`RecordError`, dead-lettered by the caller. An error of the machine (an ``OSError``, a
+store that cannot be written, memory) is not: it propagates unchanged and the record does not
+count as processed, so the runtime stops without committing past it.
+
+With its input position the task keeps its stream time in its stores' state, so that windows
+closed before a restart stay closed after it.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from assignor.model import parse_task_id
+from statestore.errors import StateStoreError
 from statestore.snapshot import SnapshotSettings
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
-from streams.processors import Node, ProcessorContext, SourceNode, WindowAggregateNode
+from streams.processors import ProcessorContext, SourceNode, WindowAggregateNode, walk_nodes
 from streams.topology import SubTopology
 
 log = logging.getLogger(__name__)
@@ -35,24 +45,24 @@ class RecordError(Exception):
         self.record = record
         self.cause = cause
 
+    def dead_letter_headers(self) -> list[tuple[str, bytes]]:
+        """The headers a dead-lettered record carries: what failed, where it came from."""
+        record = self.record
+        return [
+            ("relay.error", f"{type(self.cause).__name__}: {self.cause}".encode()),
+            ("relay.stage", self.stage.encode()),
+            ("relay.topic", record.topic.encode()),
+            ("relay.partition", str(record.partition).encode()),
+            ("relay.offset", str(record.offset).encode()),
+        ]
 
-@dataclass(frozen=True)
-class TaskId:
-    subtopology: int
-    partition: int
 
-    @classmethod
-    def parse(cls, text: str) -> TaskId:
-        try:
-            sub, part = text.split("_")
-            return cls(int(sub), int(part))
-        except ValueError:
-            raise ValueError(
-                f"not a task id: {text!r} (expected '<sub-topology>_<partition>')"
-            ) from None
+#: Errors of the machine or the runtime, never of a record: they propagate as they are.
+MACHINE_ERRORS = (OSError, MemoryError, StateStoreError)
 
-    def __str__(self) -> str:
-        return f"{self.subtopology}_{self.partition}"
+#: The entry of a store's input position that holds the task's stream time (topic entries
+#: are ``"topic:partition"``, and a topic name cannot hold ``:``).
+STREAM_TIME_ENTRY = "stream-time"
 
 
 def open_task_stores(
@@ -61,7 +71,7 @@ def open_task_stores(
 ) -> dict[str, KeyValueStore]:
     """Open (lock, check checkpoints, bootstrap from snapshots) every store of a task; not
     restored yet. ``bulk_load``: opened for restoration (see ``KeyValueStore.open``)."""
-    partition = TaskId.parse(task_id).partition
+    partition = parse_task_id(task_id)[1]
     stores: dict[str, KeyValueStore] = {}
     try:
         for name, decl in sorted(sub.stores.items()):
@@ -86,7 +96,7 @@ class StreamTask:
     def __init__(self, task_id: str, sub: SubTopology, stores: dict[str, KeyValueStore]) -> None:
         self.task_id = task_id
         self.sub = sub
-        self.partition = TaskId.parse(task_id).partition
+        self.partition = parse_task_id(task_id)[1]
         self.stores = stores
         self.context = ProcessorContext(task_id, stores)
         self.sources: dict[str, SourceNode] = dict(sub.sources)
@@ -94,47 +104,73 @@ class StreamTask:
         # Next offset to process per input partition; what is committed.
         self.processed: dict[TopicPartition, int] = {}
         self.records_processed = 0
+        #: Records dropped because they were at or below the processed position.
+        self.records_skipped = 0
         self._recorded: dict[TopicPartition, int] = {}
-        self._window_nodes = [n for n in _walk(sub.sources.values()) if isinstance(
-            n, WindowAggregateNode)]
+        self._recorded_stream_time = -1
+        self._window_nodes = [n for n in walk_nodes(sub.sources.values())
+                             if isinstance(n, WindowAggregateNode)]
 
-    def process(self, record: ConsumerRecord) -> None:
-        """Run one record through the topology. Raises :class:`RecordError` on bad input;
-        the record then counts as processed (it goes to the dead-letter topic instead)."""
+    def process(self, record: ConsumerRecord) -> bool:
+        """Run one record through the topology; False if it was already processed (dropped).
+
+        Raises :class:`RecordError` on bad input; the record then counts as processed (it goes
+        to the dead-letter topic instead). A machine error propagates as it is and the record
+        does not count as processed.
+        """
         tp = TopicPartition(record.topic, record.partition)
+        if record.offset < self.processed.get(tp, -1):
+            self.records_skipped += 1
+            return False
         source = self.sources[record.topic]
-        self.processed[tp] = record.offset + 1
         try:
             key = None if record.key is None else source.key_serde.loads(record.key)
             value = None if record.value is None else source.value_serde.loads(record.value)
         except Exception as exc:
+            self.processed[tp] = record.offset + 1
             raise RecordError("deserialize", record, exc) from exc
         ctx = self.context
         ctx.topic, ctx.partition, ctx.offset = record.topic, record.partition, record.offset
         ctx.timestamp_ms = record.timestamp
         try:
             source.process(ctx, key, value)
+        except MACHINE_ERRORS:
+            raise
         except Exception as exc:
-            raise RecordError("process", record, exc) from exc
-        finally:
+            self.processed[tp] = record.offset + 1
             ctx.stream_time_ms = max(ctx.stream_time_ms, record.timestamp)
+            raise RecordError("process", record, exc) from exc
+        self.processed[tp] = record.offset + 1
+        ctx.stream_time_ms = max(ctx.stream_time_ms, record.timestamp)
         self.records_processed += 1
+        return True
 
     def record_input_position(self) -> None:
-        """Write the input offsets processed so far into every store, with the data."""
-        if not self.stores or self.processed == self._recorded:
+        """Write the input offsets processed so far and the stream time into every store,
+        with the data."""
+        stream_time = self.context.stream_time_ms
+        if not self.stores or (self.processed == self._recorded
+                               and stream_time == self._recorded_stream_time):
             return
         position = {f"{tp.topic}:{tp.partition}": offset for tp, offset in self.processed.items()}
+        if stream_time >= 0:
+            position[STREAM_TIME_ENTRY] = stream_time
         for store in self.stores.values():
             store.write_input_position(position)
         self._recorded = dict(self.processed)
+        self._recorded_stream_time = stream_time
 
     def restored_input_position(self) -> dict[TopicPartition, int]:
-        """The input offsets every store's restored state reflects (the smallest per input)."""
+        """The input offsets every store's restored state reflects (the smallest per input);
+        also takes the stream time back from the state."""
         merged: dict[TopicPartition, int] = {}
+        stream_times: list[int] = []
         for i, store in enumerate(self.stores.values()):
             positions = {}
             for name, offset in store.read_input_position().items():
+                if name == STREAM_TIME_ENTRY:
+                    stream_times.append(offset)
+                    continue
                 topic, _, partition = name.rpartition(":")
                 positions[TopicPartition(topic, int(partition))] = offset
             if i == 0:
@@ -142,7 +178,16 @@ class StreamTask:
             else:
                 merged = {tp: min(o, positions[tp]) for tp, o in merged.items() if tp in positions}
         self._recorded = dict(merged)
+        if stream_times:
+            # Like the offsets, the stream time of the state that is furthest behind.
+            self.context.stream_time_ms = max(self.context.stream_time_ms, min(stream_times))
+        self._recorded_stream_time = self.context.stream_time_ms
         return merged
+
+    @property
+    def stream_time_ms(self) -> int:
+        """The largest record timestamp this task has processed (-1 before any)."""
+        return self.context.stream_time_ms
 
     def purge_expired_windows(self) -> int:
         return sum(node.purge(self.context) for node in self._window_nodes)
@@ -155,13 +200,3 @@ class StreamTask:
         for store in self.stores.values():
             store.close()
 
-
-def _walk(roots: object) -> list[Node]:
-    seen: dict[int, Node] = {}
-    stack = list(roots)  # type: ignore[call-overload]
-    while stack:
-        node = stack.pop()
-        if id(node) not in seen:
-            seen[id(node)] = node
-            stack.extend(node.children)
-    return list(seen.values())

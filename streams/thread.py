@@ -422,14 +422,9 @@ class StreamThread:
         by_task: dict[str, list[list[Any]]] = {}
         for tp, records in batches.items():
             task = self.registry.task_for(tp)
-            if task is None or not records:
-                continue
-            # The batch was fetched outside the lock: a rebalance callback may have sought
-            # this partition back meanwhile. What the task already processed is dropped.
-            done = task.processed.get(tp)
-            if done is not None:
-                records = [r for r in records if r.offset >= done]
-            if records:
+            # Records the task already processed (a batch fetched before a rebalance sought
+            # the partition back) are skipped by the task itself.
+            if task is not None and records:
                 by_task.setdefault(task.task_id, []).append(records)
         rebalancing = self.consumer.rebalancing
         for task_id, inputs in by_task.items():

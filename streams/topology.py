@@ -8,15 +8,38 @@ mismatch is an error at start.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
+from statestore.serdes import Serde, serde_from_name
 from statestore.store import StoreSpec
-from streams.processors import Node, SinkNode, SourceNode, StoreDecl
+from streams.processors import Node, SinkNode, SourceNode, StoreDecl, TableNode
 
 
 class TopologyError(ValueError):
     """The declared topology cannot run: a clear message says what to change."""
+
+
+@dataclass(frozen=True)
+class TopicDecl:
+    """A topic declared once with its serdes (used wherever the DSL reads or writes it unless
+    an operation names its own) and, optionally, the partition count the app creates it with
+    when it is missing."""
+
+    name: str
+    key_serde: Serde | None = None
+    value_serde: Serde | None = None
+    partitions: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise TopologyError("a topic needs a name")
+        if self.partitions is not None and self.partitions < 1:
+            raise TopologyError(f"topic {self.name}: partitions must be >= 1, "
+                                f"not {self.partitions}")
+        for attribute in ("key_serde", "value_serde"):
+            serde = getattr(self, attribute)
+            if serde is not None:
+                object.__setattr__(self, attribute, serde_from_name(serde))
 
 
 @dataclass
@@ -44,13 +67,36 @@ class Topology:
     sources: list[SourceNode] = field(default_factory=list)
     stores: dict[str, StoreDecl] = field(default_factory=dict)
     repartition_topics: set[str] = field(default_factory=set)
+    #: Partition counts asked for with ``repartition(partitions=...)``.
+    repartition_partitions: dict[str, int] = field(default_factory=dict)
+    topics: dict[str, TopicDecl] = field(default_factory=dict)
     co_located: list[tuple[Node, Node]] = field(default_factory=list)
-    _names: set[str] = field(default_factory=set)
     _counter: int = 0
 
     def node_name(self, kind: str) -> str:
         self._counter += 1
         return f"{kind}-{self._counter:04d}"
+
+    def declare_topic(self, decl: TopicDecl) -> TopicDecl:
+        known = self.topics.get(decl.name)
+        if known is not None and _shape(known) != _shape(decl):
+            raise TopologyError(f"topic {decl.name} is declared twice, differently")
+        self.topics[decl.name] = decl
+        return decl
+
+    def serdes_for(
+        self, topic: str, key_serde: str | Serde | None, value_serde: str | Serde | None
+    ) -> tuple[Serde, Serde]:
+        """The serdes to read or write ``topic`` with: the operation's own, else the topic's
+        declared ones, else msgpack."""
+        decl = self.topics.get(topic)
+        key = key_serde if key_serde is not None else decl and decl.key_serde
+        value = value_serde if value_serde is not None else decl and decl.value_serde
+        return serde_from_name(key or "msgpack"), serde_from_name(value or "msgpack")
+
+    def topics_to_create(self) -> dict[str, int]:
+        """Declared topics with a partition count: the app creates them when missing."""
+        return {t.name: t.partitions for t in self.topics.values() if t.partitions is not None}
 
     def declare_store(self, decl: StoreDecl) -> None:
         if decl.name in self.stores:
@@ -125,58 +171,63 @@ class Topology:
     ) -> dict[str, int]:
         """Set each sub-topology's partition count; returns the repartition topics' counts.
 
-        External source topics dictate their sub-topology's count; a repartition topic gets
-        the count of the sub-topology that writes it (or ``default``).
+        A sub-topology that reads your topics takes their partition count (they must agree:
+        a join reads partition p of both sides in one task). One that reads only repartition
+        topics takes the count ``repartition(partitions=...)`` asked for, else the largest
+        count among the sub-topologies writing them, else ``default``. A repartition topic
+        gets the count of the sub-topology reading it, so a re-keyed stream joined with a
+        table is repartitioned to the table's count.
         """
-        repartition_counts: dict[str, int] = {}
-        pending = list(subs)
-        for _ in range(len(subs) + 1):
-            still: list[SubTopology] = []
-            for sub in pending:
-                counts: dict[str, int] = {}
-                for topic in sub.sources:
-                    if topic in self.repartition_topics:
-                        if topic in repartition_counts:
-                            counts[topic] = repartition_counts[topic]
-                    elif topic not in external_counts:
-                        raise TopologyError(
-                            f"source topic {topic} does not exist; create it first"
-                        )
-                    else:
-                        counts[topic] = external_counts[topic]
-                if len(counts) < len(sub.sources) and not any(
-                    t not in self.repartition_topics for t in sub.sources
-                ):
-                    still.append(sub)
-                    continue
-                distinct = set(counts.values())
-                if len(distinct) > 1:
-                    detail = ", ".join(f"{t}={n}" for t, n in sorted(counts.items()))
-                    raise TopologyError(
-                        f"sub-topology {sub.id} reads topics that are not co-partitioned "
-                        f"({detail}); they must have the same number of partitions"
-                    )
-                sub.partitions = distinct.pop() if distinct else default
-                for topic in sub.sink_topics & self.repartition_topics:
-                    repartition_counts[topic] = sub.partitions
-            pending = still
-            if not pending:
-                break
-        for sub in pending:
-            sub.partitions = default
+        writers: dict[str, list[SubTopology]] = {}
         for sub in subs:
-            for topic in sub.repartition_sources:
-                repartition_counts.setdefault(topic, sub.partitions)
-                if repartition_counts[topic] != sub.partitions:
+            for topic in sub.sink_topics & self.repartition_topics:
+                writers.setdefault(topic, []).append(sub)
+        resolved: dict[int, int] = {}
+        for sub in subs:
+            counts: dict[str, int] = {}
+            for topic in sorted(sub.sources):
+                if topic in self.repartition_topics:
+                    if topic in self.repartition_partitions:
+                        counts[topic] = self.repartition_partitions[topic]
+                elif topic not in external_counts:
                     raise TopologyError(
-                        f"repartition topic {topic} has {repartition_counts[topic]} "
-                        f"partitions but sub-topology {sub.id} has {sub.partitions}"
+                        f"source topic {topic} does not exist; create it first, or declare it "
+                        f"with app.topic({topic!r}, partitions=N) so that the app creates it"
                     )
-        return repartition_counts
+                else:
+                    counts[topic] = external_counts[topic]
+            if len(set(counts.values())) > 1:
+                raise TopologyError(self._not_co_partitioned(sub, counts))
+            if counts:
+                resolved[sub.id] = next(iter(counts.values()))
+        for _ in range(len(subs)):
+            for sub in subs:
+                if sub.id in resolved:
+                    continue
+                upstream = [w for t in sub.repartition_sources for w in writers.get(t, [])]
+                if all(w.id in resolved for w in upstream):
+                    resolved[sub.id] = max((resolved[w.id] for w in upstream), default=default)
+        for sub in subs:
+            sub.partitions = resolved.get(sub.id, default)
+        return {topic: sub.partitions for sub in subs for topic in sub.repartition_sources}
 
-    def fingerprint(self) -> str:
-        """A short hash of the topology's shape, so members can tell they run the same app."""
-        parts = []
-        for sub in self.sub_topologies():
-            parts.append(f"{sub.id}:{sorted(sub.sources)}:{sorted(sub.stores)}")
-        return hashlib.sha1("|".join(parts).encode()).hexdigest()[:12]
+    def _not_co_partitioned(self, sub: SubTopology, counts: dict[str, int]) -> str:
+        detail = ", ".join(f"{t}={n}" for t, n in sorted(counts.items()))
+        tables = sorted(t for t, source in sub.sources.items()
+                        if any(isinstance(c, TableNode) for c in source.children))
+        if tables:
+            what = f"joins a stream with table {', '.join(tables)}"
+            fix = ("Call .repartition() on the stream before the join (it is then written to "
+                   "an internal topic with the table's count)")
+        else:
+            what = "reads several topics"
+            fix = "Call .repartition() on the streams before they meet"
+        return (
+            f"sub-topology {sub.id} {what}, but the topics are not co-partitioned ({detail}): "
+            f"partition p of each is processed by the same task, so they need the same number "
+            f"of partitions. {fix}, or create the topics with the same partition count"
+        )
+
+def _shape(decl: TopicDecl) -> tuple[object, ...]:
+    serdes = (decl.key_serde, decl.value_serde)
+    return (decl.partitions, *(None if x is None else (type(x), x.name) for x in serdes))

@@ -1,13 +1,28 @@
 """Time windows for windowed aggregations: tumbling and hopping, each with a grace period.
 
-A windowed result is keyed by ``Windowed(key, start, end)``; a record later than its window's
-end plus the grace period (by the task's stream time) is late and dropped, and counted.
+Windows go by the record's timestamp (the producer's, or the broker's log-append time), never
+by the clock of the machine processing it. A windowed result is keyed by
+``Windowed(key, start, end)``; a record later than its window's end plus the grace period (by
+the task's stream time: the largest timestamp the task has processed, kept in its state) is
+late and dropped, and counted.
+
+Written to a topic, a ``Windowed`` key is the array ``[key, start_ms, end_ms]`` encoded with
+the topic's key serde (msgpack by default, or json); :class:`WindowedSerde` reads it back.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from statestore.serdes import (
+    JsonSerde,
+    MsgPackSerde,
+    Serde,
+    SerdeError,
+    register_serde,
+    serde_from_name,
+)
 
 
 @dataclass(frozen=True)
@@ -56,3 +71,37 @@ class HoppingWindows:
 def TumblingWindows(size_ms: int, grace_ms: int = 0) -> HoppingWindows:
     """Back-to-back windows of ``size_ms``: each record falls in exactly one."""
     return HoppingWindows(size_ms=size_ms, advance_ms=size_ms, grace_ms=grace_ms)
+
+
+class WindowedSerde:
+    """Encodes ``Windowed(key, start, end)`` as ``[key, start, end]`` with an inner serde that
+    can encode arrays (msgpack by default, or json), and decodes it back to ``Windowed``."""
+
+    name = "windowed"
+
+    def __init__(self, inner: str | Serde = "msgpack") -> None:
+        self.inner = serde_from_name(inner)
+
+    def dumps(self, value: Any) -> bytes:
+        if not isinstance(value, Windowed):
+            raise SerdeError(f"the windowed serde takes Windowed keys, not {type(value).__name__}")
+        return self.inner.dumps([value.key, value.start, value.end])
+
+    def loads(self, data: bytes) -> Any:
+        decoded = self.inner.loads(data)
+        if not (isinstance(decoded, list | tuple) and len(decoded) == 3
+                and isinstance(decoded[1], int) and isinstance(decoded[2], int)):
+            raise SerdeError(f"not a windowed key [key, start, end]: {decoded!r:.80}")
+        key = tuple(decoded[0]) if isinstance(decoded[0], list) else decoded[0]
+        return Windowed(key, decoded[1], decoded[2])
+
+
+def windowed_key_serde(key_serde: Serde) -> Serde:
+    """The serde a sink writes a ``Windowed`` key with, given the topic's key serde: msgpack and
+    json carry the ``[key, start, end]`` array; any other serde gets the key as it is."""
+    if isinstance(key_serde, MsgPackSerde | JsonSerde):
+        return WindowedSerde(key_serde)
+    return key_serde
+
+
+register_serde("windowed", WindowedSerde)

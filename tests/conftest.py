@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded broker (one per test session) and helpers to wait on conditions.
+"""Shared fixtures: the embedded broker (one per test session, so one per xdist worker) and helpers
+to wait on conditions.
 
 Set RELAY_TEST_BOOTSTRAP to run the broker tests against another Kafka-protocol broker.
 """
@@ -14,6 +15,14 @@ from collections.abc import Awaitable, Callable, Iterator
 import pytest
 
 from streams.embedded_broker import EmbeddedBroker
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup`` the Spark tests share one worker: one local
+    Spark session (a JVM of its own) per worker would crowd a small machine."""
+    for item in items:
+        if item.nodeid.startswith("tests/pipeline/") or "snapshot_restore" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @pytest.fixture(scope="session")

@@ -83,3 +83,18 @@ def test_serde_from_name() -> None:
         serde_from_name("yaml")
     with pytest.raises(ValueError, match="is not a serde"):
         serde_from_name(object())  # type: ignore[arg-type]
+
+
+def test_windowed_keys_round_trip_through_msgpack_and_json() -> None:
+    from streams.windows import Windowed, WindowedSerde
+
+    key = Windowed(("user", 7), 60_000, 120_000)
+    for inner in ("msgpack", "json"):
+        serde = WindowedSerde(inner)
+        assert serde.loads(serde.dumps(key)) == key
+    assert serde_from_name("windowed").dumps(Windowed("k", 0, 10)) == MsgPackSerde().dumps(
+        ["k", 0, 10])
+    with pytest.raises(SerdeError, match="not a windowed key"):
+        WindowedSerde().loads(MsgPackSerde().dumps("plain"))
+    with pytest.raises(SerdeError, match="takes Windowed keys"):
+        WindowedSerde().dumps("plain")

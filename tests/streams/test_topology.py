@@ -3,6 +3,9 @@ topologies that cannot run with messages that say what to change."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from streams.app import App
@@ -43,8 +46,56 @@ def test_a_join_puts_stream_and_table_in_one_co_partitioned_sub_topology() -> No
 def test_missing_source_topic_is_a_clear_error() -> None:
     a = app()
     a.stream("nope").to("out")
-    with pytest.raises(TopologyError, match="source topic nope does not exist"):
+    with pytest.raises(TopologyError, match=r"source topic nope does not exist; create it "
+                                            r"first, or declare it with app.topic\('nope', "
+                                            r"partitions=N\)"):
         a.topology.assign_partitions(a.topology.sub_topologies(), {}, default=4)
+
+
+def test_declared_topics_with_a_partition_count_are_the_ones_the_app_creates() -> None:
+    a = app()
+    a.topic("lines", key_serde="str", partitions=3)
+    a.topic("totals", value_serde="json")
+    assert a.topology.topics_to_create() == {"lines": 3}
+    a.topic("lines", key_serde="str", partitions=3)  # the same declaration again is fine
+    with pytest.raises(TopologyError, match="partitions must be >= 1"):
+        a.topic("empty", partitions=0)
+
+
+def test_a_repartition_topic_takes_the_count_of_the_sub_topology_reading_it() -> None:
+    a = app()
+    users = a.table("users", store="users")
+    a.stream("orders").select_key(lambda k, v: v["user"]).join(users, lambda o, u: u).to("out")
+    subs = a.topology.sub_topologies()
+    counts = a.topology.assign_partitions(subs, {"orders": 8, "users": 4}, default=5)
+    (topic,) = a.topology.repartition_topics
+    assert counts == {topic: 4}
+    assert {tuple(sorted(s.sources)): s.partitions for s in subs} == {
+        ("orders",): 8, tuple(sorted(["users", topic])): 4}
+
+
+def test_a_sub_topology_reading_only_repartition_topics_takes_its_writers_largest_count() -> None:
+    a = app()
+    left = a.stream("left").repartition()
+    right = a.stream("right").repartition()
+    left.merge(right).group_by_key().count(store="both")
+    subs = a.topology.sub_topologies()
+    counts = a.topology.assign_partitions(subs, {"left": 2, "right": 6}, default=4)
+    assert [s.partitions for s in subs] == [2, 6, 6]
+    assert set(counts.values()) == {6}
+    with pytest.raises(TopologyError, match=r"reads several topics, .*\(left=2, right=6\).*"
+                                            r"Call .repartition\(\) on the streams"):
+        b = app()
+        b.stream("left").merge(b.stream("right")).to("out")
+        b.topology.assign_partitions(b.topology.sub_topologies(), {"left": 2, "right": 6}, 4)
+
+
+def test_importing_the_package_stays_light() -> None:
+    code = ("import sys, streams; heavy = [m for m in sys.modules if m.split('.')[0] in "
+            "('aiokafka', 'rocksdict', 'msgpack')]; assert not heavy, heavy; "
+            "from streams import App, TumblingWindows, TopologyTestDriver, Windowed; "
+            "assert App.__module__ == 'streams.app'")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_store_names_are_unique_and_valid() -> None:

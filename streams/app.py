@@ -27,9 +27,8 @@ from statestore.store import changelog_topic_name
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics, existing_partition_counts
 from streams.config import AppConfig
 from streams.control import ControlChannel, ControlListener, LeavingMark, control_topic_name
-from streams.driver import broker_cluster_id
 from streams.dsl import Stream, Table, stream_from_topic, table_from_topic
-from streams.static_followers import StaticFollowers, needs_digests
+from streams.static_followers import StaticFollowers, protocol_enabled
 from streams.status import read_status, status_topic_name
 from streams.store_handover import ProcessStores
 from streams.thread import FatalThreadError, StreamThread
@@ -179,24 +178,6 @@ class App:
                  self._broker.bootstrap_servers)
         return str(self._broker.bootstrap_servers)
 
-    async def _static_follower_digests(self, bootstrap: str, embedded: bool) -> bool:
-        """The setting, or detected: on for the embedded broker and brokers that identify as
-        one that needs it."""
-        if self.config.static_follower_digests is not None:
-            return self.config.static_follower_digests
-        if embedded:
-            return True
-        try:
-            cluster_id = await broker_cluster_id(bootstrap)
-        except Exception as exc:
-            log.warning("could not ask the broker for its cluster id (%s): the static-follower "
-                        "protocol stays off; set static_follower_digests to choose", exc)
-            return False
-        enabled = needs_digests(cluster_id)
-        log.info("broker cluster id %r: static-follower digests %s", cluster_id,
-                 "on" if enabled else "off")
-        return enabled
-
     async def run_async(self) -> None:
         """Run until :meth:`stop` is called or a thread fails."""
         self._stop = asyncio.Event()
@@ -220,7 +201,8 @@ class App:
             )
             control = ControlChannel(listener)
             self.static_followers = StaticFollowers(
-                await self._static_follower_digests(bootstrap, embedded), control)
+                await protocol_enabled(self.config.static_follower_digests, bootstrap, embedded),
+                control)
             process_stores = ProcessStores()
             self.threads = [
                 build_stream_thread(

@@ -28,7 +28,7 @@ import logging
 import time
 from typing import Protocol
 
-from streams.driver import GroupConsumer
+from streams.driver import GroupConsumer, broker_cluster_id
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,26 @@ BROKERS_NEEDING_DIGESTS = ("tansu",)
 
 def needs_digests(cluster_id: str | None) -> bool:
     return bool(cluster_id) and cluster_id.lower().startswith(BROKERS_NEEDING_DIGESTS)  # type: ignore[union-attr]
+
+
+async def protocol_enabled(setting: bool | None, bootstrap_servers: str,
+                                  embedded: bool) -> bool:
+    """Whether the protocol is on: the setting, or detected (on for the embedded broker and
+    for brokers whose cluster id says they need it)."""
+    if setting is not None:
+        return setting
+    if embedded:
+        return True
+    try:
+        cluster_id = await broker_cluster_id(bootstrap_servers)
+    except Exception as exc:
+        log.warning("could not ask the broker for its cluster id (%s): the static-follower "
+                    "protocol stays off; set static_follower_digests to choose", exc)
+        return False
+    enabled = needs_digests(cluster_id)
+    log.info("broker cluster id %r: static-follower digests %s", cluster_id,
+             "on" if enabled else "off")
+    return enabled
 
 
 class ControlSender(Protocol):

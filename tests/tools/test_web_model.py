@@ -114,18 +114,21 @@ def test_a_scale_down_seen_step_by_step() -> None:
     assert move["members"] == ["b-thread-0", "a-thread-0"]
     assert move["cause"] == "scale-down" and move["gap_ms"] == 7_000
 
-    # b hands over its last task, leaves, and deletes its mark.
+    # b hands over its last task, leaves and deletes its mark before a runs the task: the
+    # move is still the scale-down's.
     model.apply(status("b", active=(), leaving=True, rebalances=4, generation=4, at=28_000))
+    model.apply(StatusRecord("b-thread-0", None, 29_000))
+    model.apply(MarkRecord("b", None, 29_100))
     model.apply(status("a", active=("0_0", "0_1", "0_2", "0_3"), rebalances=5, generation=5,
                        at=35_000))
-    model.apply(StatusRecord("b-thread-0", None, 36_000))
-    model.apply(MarkRecord("b", None, 36_100))
     view = model.view(37_000)
     assert [i["instance_id"] for i in view["instances"]] == ["a"]
     assert view["leaving"] == []
     assert {t["active"] for t in view["tasks"]} == {"a-thread-0"}
-    assert [e["kind"] for e in view["timeline"]][-2:] == ["left", "unmarked"]
-    assert [e["task"] for e in kinds(view, "moved")] == ["0_2", "0_3"]
+    assert [e["kind"] for e in view["timeline"]][-4:] == ["left", "unmarked", "rebalance",
+                                                           "moved"]
+    assert [(e["task"], e["cause"], e["gap_ms"]) for e in kinds(view, "moved")] == [
+        ("0_2", "scale-down", 7_000), ("0_3", "scale-down", 7_000)]
 
 
 def test_the_new_owner_wins_while_the_old_owner_still_lists_the_task() -> None:

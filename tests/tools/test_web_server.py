@@ -3,7 +3,9 @@ model, and the 4xx answers to bad requests."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -13,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from tests.tools.test_web_model import status
 from tools.web.follower import GroupFollower
 from tools.web.model import GroupModel
-from tools.web.server import Changes, make_app
+from tools.web.server import Changes, ServeError, make_app, serve
 
 
 @pytest.fixture
@@ -97,3 +99,13 @@ async def test_a_wrong_method_gets_405(client: tuple[TestClient, GroupModel, Cha
     response = await http.post("/api/group")
     assert response.status == 405
     assert await response.json() == {"error": "POST is not allowed on /api/group"}
+
+
+async def test_a_taken_port_is_a_clear_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ServeError, match=f"cannot serve on 127.0.0.1:{port}: "):
+            await serve("127.0.0.1:1", "shop", "127.0.0.1", port, asyncio.Event(),
+                        lambda url: None)

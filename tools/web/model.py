@@ -185,6 +185,7 @@ class _Member:
 class _Released:
     member: str
     at_ms: int
+    cause: str | None  # why its member let go, if known then (it may be gone at the move)
 
 
 @dataclass
@@ -328,7 +329,7 @@ class GroupModel:
                 continue
             if new is None:
                 del self._owner[task]
-                self._released[task] = _Released(old, at)  # type: ignore[arg-type]
+                self._released[task] = _Released(old, at, self._release_cause(old, at))  # type: ignore[arg-type]
                 continue
             self._owner[task] = new
             released = self._released.pop(task, None)
@@ -341,18 +342,25 @@ class GroupModel:
                 self._event(at, "resumed", f"{task}: active again on {new}", task=task,
                             members=(new,), gap_ms=gap)
             else:
-                cause = self._cause(task, source, new, at)
+                cause = (released.cause if released is not None else None) \
+                    or self._cause(task, source, new, at)
                 self._event(at, "moved", f"{task}: {source} → {new} ({cause})", task=task,
                             members=(source, new), cause=cause, gap_ms=gap)
             if self._learned_by.get(task) == new:
                 del self._learned_by[task]
 
-    def _cause(self, task: str, source: str, target: str, at: int) -> str:
-        entry = self._members.get(source)
+    def _release_cause(self, member: str, at: int) -> str | None:
+        entry = self._members.get(member)
         if entry is not None and (entry.status.leaving or entry.status.instance_id in self._marks):
             return "scale-down"
-        if not self._live(source, at):
+        if not self._live(member, at):
             return "failover"
+        return None
+
+    def _cause(self, task: str, source: str, target: str, at: int) -> str:
+        cause = self._release_cause(source, at)
+        if cause is not None:
+            return cause
         if self._learned_by.get(task) == target:
             return "learner caught up"
         return "rebalance"

@@ -22,7 +22,7 @@ from streams.control import (
     decode_mark,
 )
 from streams.status import status_topic_name
-from tools.web.model import GroupModel, MarkRecord, StatusRecord
+from tools.web.model import STALE_AFTER_MS, GroupModel, MarkRecord, StatusRecord
 
 log = logging.getLogger(__name__)
 _CONTROL_MESSAGES = (FETCH_KEY, REBALANCE_KEY, SUBSCRIPTION_KEY)
@@ -95,8 +95,7 @@ class GroupFollower:
             if not tps:
                 raise KafkaError(f"no topic {self._status}: is {self.model.app} running?")
             consumer.assign(tps)
-            # Replay from the start: the records before now make the timeline's history.
-            await consumer.seek_to_beginning(*tps)
+            await self._seek_start(consumer, tps)
             self.error = None
             while not stop.is_set():
                 batches = await consumer.getmany(timeout_ms=500)
@@ -113,6 +112,24 @@ class GroupFollower:
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
+
+    async def _seek_start(self, consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> None:
+        """Marks are read from the start (a mark stays valid however old); the status topic
+        from the start of the timeline's window, so that a long history is not replayed. A
+        broker that does not look offsets up by time (some answer offset 0) gets the whole
+        topic replayed, which is slower but shows the same."""
+        await consumer.seek_to_beginning(*tps)
+        status = TopicPartition(self._status, 0)
+        since = int(time.time() * 1000) - self.model.window_ms - STALE_AFTER_MS
+        try:
+            found = await consumer.offsets_for_times({status: since})
+        except (KafkaError, ValueError) as exc:
+            log.info("replaying %s from its start: %s", self._status, exc)
+            return
+        if found.get(status) is not None:
+            consumer.seek(status, found[status].offset)
+        else:  # nothing published within the window
+            await consumer.seek_to_end(status)
 
     @staticmethod
     async def _at_end(consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> bool:

@@ -3,7 +3,8 @@ workers share an app, one is marked leaving with the CLI, and the rendered page 
 learner appear on the other, become ready and take the task over.
 
 Skips only when Chromium is absent (``.ci/install-chromium`` installs it). Set
-RELAY_WEB_SCREENSHOT to a path to keep a screenshot of the page while learners catch up.
+RELAY_WEB_SCREENSHOTS to a folder to keep screenshots of the page while learners catch up
+(``web-view.png``) and after the moves (``web-view-moved.png``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ READ_PAGE = """() => {
       instance: l.dataset.instance, deadline: l.dataset.deadlineMs})),
     moves: [...document.querySelectorAll('li.event[data-kind="moved"]')].map((e) => ({
       task: e.dataset.task, cause: e.dataset.cause, text: e.textContent})),
+    lanes: Object.fromEntries([...document.querySelectorAll(".lane")].map((l) => [
+      l.dataset.task,
+      [...l.querySelectorAll(".span")].map((s) => ({
+        member: s.dataset.member, role: s.dataset.role}))])),
     tasks,
   };
 }"""
@@ -194,11 +199,22 @@ async def test_the_page_shows_a_learner_catch_up_and_take_over(
                 raise AssertionError(f"{exc}; the timeline's moves: {seen['moves']}") from None
             await wait_until(lambda: shows(lambda v: v["members"] == [STAYS]), timeout_s=120,
                              message="node-b to hand over, stop and leave the page")
+            await wait_until(lambda: shows(lambda v: not v["leaving"]), timeout_s=60,
+                             message="node-b's leaving mark to be deleted once it left")
+            # The lanes show each handed task run by node-b, learned by node-a, then run by it.
+            for task in handed:
+                spans = seen["lanes"][task]
+                assert {"member": LEAVES, "role": "active"} in spans, spans
+                last_run = max(i for i, span in enumerate(spans)
+                               if span == {"member": STAYS, "role": "active"})
+                assert {"member": STAYS, "role": "learner"} in spans[:last_run], spans
+            await page.screenshot(path=str(tmp_path / "web-view-moved.png"), full_page=True)
             await browser.close()
         assert screenshot.exists()
-        keep = os.environ.get("RELAY_WEB_SCREENSHOT")
+        keep = os.environ.get("RELAY_WEB_SCREENSHOTS")
         if keep:
-            shutil.copyfile(screenshot, keep)
+            for name in ("web-view.png", "web-view-moved.png"):
+                shutil.copyfile(tmp_path / name, Path(keep) / name)
     finally:
         await traffic.stop()
         for worker in workers:

@@ -75,7 +75,8 @@ def test_a_scale_down_seen_step_by_step() -> None:
     view = model.view(13_000)
     assert view["leaving"] == [{
         "instance": "b", "since_ms": 5_000, "timeout_ms": 60_000, "marked_ms": 5_200,
-        "source": "mark", "acknowledged": True, "deadline_ms": 65_000, "remaining_ms": 52_000,
+        "source": "mark", "acknowledged": True, "state": "handing over", "deadline_ms": 65_000,
+        "remaining_ms": 52_000,
     }]
     assert view["instances"][1]["leaving"] is True
     learning = task(view, "0_2")
@@ -112,6 +113,13 @@ def test_a_scale_down_seen_step_by_step() -> None:
     assert moved["beingLearned"] is False and moved["isStateful"] is True
     (move,) = kinds(view, "moved")
     assert move["members"] == ["b-thread-0", "a-thread-0"]
+    (lane,) = [lane for lane in view["lanes"] if lane["task"] == "0_2"]
+    assert [(s["member"], s["role"], s["start_ms"], s["end_ms"], s["open"])
+            for s in lane["spans"]] == [
+        ("b-thread-0", "active", 1_000, 20_000, False),
+        ("a-thread-0", "learner", 12_500, 27_000, False),
+        ("a-thread-0", "active", 27_000, 27_500, True),
+    ]
     assert move["cause"] == "scale-down" and move["gap_ms"] == 7_000
 
     # b hands over its last task, leaves and deletes its mark before a runs the task: the
@@ -180,6 +188,10 @@ def test_the_timeline_keeps_the_window() -> None:
     assert [e["text"] for e in view["timeline"]] == [
         "b-thread-0 publishes (instance b)", "0_1: active on b-thread-0"]
     assert len(model.view(120_000, window_ms=200_000)["timeline"]) == 4
+    # a has been silent since 0: its span ends when the next record shows it stale.
+    (lane,) = [lane for lane in view["lanes"] if lane["task"] == "0_0"]
+    assert lane["spans"] == [{"member": "a-thread-0", "instance": "a", "role": "active",
+                              "start_ms": 60_000, "end_ms": 100_000, "open": False}]
 
 
 def test_leaving_deadlines_from_marks_and_from_members() -> None:
@@ -189,8 +201,11 @@ def test_leaving_deadlines_from_marks_and_from_members() -> None:
     model.apply(status("b", leaving=True, at=2_000, leaving_deadline_ms=90_000))
     leaving = {i["instance"]: i for i in model.view(10_000)["leaving"]}
     assert leaving["a"]["deadline_ms"] is None and leaving["a"]["acknowledged"] is False
+    assert leaving["a"]["state"] == "marked"
     assert leaving["b"]["source"] == "status" and leaving["b"]["deadline_ms"] == 90_000
     assert leaving["b"]["remaining_ms"] == 80_000 and leaving["b"]["acknowledged"] is True
+    model.apply(StatusRecord("a-thread-0", None, 11_000))
+    assert model.view(11_000)["leaving"][0]["state"] == "gone"
 
 
 def test_restoring_progress_is_known_only_with_its_lag() -> None:
@@ -215,6 +230,14 @@ def test_standby_copies_and_published_stateful_tasks() -> None:
     assert standby["isReady"] is True and standby["progress"] == 0.9
     assert task(view, "0_0")["beingLearned"] is False
     assert task(view, "1_0")["isStateful"] is None
+
+
+def test_a_task_its_owner_publishes_as_being_learned() -> None:
+    # The learner's member has not published its copy yet; the owner already says so.
+    view = group_view("app", [status("a", active=("0_0", "0_1"), being_learned=["0_1"], at=0)],
+                      now_ms=0)
+    assert task(view, "0_1")["beingLearned"] is True and task(view, "0_1")["learners"] == []
+    assert task(view, "0_0")["beingLearned"] is False
 
 
 def test_malformed_records_are_counted_and_the_last_good_status_kept() -> None:

@@ -39,7 +39,8 @@ _TASK_ID = re.compile(r"^(\d+)_(\d+)$")
 DERIVED = {
     "isStateful": "a task seen with a learner, a standby or restoring is stateful; other "
                   "tasks are unknown until the status record lists the stateful ones",
-    "beingLearned": "a task is being learned while a member publishes a learner copy of it",
+    "beingLearned": "a task is being learned while a member publishes a learner copy of it "
+                    "(or its active lists it as being learned)",
     "progress": "copies: lag against the highest lag seen for the copy; restoring actives: "
                 "unknown unless the status record publishes their remaining lag",
     "deadline_ms": "a leaving mark's since_ms plus its scale_down_timeout_ms; unknown for a "
@@ -105,6 +106,7 @@ class MemberStatus:
     leaving_deadline_ms: int | None = None
     restoring_lag: dict[str, int] | None = None
     stateful_tasks: tuple[str, ...] | None = None
+    being_learned: tuple[str, ...] | None = None
 
 
 def parse_status(member: str, value: Mapping[str, Any]) -> MemberStatus:
@@ -165,6 +167,7 @@ def parse_status(member: str, value: Mapping[str, Any]) -> MemberStatus:
         leaving_deadline_ms=get("leaving_deadline_ms", int, None),
         restoring_lag=lags("restoring_lag", None),
         stateful_tasks=tasks("stateful_tasks", None),
+        being_learned=tasks("being_learned", None),
     )
 
 
@@ -200,13 +203,18 @@ class GroupModel:
     _marks: dict[str, tuple[LeavingMark, int]] = field(default_factory=dict)
     _known: set[str] = field(default_factory=set)
     _stateful: set[str] = field(default_factory=set)
-    _active_since: dict[tuple[str, str], int] = field(default_factory=dict)
+    _active_since: dict[str, dict[str, int]] = field(default_factory=dict)  # task -> member
     _owner: dict[str, str] = field(default_factory=dict)
+    _owned_by: dict[str, set[str]] = field(default_factory=dict)  # member -> tasks it runs
     _released: dict[str, _Released] = field(default_factory=dict)
     _peak: dict[tuple[str, str, str], int] = field(default_factory=dict)
     _ready: set[tuple[str, str]] = field(default_factory=set)
     _learned_by: dict[str, str] = field(default_factory=dict)
     _events: deque[Event] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
+    #: Who held each task in which role when: open spans by (task, member, role) -> start,
+    #: and closed ones by task.
+    _open: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    _spans: dict[str, deque[tuple[str, str, int, int]]] = field(default_factory=dict)
     _appended: int = 0  # events appended so far
     _round_seq: int | None = None  # the latest rebalance event's number among them
     last_at_ms: int = 0
@@ -222,13 +230,19 @@ class GroupModel:
         self.last_at_ms = max(self.last_at_ms, record.at_ms)
         if isinstance(record, MarkRecord):
             self._apply_mark(record)
+        # Only the tasks this record can change are derived again (groups can be large).
+        dirty: set[str] = set()
+        if isinstance(record, MarkRecord):
+            self._apply_mark(record)
         elif record.value is None:
-            if self._members.pop(record.member, None) is not None:
+            gone = self._members.pop(record.member, None)
+            if gone is not None:
                 self._event(record.at_ms, "left", f"{record.member} stopped",
                             members=(record.member,))
-                self._forget_copies(record.member, set())
-                for key in [k for k in self._active_since if k[1] == record.member]:
-                    del self._active_since[key]
+                self._forget_copies(record.member, set(), record.at_ms)
+                dirty.update(gone.status.active)
+                for task in gone.status.active:
+                    self._active_since.get(task, {}).pop(record.member, None)
         else:
             try:
                 status = parse_status(record.member, record.value)
@@ -236,8 +250,13 @@ class GroupModel:
                 self.unreadable += 1
                 self.last_error = str(exc)
                 return
+            previous = self._members.get(record.member)
+            dirty.update(status.active, previous.status.active if previous else ())
             self._apply_status(record.member, status, record.at_ms)
-        self._derive_owners(record.at_ms)
+        for member, tasks in self._owned_by.items():
+            if tasks and not self._live(member, record.at_ms):
+                dirty.update(tasks)
+        self._derive_owners(record.at_ms, dirty)
 
     def _apply_mark(self, record: MarkRecord) -> None:
         had = record.instance in self._marks
@@ -263,15 +282,17 @@ class GroupModel:
         if status.stateful_tasks is not None:
             self._stateful.update(status.stateful_tasks)
         for task in status.active:
-            self._active_since.setdefault((task, member), at)
-        for task, m in list(self._active_since):
-            if m == member and task not in status.active:
-                del self._active_since[(task, m)]
+            self._active_since.setdefault(task, {}).setdefault(member, at)
+        if previous is not None:
+            for task in set(previous.status.active) - set(status.active):
+                self._active_since.get(task, {}).pop(member, None)
         held: set[tuple[str, str, str]] = set()
         for role, copies in (("learner", status.learners), ("standby", status.standbys)):
             for task, lag in copies.items():
                 key = (task, member, role)
                 held.add(key)
+                if key not in self._peak:
+                    self._open[key] = at
                 if key not in self._peak and role == "learner":
                     self._learned_by[task] = member
                     self._event(at, "learner", f"{task}: learner on {member} (lag {lag})",
@@ -286,13 +307,21 @@ class GroupModel:
             key = (task, member, "restoring")
             held.add(key)
             self._peak[key] = max(self._peak.get(key, 0), lag)
-        self._forget_copies(member, held)
+        self._forget_copies(member, held, at)
 
-    def _forget_copies(self, member: str, held: set[tuple[str, str, str]]) -> None:
+    def _forget_copies(self, member: str, held: set[tuple[str, str, str]], at: int) -> None:
         for key in [k for k in self._peak if k[1] == member and k not in held]:
             del self._peak[key]
+            self._close(key, at)
             if key[2] == "learner":
                 self._ready.discard((key[0], member))
+
+    def _close(self, key: tuple[str, str, str], at: int) -> None:
+        start = self._open.pop(key, None)
+        if start is not None:
+            task, member, role = key
+            self._spans.setdefault(task, deque(maxlen=MAX_EVENTS)).append(
+                (member, role, start, at))
 
     def _count_round(self, member: str, generation: int, at: int) -> None:
         index = None if self._round_seq is None \
@@ -314,19 +343,24 @@ class GroupModel:
         entry = self._members.get(member)
         return entry is not None and at - entry.at_ms < STALE_AFTER_MS
 
-    def _derive_owners(self, at: int) -> None:
+    def _derive_owners(self, at: int, tasks: set[str]) -> None:
         """A task's active is the live member that most recently started listing it: when a
         task moves, the old owner's last record may still list it for a second."""
-        candidates: dict[str, tuple[int, str]] = {}
-        for (task, member), since in self._active_since.items():
-            if self._live(member, at) and (task not in candidates
-                                           or (since, member) > candidates[task]):
-                candidates[task] = (since, member)
-        for task in sorted(self._known | set(self._owner), key=task_order):
-            new = candidates[task][1] if task in candidates else None
+        for task in sorted(tasks, key=task_order):
+            listing = [(since, member) for member, since in self._active_since.get(task, {}).items()
+                       if self._live(member, at)]
+            new = max(listing)[1] if listing else None
             old = self._owner.get(task)
             if new == old:
                 continue
+            if old is not None:
+                self._owned_by.get(old, set()).discard(task)
+            if new is not None:
+                self._owned_by.setdefault(new, set()).add(task)
+            if old is not None:
+                self._close((task, old, "active"), at)
+            if new is not None:
+                self._open[(task, new, "active")] = at
             if new is None:
                 del self._owner[task]
                 self._released[task] = _Released(old, at, self._release_cause(old, at))  # type: ignore[arg-type]
@@ -399,10 +433,17 @@ class GroupModel:
             })
         leaders = sorted((e.at_ms, m) for m, e in members.items()
                          if e.status.leader and now_ms - e.at_ms < STALE_AFTER_MS)
-        tasks = [self._task_view(task, members, instance_of, now_ms)
+        held = self._copies_by_task(members, instance_of, now_ms)
+        tasks = [self._task_view(task, members, instance_of, held.get(task, {}))
                  for task in sorted(self._known, key=task_order)]
         timeline = [self._event_view(e, now_ms) for e in self._events
                     if now_ms - e.at_ms <= window]
+        open_spans: dict[str, list[tuple[str, str, int, int, bool]]] = {}
+        for (task, member, role), since in self._open.items():
+            open_spans.setdefault(task, []).append((member, role, since, now_ms, True))
+        lanes = [{"task": task, "spans": self._lane(task, open_spans.get(task, []), instance_of,
+                                                    now_ms - window)}
+                 for task in sorted(self._known, key=task_order)]
         return {
             "app": self.app,
             "now_ms": now_ms,
@@ -413,47 +454,58 @@ class GroupModel:
             "tasks": tasks,
             "leaving": [leaving[i] for i in sorted(leaving)],
             "timeline": timeline,
+            "lanes": lanes,
             "unreadable_records": self.unreadable,
             "last_error": self.last_error,
             "derived": DERIVED,
         }
 
-    def _task_view(self, task: str, members: dict[str, _Member], instance_of: dict[str, str],
-                   now_ms: int) -> dict[str, Any]:
-        def copy(member: str, role: str, lag: int, accept: int) -> dict[str, Any]:
-            peak = self._peak.get((task, member, role), lag)
-            return {
-                "member": member, "instance": instance_of[member], "role": role, "lag": lag,
-                "acceptable_lag": accept, "peak_lag": peak,
-                "progress": 1.0 if peak <= 0 else round(max(0.0, 1 - lag / peak), 4),
-                "isLearner": role == "learner", "isReady": lag <= accept,
-                "stale": now_ms - members[member].at_ms >= STALE_AFTER_MS,
-            }
+    def _copies_by_task(self, members: dict[str, _Member], instance_of: dict[str, str],
+                        now_ms: int) -> dict[str, dict[str, Any]]:
+        """Per task, its learners, standbys and restoring member: one pass over members."""
+        out: dict[str, dict[str, Any]] = {}
 
-        learners, standbys, restoring = [], [], None
+        def progress(lag: int | None, peak: int | None) -> float | None:
+            if lag is None or peak is None:
+                return None
+            return 1.0 if peak <= 0 else round(max(0.0, 1 - lag / peak), 4)
+
         for member, entry in sorted(members.items()):
             s = entry.status
-            if task in s.learners:
-                learners.append(copy(member, "learner", s.learners[task], s.acceptable_lag))
-            if task in s.standbys:
-                standbys.append(copy(member, "standby", s.standbys[task], s.acceptable_lag))
-            if task in s.restoring:
+            stale = now_ms - entry.at_ms >= STALE_AFTER_MS
+            for role, copies in (("learner", s.learners), ("standby", s.standbys)):
+                for task, lag in copies.items():
+                    peak = self._peak.get((task, member, role), lag)
+                    out.setdefault(task, {}).setdefault(f"{role}s", []).append({
+                        "member": member, "instance": instance_of[member], "role": role,
+                        "lag": lag, "acceptable_lag": s.acceptable_lag, "peak_lag": peak,
+                        "progress": progress(lag, peak), "isLearner": role == "learner",
+                        "isReady": lag <= s.acceptable_lag, "stale": stale,
+                    })
+            for task in s.restoring:
                 lag = (s.restoring_lag or {}).get(task)
-                peak = self._peak.get((task, member, "restoring"), lag)
-                restoring = {
+                out.setdefault(task, {})["restoring"] = {
                     "member": member, "instance": instance_of[member], "lag": lag,
-                    "progress": None if lag is None or peak is None
-                    else 1.0 if peak <= 0 else round(max(0.0, 1 - lag / peak), 4),
+                    "progress": progress(lag, self._peak.get((task, member, "restoring"), lag)),
                 }
+        return out
+
+    def _task_view(self, task: str, members: dict[str, _Member], instance_of: dict[str, str],
+                   held: dict[str, Any]) -> dict[str, Any]:
+        learners = held.get("learners", [])
+        standbys = held.get("standbys", [])
+        restoring = held.get("restoring")
         active = self._owner.get(task)
         released = self._released.get(task) if active is None else None
         stateful = True if task in self._stateful else None
-        being_learned = bool(learners)
+        owner = members.get(active) if active else None
+        being_learned = bool(learners) or bool(
+            owner and task in (owner.status.being_learned or ()))
         return {
             "task": task,
             "active": active,
             "active_instance": instance_of.get(active) if active else None,
-            "active_since_ms": self._active_since.get((task, active)) if active else None,
+            "active_since_ms": self._active_since.get(task, {}).get(active) if active else None,
             "unassigned_since_ms": released.at_ms if released else None,
             "previous_active": released.member if released else None,
             "restoring": restoring,
@@ -464,6 +516,16 @@ class GroupModel:
             "tags": [t for t, on in (("isStateful", stateful), ("beingLearned", being_learned))
                      if on],
         }
+
+    def _lane(self, task: str, open_spans: list[tuple[str, str, int, int, bool]],
+              instance_of: dict[str, str], start: int) -> list[dict[str, Any]]:
+        """Who held ``task`` in which role between ``start`` and now: closed spans, then
+        open ones (ending now), each clipped to the window."""
+        spans = [(*s, False) for s in self._spans.get(task, ()) if s[3] >= start]
+        spans += open_spans
+        return [{"member": m, "instance": instance_of.get(m, m.rsplit("-thread-", 1)[0]),
+                 "role": r, "start_ms": max(a, start), "end_ms": b, "open": is_open}
+                for m, r, a, b, is_open in sorted(spans, key=lambda s: (s[2], s[1]))]
 
     def _leaving(self, now_ms: int) -> dict[str, dict[str, Any]]:
         """Leaving instances by id: from their marks, and from members publishing the flag."""
@@ -485,12 +547,18 @@ class GroupModel:
             if s.leaving_deadline_ms is not None:
                 item["deadline_ms"] = s.leaving_deadline_ms
             item["acknowledged"] = item.get("acknowledged", False) or s.leaving
+            item["members"] = item.get("members", 0) + 1
         for item in out.values():
             if "deadline_ms" not in item:
                 item["deadline_ms"] = (item["since_ms"] + item["timeout_ms"]
                                        if item["since_ms"] is not None
                                        and item["timeout_ms"] is not None else None)
             item.setdefault("acknowledged", False)
+            # handing over: its members publish the flag; marked: they have not picked the
+            # mark up yet; gone: none of its members publishes (it left, or died)
+            item["state"] = ("handing over" if item["acknowledged"]
+                             else "marked" if item.pop("members", 0) else "gone")
+            item.pop("members", None)
             item["remaining_ms"] = (None if item["deadline_ms"] is None
                                     else item["deadline_ms"] - now_ms)
         return out

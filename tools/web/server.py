@@ -41,11 +41,13 @@ class ServeError(Exception):
 
 
 class Changes:
-    """Wakes every waiting stream when the model changed."""
+    """Wakes every waiting stream when the model changed; keeps the last rendered push so
+    that many open pages cost one rendering per change and second."""
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
         self.version = 0
+        self.rendered: tuple[tuple[int, int | None, int], bytes] | None = None
 
     def notify(self) -> None:
         self.version += 1
@@ -129,8 +131,11 @@ async def events(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     try:
         while True:
-            data = json.dumps(_snapshot(request, window), separators=(",", ":"))
-            await response.write(f"data: {data}\n\n".encode())
+            key = (changes.version, window, int(time.time()))
+            if changes.rendered is None or changes.rendered[0] != key:
+                data = json.dumps(_snapshot(request, window), separators=(",", ":"))
+                changes.rendered = (key, f"data: {data}\n\n".encode())
+            await response.write(changes.rendered[1])
             version = changes.version
             await changes.wait(TICK_S)
             if changes.version != version:

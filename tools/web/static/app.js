@@ -87,10 +87,11 @@ function renderLeaving(view) {
           duration(l.remaining_ms) : "passed " + duration(-l.remaining_ms) + " ago"})`;
     return el("li", {class: "leaving-item", "data-instance": l.instance,
                      "data-deadline-ms": l.deadline_ms ?? "unknown",
-                     "data-acknowledged": l.acknowledged},
+                     "data-state": l.state},
       el("b", {}, l.instance),
       ` marked ${l.since_ms ? clock(l.since_ms) : "?"} · ${deadline} · `,
-      l.acknowledged ? "handing over" : "mark not yet picked up");
+      {"handing over": "handing over", "marked": "mark not picked up yet",
+       "gone": "no member publishes (left, or died)"}[l.state] || l.state);
   });
   document.getElementById("leaving-section").hidden = items.length === 0;
   document.getElementById("leaving").replaceChildren(...items);
@@ -164,6 +165,39 @@ function renderTimeline(view) {
   document.getElementById("timeline").replaceChildren(...items);
 }
 
+const PALETTE = ["#2f6fde", "#1f9d55", "#c77c0e", "#7a5cc7", "#d64545", "#0e8a8a", "#8a5a0e",
+                 "#b03a8a"];
+
+function colors(view) {
+  const names = new Set(view.instances.map((i) => i.instance_id));
+  for (const lane of view.lanes) for (const s of lane.spans) names.add(s.instance);
+  const sorted = [...names].sort();
+  return new Map(sorted.map((name, i) => [name, PALETTE[i % PALETTE.length]]));
+}
+
+// One lane per task: who ran it (full bars) and who held a copy (thin bars), over the window.
+function renderLanes(view) {
+  const start = view.now_ms - view.window_ms;
+  const color = colors(view);
+  const pos = (a, b) => `left: ${(100 * (a - start) / view.window_ms).toFixed(2)}%; ` +
+    `width: ${Math.max(0.3, 100 * (b - a) / view.window_ms).toFixed(2)}%`;
+  document.getElementById("legend").replaceChildren(
+    ...[...color].map(([name, c]) => el("span", {class: "swatch"},
+      el("span", {class: "dot", style: `background: ${c}`}), name)),
+    el("span", {class: "swatch"}, el("span", {class: "dot copy-dot"}), "learner / standby copy"));
+  const lanes = view.lanes.map((lane) =>
+    el("div", {class: "lane", "data-task": lane.task},
+      el("span", {class: "lane-label"}, lane.task),
+      el("div", {class: "track"}, lane.spans.map((s) =>
+        el("span", {class: `span ${s.role}`, "data-member": s.member, "data-role": s.role,
+                    "data-open": s.open,
+                    title: `${s.member} ${s.role} ${clock(s.start_ms)}–` +
+                           (s.open ? "now" : clock(s.end_ms)),
+                    style: `${pos(s.start_ms, s.end_ms)}; background-color: ` +
+                           `${color.get(s.instance) || "#888"}`})))));
+  document.getElementById("lanes").replaceChildren(...lanes);
+}
+
 function render(view) {
   document.title = `Relay · ${view.app}`;
   document.getElementById("app").textContent = view.app;
@@ -181,6 +215,7 @@ function render(view) {
   renderLeaving(view);
   renderTasks(view);
   renderTimeline(view);
+  renderLanes(view);
 }
 
 function connect() {

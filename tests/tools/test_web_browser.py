@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 from playwright.async_api import Page, async_playwright
 
+from streams.status import read_status
 from tests.conftest import wait_until
 from tests.streams.harness import (
     ROOT,
     STATIC,
     counting_topics,
-    published,
     run_relay,
     spawn_worker,
 )
@@ -82,7 +82,7 @@ async def web_view(app_id: str, bootstrap: str) -> AsyncIterator[str]:
     python_path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tools.cli", "web", app_id, "--bootstrap", bootstrap,
-        "--port", "0", "--window-minutes", "5",
+        "--port", "0", "--window-minutes", "2",
         env={**os.environ, "PYTHONPATH": python_path},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
@@ -114,6 +114,7 @@ def stop(worker: subprocess.Popen[bytes]) -> None:
 
 
 @requires_chromium
+@pytest.mark.timeout(900)
 async def test_the_page_shows_a_learner_catch_up_and_take_over(
     tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
 ) -> None:
@@ -125,7 +126,14 @@ async def test_the_page_shows_a_learner_catch_up_and_take_over(
         for name in ("node-a", "node-b")
     ]
     try:
-        await published(bootstrap, app_id, {STAYS: 2, LEAVES: 2})
+        # Both start at once, but one may take every task first and hand two over through
+        # learners: several join rounds of static members (tens of seconds each here).
+        async def sharing() -> bool:
+            status = await read_status(bootstrap, app_id)
+            return all(len(status.get(m, {}).get("active", [])) == 2 for m in (STAYS, LEAVES))
+
+        await wait_until(sharing, timeout_s=240, interval_s=1,
+                         message="the two workers to run two tasks each")
         traffic.start()
         async with web_view(app_id, bootstrap) as url, async_playwright() as playwright:
             browser = await playwright.chromium.launch(executable_path=CHROMIUM,

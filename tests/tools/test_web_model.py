@@ -86,7 +86,8 @@ def test_a_scale_down_seen_step_by_step() -> None:
     (learner,) = learning["learners"]
     assert learner == {"member": "a-thread-0", "instance": "a", "role": "learner", "lag": 1_000,
                        "acceptable_lag": ACCEPT, "peak_lag": 1_000, "progress": 0.0,
-                       "isLearner": True, "isReady": False, "stale": False}
+                       "isLearner": True, "isReady": False, "stale": False,
+                       "catch_up_per_s": None, "ready_in_ms": None}
     assert task(view, "0_3")["isStateful"] is None  # no copy seen: unknown, not stateless
     assert task(view, "0_3")["beingLearned"] is False
     (round_,) = kinds(view, "rebalance")
@@ -214,9 +215,24 @@ def test_restoring_progress_is_known_only_with_its_lag() -> None:
     model.apply(status("a", restoring=("0_0", "0_1"), restoring_lag={"0_1": 100}, at=1_000))
     view = model.view(1_000)
     assert task(view, "0_0")["restoring"] == {"member": "a-thread-0", "instance": "a",
-                                              "lag": None, "progress": None}
+                                              "lag": None, "progress": None,
+                                              "done_in_ms": None}
     assert task(view, "0_1")["restoring"]["progress"] == 0.75
+    assert task(view, "0_1")["restoring"]["done_in_ms"] == 333  # 100 left at 300/s
     assert task(view, "0_0")["isStateful"] is True
+
+
+def test_a_learners_pace_and_when_it_will_be_ready() -> None:
+    model = GroupModel("app")
+    model.apply(status("a", learners={"0_0": 10_000}, at=0))
+    model.apply(status("a", learners={"0_0": 8_000}, at=1_000))   # 2,000/s
+    model.apply(status("a", learners={"0_0": 5_000}, at=2_000))   # 3,000/s: 2,500 smoothed
+    (learner,) = task(model.view(2_000), "0_0")["learners"]
+    assert learner["catch_up_per_s"] == 2_500.0
+    assert learner["ready_in_ms"] == 1_960  # (5,000 - 100) / 2,500 per second
+    model.apply(status("a", learners={"0_0": 9_000}, at=3_000))   # falling behind
+    (learner,) = task(model.view(3_000), "0_0")["learners"]
+    assert learner["catch_up_per_s"] < 0 and learner["ready_in_ms"] is None
 
 
 def test_standby_copies_and_published_stateful_tasks() -> None:

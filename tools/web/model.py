@@ -43,6 +43,9 @@ DERIVED = {
                     "(or its active lists it as being learned)",
     "progress": "copies: lag against the highest lag seen for the copy; restoring actives: "
                 "unknown unless the status record publishes their remaining lag",
+    "ready_in_ms": "the lag still above acceptable_lag over the pace at which the copy's lag "
+                   "came down between its last records (smoothed); none while it is not coming "
+                   "down",
     "deadline_ms": "a leaving mark's since_ms plus its scale_down_timeout_ms; unknown for a "
                    "mark without a timeout unless the status record publishes the deadline",
 }
@@ -208,6 +211,9 @@ class GroupModel:
     _owned_by: dict[str, set[str]] = field(default_factory=dict)  # member -> tasks it runs
     _released: dict[str, _Released] = field(default_factory=dict)
     _peak: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    #: Per copy: its last (arrival, lag) and how fast its lag came down (records/s, smoothed).
+    _pace: dict[tuple[str, str, str], tuple[int, int, float | None]] = field(
+        default_factory=dict)
     _ready: set[tuple[str, str]] = field(default_factory=set)
     _learned_by: dict[str, str] = field(default_factory=dict)
     _events: deque[Event] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
@@ -298,6 +304,7 @@ class GroupModel:
                     self._event(at, "learner", f"{task}: learner on {member} (lag {lag})",
                                 task=task, members=(member,))
                 self._peak[key] = max(self._peak.get(key, 0), lag)
+                self._track_pace(key, lag, at)
                 if role == "learner" and lag <= status.acceptable_lag \
                         and (task, member) not in self._ready:
                     self._ready.add((task, member))
@@ -307,11 +314,29 @@ class GroupModel:
             key = (task, member, "restoring")
             held.add(key)
             self._peak[key] = max(self._peak.get(key, 0), lag)
+            self._track_pace(key, lag, at)
         self._forget_copies(member, held, at)
+
+    def _track_pace(self, key: tuple[str, str, str], lag: int, at: int) -> None:
+        last = self._pace.get(key)
+        if last is None or at <= last[0]:
+            self._pace[key] = (at, lag, last[2] if last else None)
+            return
+        pace = (last[1] - lag) * 1000 / (at - last[0])
+        smoothed = pace if last[2] is None else (last[2] + pace) / 2
+        self._pace[key] = (at, lag, smoothed)
+
+    def _eta_ms(self, key: tuple[str, str, str], remaining: int | None) -> int | None:
+        """How long until ``remaining`` more records are restored at the copy's pace."""
+        pace = self._pace.get(key, (0, 0, None))[2]
+        if remaining is None or remaining <= 0 or pace is None or pace <= 0:
+            return None
+        return int(remaining / pace * 1000)
 
     def _forget_copies(self, member: str, held: set[tuple[str, str, str]], at: int) -> None:
         for key in [k for k in self._peak if k[1] == member and k not in held]:
             del self._peak[key]
+            self._pace.pop(key, None)
             self._close(key, at)
             if key[2] == "learner":
                 self._ready.discard((key[0], member))
@@ -475,18 +500,24 @@ class GroupModel:
             stale = now_ms - entry.at_ms >= STALE_AFTER_MS
             for role, copies in (("learner", s.learners), ("standby", s.standbys)):
                 for task, lag in copies.items():
-                    peak = self._peak.get((task, member, role), lag)
+                    key = (task, member, role)
+                    peak = self._peak.get(key, lag)
+                    pace = self._pace.get(key, (0, 0, None))[2]
                     out.setdefault(task, {}).setdefault(f"{role}s", []).append({
                         "member": member, "instance": instance_of[member], "role": role,
                         "lag": lag, "acceptable_lag": s.acceptable_lag, "peak_lag": peak,
                         "progress": progress(lag, peak), "isLearner": role == "learner",
                         "isReady": lag <= s.acceptable_lag, "stale": stale,
+                        "catch_up_per_s": None if pace is None else round(pace, 1),
+                        "ready_in_ms": self._eta_ms(key, lag - s.acceptable_lag),
                     })
             for task in s.restoring:
                 lag = (s.restoring_lag or {}).get(task)
+                key = (task, member, "restoring")
                 out.setdefault(task, {})["restoring"] = {
                     "member": member, "instance": instance_of[member], "lag": lag,
-                    "progress": progress(lag, self._peak.get((task, member, "restoring"), lag)),
+                    "progress": progress(lag, self._peak.get(key, lag)),
+                    "done_in_ms": self._eta_ms(key, lag),
                 }
         return out
 

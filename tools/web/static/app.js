@@ -98,9 +98,12 @@ function renderLeaving(view) {
 }
 
 function copyNode(task, c) {
-  const label = c.role === "learner"
+  let label = c.role === "learner"
     ? `${number(c.lag)} / ${number(c.acceptable_lag)}`
     : number(c.lag);
+  if (c.ready_in_ms !== null && c.ready_in_ms !== undefined) {
+    label += ` · ready in ${duration(c.ready_in_ms)}`;
+  }
   return el("div", {class: `copy ${c.role}` + (c.isReady ? " ready" : ""), "data-task": task,
                     "data-role": c.role, "data-member": c.member, "data-ready": c.isReady,
                     "data-lag": c.lag},
@@ -120,7 +123,8 @@ function renderTasks(view) {
     } else if (t.restoring) {
       active = [el("code", {}, t.restoring.member), " restoring ",
                 bar(t.restoring.progress, t.restoring.lag === null ? "restoring"
-                    : `${number(t.restoring.lag)} to go`, {"data-role": "restoring"})];
+                    : `${number(t.restoring.lag)} to go` + (t.restoring.done_in_ms === null ? ""
+                      : ` · ${duration(t.restoring.done_in_ms)}`), {"data-role": "restoring"})];
     } else {
       active = [el("span", {class: "unassigned"}, "unassigned"),
                 t.unassigned_since_ms ? el("div", {class: "since"},

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from statestore.recovery import open_task_store
 from statestore.snapshot import SnapshotSettings
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from streams.processors import Node, ProcessorContext, SourceNode, WindowAggregateNode
@@ -66,13 +67,14 @@ def open_task_stores(
     try:
         for name, decl in sorted(sub.stores.items()):
             spec = StoreSpec(name, value_serde=decl.value_serde)
-            stores[name] = KeyValueStore(
+            stores[name] = open_task_store(
                 spec,
                 store_directory(state_dir, application_id, task_id, name),
                 changelog_topic_name(application_id, name),
                 partition,
                 snapshot=snapshots.for_store(application_id, task_id, name) if snapshots else None,
-            ).open(bulk_load=bulk_load)
+                bulk_load=bulk_load,
+            )
     except BaseException:
         for store in stores.values():
             store.close()

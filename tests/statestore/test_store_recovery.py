@@ -73,6 +73,17 @@ def committed_by_hand(store: KeyValueStore, counts: dict[str, int]) -> None:
     store.commit()
 
 
+def test_a_store_knows_nothing_of_snapshots_or_the_broker() -> None:
+    """Stores are passive: deciding what to load, and talking to the broker for it, is the
+    recovery layer's."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, statestore.store; print(sorted(sys.modules))"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    for module in ("statestore.snapshot", "statestore.recovery", "aiokafka"):
+        assert f"'{module}'" not in loaded
+
+
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_a_damaged_store_is_wiped_with_a_warning_naming_it(
     tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture

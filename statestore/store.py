@@ -114,6 +114,9 @@ class KeyValueStore:
         self._pending: list[ChangelogRecord] = []
         # Changelog records handed to the producer and not acknowledged yet.
         self._unacked = 0
+        # Records handed over before an abort: their acknowledgements move nothing (the
+        # database does not have their writes; a reader of the changelog applies them).
+        self._stale_acks = 0
         # The changelog offset after the last acknowledged record of this store.
         self._acked_to = 0
         # Keys whose last changelog records no input position covers: a writer stopped
@@ -288,6 +291,7 @@ class KeyValueStore:
         yet; the database and its position stay at the last commit."""
         self._buffer.clear()
         self._pending.clear()
+        self._stale_acks += self._unacked
         self._unacked = 0
         self._acked_to = self.position
 
@@ -515,7 +519,11 @@ class KeyValueStore:
     def acknowledged(self, next_offset: int, records: int = 1) -> None:
         """The changelog holds ``records`` more of this store's writes, the last one ending
         before ``next_offset``."""
-        self._unacked = max(0, self._unacked - records)
+        stale = min(records, self._stale_acks)
+        self._stale_acks -= stale
+        if stale == records:
+            return
+        self._unacked = max(0, self._unacked - (records - stale))
         self._acked_to = max(self._acked_to, next_offset)
 
     @property

@@ -101,6 +101,24 @@ def test_abort_drops_the_buffer_and_keeps_the_last_commit(tmp_path: Path) -> Non
     store.close()
 
 
+def test_acknowledgements_of_aborted_records_move_no_checkpoint(tmp_path: Path) -> None:
+    """Records sent before an abort may still be acknowledged: the database does not have
+    their writes, so the checkpoint must not claim it does (a reader of the changelog, a
+    standby say, applies them from there)."""
+    store = open_store(tmp_path / "counts")
+    store.put("a", 1)
+    offset = acknowledge_all(store, 0)
+    store.commit()
+    store.put("a", 2)
+    sent = store.drain_changelog()
+    store.abort()
+    store.acknowledged(offset + len(sent), len(sent))  # the late acknowledgement
+    store.commit()
+    assert store.position == offset and store.get("a") == 1
+    assert read_checkpoint(store.directory, TOPIC, 0).offset == offset  # type: ignore[union-attr]
+    store.close()
+
+
 def test_a_commit_waits_for_every_changelog_record_to_be_acknowledged(tmp_path: Path) -> None:
     store = open_store(tmp_path / "counts")
     store.put("a", 1)

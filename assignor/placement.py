@@ -259,8 +259,9 @@ def assign(
     result.update(errors)
 
     owners: dict[str, MemberKey] = {task: key for task, (key, _) in plan.held.items()}
+    key_of = {m.member_id: m.key for m in valid}
     for mid, active in plan.active.items():
-        key = _key_of(mid, valid)
+        key = key_of[mid]
         for task in active:
             owners[task] = key
     for task in plan.moving:
@@ -273,13 +274,6 @@ def assign(
         moving=dict(plan.moving),
     )
     return result, new_memory
-
-
-def _key_of(member_id: str, members: list[Member]) -> MemberKey:
-    for member in members:
-        if member.member_id == member_id:
-            return member.key
-    raise KeyError(member_id)
 
 
 # -- members and instances -----------------------------------------------------------------
@@ -740,6 +734,7 @@ def _per_thread(
         by_instance[(plan.target[task], stateful[task])].append(task)
     for inst_id, inst in sorted(instances.items()):
         member_of_key = {m.key: m.member_id for m in inst.members}
+        thread_of = {m.member_id: m.thread for m in inst.members}
         got_extra: set[str] = set()
         for kind in (True, False):
             tasks = by_instance.get((inst_id, kind), [])
@@ -770,18 +765,11 @@ def _per_thread(
                     plan.active[member_id].append(task)
                 else:
                     plan.revoke[current.member_id].add(task)
-                    plan.moving[task] = (inst_id, _thread_of(member_id, inst))
+                    plan.moving[task] = (inst_id, thread_of[member_id])
             if kind:
                 top = max(counts.values(), default=0)
                 got_extra = {m for m, c in counts.items() if c == top} if len(
                     set(counts.values())) > 1 else set()
-
-
-def _thread_of(member_id: str, inst: _Instance) -> int:
-    for member in inst.members:
-        if member.member_id == member_id:
-            return member.thread
-    raise KeyError(member_id)
 
 
 # -- assignments -----------------------------------------------------------------------------

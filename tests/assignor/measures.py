@@ -121,6 +121,11 @@ def settle(group: Group, limit: int = 200, catch_up: bool = True, step_ms: int =
         # broker starts a round), a ready learner asks for one.
         asked = any(a.revoked or a.shutdown for a in out.values()) or bool(
             _ready_learners(group))
+        if not catch_up and not asked and not any(a.learners for a in out.values()):
+            # Nobody will ask for another round: this is where the group stays.
+            if balanced(group, group.config.tolerance):
+                return rounds
+            raise AssertionError(f"stuck unbalanced: {group.active_by_member()}")
         if rounds >= limit:
             break
     raise AssertionError(f"not settled after {rounds} rounds: {group.active_by_member()}")

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from assignor import MemberAssignment
+from assignor import (
+    AssignorConfig,
+    AssignorConfigError,
+    LeaderNotes,
+    MemberAssignment,
+    MemberNotes,
+)
 from assignor.protocol import (
     ProtocolError,
     Subscription,
@@ -19,6 +26,8 @@ from assignor.protocol import (
     decode_subscription_or_none,
     encode_assignment,
     encode_subscription,
+    member_from_subscription,
+    with_echo,
 )
 
 task_ids = st.builds(lambda s, p: f"{s}_{p}", st.integers(0, 20), st.integers(0, 300))
@@ -119,3 +128,65 @@ def test_group_metadata_stays_small_at_scale() -> None:
         total += len(encode_subscription(sub))
         total += len(encode_assignment(MemberAssignment(active=tuple(mine))))
     assert total < 1024 * 1024 / 2, f"{total} bytes for {members} members"
+
+
+notes = st.builds(
+    LeaderNotes,
+    round_ms=st.integers(0, 2**45), formed_at_ms=optional_ms,
+    members=st.dictionaries(
+        st.tuples(st.text(min_size=1, max_size=10), st.integers(0, 16)),
+        st.builds(MemberNotes,
+                  owned=st.lists(task_ids, max_size=20).map(sorted_tasks),
+                  incoming=st.lists(task_ids, max_size=5).map(sorted_tasks),
+                  held=st.dictionaries(task_ids, st.integers(0, 2**45), max_size=5)),
+        max_size=3),
+)
+
+
+@given(notes)
+def test_leader_notes_round_trip_in_assignments_and_subscriptions(note: LeaderNotes) -> None:
+    assert decode_assignment(encode_assignment(MemberAssignment(notes=note))).notes == note
+    echoed = with_echo(Subscription("i", 0, 1), MemberAssignment(notes=note))
+    assert decode_subscription(encode_subscription(echoed)).notes == note
+    member = member_from_subscription("m", decode_subscription(encode_subscription(echoed)))
+    assert member.notes == note
+
+
+def test_an_older_subscription_without_notes_still_decodes() -> None:
+    import msgpack
+
+    older = {"i": "node-1", "t": 0, "p": 42, "a": {0: [1, 3]}, "s": {1: [[2, 7]]}, "l": {},
+             "L": False, "ls": None, "st": None, "r": 3, "h": "", "S": True}
+    sub = decode_subscription(b"\x01\x00" + msgpack.packb(older))
+    assert sub.active == ("0_1", "0_3") and sub.standbys == {"1_2": 7}
+    assert sub.notes is None
+    assert with_echo(sub, None).notes is None
+
+
+def test_corrupt_notes_are_refused_with_a_clear_error() -> None:
+    import msgpack
+
+    good = encode_subscription(Subscription("i", 0, 1))
+    payload = msgpack.unpackb(good[2:], raw=False, strict_map_key=False)
+    payload["n"] = {"r": 1, "m": [["i", 0]]}
+    with pytest.raises(ProtocolError, match="leader notes entry"):
+        decode_subscription(good[:2] + msgpack.packb(payload))
+    payload["n"] = {"r": 1, "m": [["i", 0, {0: b"\x80"}, {}, []]]}
+    with pytest.raises(ProtocolError, match="middle of a number"):
+        decode_subscription(good[:2] + msgpack.packb(payload))
+
+
+def test_assignor_settings_are_validated_naming_the_setting() -> None:
+    with pytest.raises(AssignorConfigError, match="imbalance_tolerance") as caught:
+        AssignorConfig(imbalance_tolerance=0)
+    assert caught.value.setting == "imbalance_tolerance"
+    assert isinstance(caught.value, ValueError)
+    with pytest.raises(AssignorConfigError, match="max_learners") as caught:
+        AssignorConfig.from_settings(SimpleNamespace(max_learners=0, num_standbys=1))
+    assert caught.value.setting == "max_learners"
+    with pytest.raises(AssignorConfigError, match="num_standbys"):
+        AssignorConfig(num_standbys="2")  # type: ignore[arg-type]
+    settings = SimpleNamespace(num_standbys=1, max_learners=3, imbalance_tolerance=None,
+                               application_id="not an assignor setting")
+    assert AssignorConfig.from_settings(settings) == AssignorConfig(num_standbys=1,
+                                                                    max_learners=3)

@@ -43,7 +43,6 @@ from assignor.model import (
     MemberAssignment,
     MemberKey,
     Task,
-    task_sort_key,
 )
 from assignor.notes import build_notes, memory_from_notes
 
@@ -96,9 +95,9 @@ class _Load:
         self._max: dict[bool, list[tuple[float, int, str]]] = {True: [], False: []}
         for kind in (True, False):
             self._min[kind] = [(0.0, 0, i) for i in sorted(open_ids)]
-            self._max[kind] = [(-0.0, 0, i) for i in sorted(open_ids)]
             heapq.heapify(self._min[kind])
-            heapq.heapify(self._max[kind])
+        #: The max-heaps are built on first use (placing tasks only needs the lightest).
+        self._max_live = {True: False, False: False}
 
     def ratio(self, inst: str, kind: bool) -> float:
         return self.count[(inst, kind)] / self.cap[inst]
@@ -108,7 +107,8 @@ class _Load:
             count = self.count[(inst, kind)]
             ratio = count / self.cap[inst]
             heapq.heappush(self._min[kind], (ratio, count, inst))
-            heapq.heappush(self._max[kind], (-ratio, -count, inst))
+            if self._max_live[kind]:
+                heapq.heappush(self._max[kind], (-ratio, -count, inst))
 
     def add(self, inst: str, task: str, kind: bool) -> None:
         self.total[kind] += 1
@@ -146,6 +146,11 @@ class _Load:
         return found
 
     def heaviest(self, kind: bool) -> str | None:
+        if not self._max_live[kind]:
+            self._max[kind] = [(-self.count[(i, kind)] / self.cap[i], -self.count[(i, kind)], i)
+                               for i in self.open]
+            heapq.heapify(self._max[kind])
+            self._max_live[kind] = True
         heap = self._max[kind]
         while heap:
             _, neg_count, inst = heap[0]
@@ -204,7 +209,8 @@ def assign(
 
     Returns the assignment of every member id and the leader's new memory.
     """
-    ordered = sorted(tasks, key=lambda t: task_sort_key(t.task_id))
+    # Task ids were checked when the tasks were built: split them without checking again.
+    ordered = sorted(tasks, key=lambda t: tuple(map(int, t.task_id.split("_"))))
     stateful = {t.task_id: t.stateful for t in ordered}
     order = {task: n for n, task in enumerate(stateful)}
 
@@ -458,7 +464,7 @@ def _place_actives(
             continue
         inst = instances[current.instance_id]
         ready = (_open_copy(task, learner_lags, instances, config.acceptable_lag,
-                            inst.instance_id) if kind else None)
+                            inst.instance_id) if kind and task in learner_lags else None)
         destination: str | None = inst.instance_id
         if inst.leaving and open_ids:
             if _expired(inst, now_ms) or not kind or not use_learners:
@@ -479,14 +485,19 @@ def _place_actives(
     # Unowned tasks: a ready learner, the member it was moving to, its previous owner, its
     # most caught-up copy; only then load (balance may move it later, through a learner).
     cold: list[str] = []
+    moving, owners = memory.moving, memory.owners
     for task in unplaced:
         kind = stateful[task]
+        copied = kind and (task in learner_lags or task in standby_lags)
+        if not copied and task not in moving and task not in owners:
+            cold.append(task)
+            continue
         destination = None
-        if kind:
+        if copied:
             destination = _open_copy(task, learner_lags, instances, config.acceptable_lag)
-        destination = (destination or _open_member(memory.moving.get(task), instances)
-                       or _open_member(memory.owners.get(task), instances))
-        if destination is None and kind:
+        destination = (destination or _open_member(moving.get(task), instances)
+                       or _open_member(owners.get(task), instances))
+        if destination is None and copied:
             destination = _warm_copy(task, kind, [learner_lags, standby_lags], instances,
                                      load, config)
         if destination is None:
@@ -655,15 +666,21 @@ def _place_standbys(
                 continue
             existing = standby_lags.get(task, {})
             want = config.num_standbys
-            excluded.update((plan.target.get(task), plan.learners.get(task),
-                             plan.promoted.get(task)))
+            excluded = {plan.target.get(task), plan.learners.get(task), plan.promoted.get(task)}
             if task in owner:
                 excluded.add(owner[task].instance_id)
-        chosen = sorted((lag, i) for i, lag in existing.items()
-                        if i not in excluded and i in cap)[:want]
-        picked = [i for _, i in chosen]
-        for inst in picked:
-            take(inst)
+        picked: list[str] = []
+        if len(existing) == 1:
+            [inst] = existing
+            if inst not in excluded and inst in cap:
+                picked = [inst]
+                take(inst)
+        elif existing:
+            chosen = sorted((lag, i) for i, lag in existing.items()
+                            if i not in excluded and i in cap)[:want]
+            picked = [i for _, i in chosen]
+            for inst in picked:
+                take(inst)
         skipped = []
         while len(picked) < want and heap:
             entry = heapq.heappop(heap)
@@ -678,7 +695,7 @@ def _place_standbys(
         for entry in skipped:
             heapq.heappush(heap, entry)
         if picked:
-            plan.standbys[task] = sorted(picked)
+            plan.standbys[task] = picked
 
 
 # -- threads ----------------------------------------------------------------------------------

@@ -136,6 +136,12 @@ def test_random_histories_stay_safe_and_converge(
         elif kind == "bounce" and instance in present:
             group.bounce(instance)
             group.memory = None  # it was the leader
+            for task, (mid, _) in list(holds.items()):
+                # The notes of a hold live on two other instances where there are two: with
+                # only the restarting one besides the vanished member's, the hold is lost.
+                others = present - {mid.rsplit("-", 1)[0]}
+                if others <= {instance}:
+                    del holds[task]
         elif kind == "ready":
             group.catch_up(instance)
         elif kind == "time":
@@ -156,8 +162,10 @@ def test_random_histories_stay_safe_and_converge(
                 del holds[task]
                 continue
             owners = [m for m, a in out.items() if task in a.active]
-            if mid in here:  # the member returned within the delay
-                assert owners == [mid], f"{task} not given back to {mid}: {owners}"
+            if mid in here:  # the member returned within the delay: its instance gets it
+                inst = mid.rsplit("-", 1)[0]
+                assert [o.rsplit("-", 1)[0] for o in owners] == [inst], (
+                    f"{task} not given back to {mid}: {owners}")
                 del holds[task]
             else:
                 assert not owners, f"{task} held for {mid} until {until} runs on {owners}"

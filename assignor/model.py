@@ -59,6 +59,7 @@ class LeaderNotes:
     that any new leader can rebuild the memory from the group (a leader that crashed or
     restarted loses only its own copy)."""
 
+    #: when the leader's memory last changed (newer notes about a member win)
     round_ms: int
     formed_at_ms: int | None = None
     members: Mapping[MemberKey, MemberNotes] = field(default_factory=dict)
@@ -173,6 +174,8 @@ class LeaderMemory:
     formed_at_ms: int | None = None
     #: task -> the static member it was revoked for (it gets it in the next round)
     moving: Mapping[str, MemberKey] = field(default_factory=dict)
+    #: when the memory last changed: the stamp of the notes the members carry
+    noted_at_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -181,6 +184,7 @@ class LeaderMemory:
             "lost": {t: [list(k), since] for t, (k, since) in sorted(self.lost.items())},
             "formed_at_ms": self.formed_at_ms,
             "moving": {t: list(k) for t, k in sorted(self.moving.items())},
+            "noted_at_ms": self.noted_at_ms,
         }
 
     @classmethod
@@ -194,4 +198,5 @@ class LeaderMemory:
             lost={t: (key(v[0]), int(v[1])) for t, v in data.get("lost", {}).items()},
             formed_at_ms=data.get("formed_at_ms"),
             moving={t: key(k) for t, k in data.get("moving", {}).items()},
+            noted_at_ms=data.get("noted_at_ms"),
         )

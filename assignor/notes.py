@@ -40,14 +40,14 @@ def _carriers(keys: Sequence[MemberKey], about: MemberKey, count: int) -> list[M
 
 
 def build_notes(
-    now_ms: int,
+    noted_at_ms: int,
     formed_at_ms: int,
     members: Sequence[Member],
     actives: Mapping[MemberKey, Sequence[str]],
     incoming: Mapping[MemberKey, Sequence[str]],
     held: Mapping[MemberKey, Mapping[str, int]],
 ) -> dict[str, LeaderNotes]:
-    """Every member's notes for this round (member id -> notes)."""
+    """Every member's notes for this round (member id -> notes), stamped ``noted_at_ms``."""
     keys = sorted(m.key for m in members)
     carried: dict[MemberKey, dict[MemberKey, MemberNotes]] = {key: {} for key in keys}
     for key in keys:
@@ -63,7 +63,7 @@ def build_notes(
             for carrier in _carriers(keys, key, 2):
                 carried[carrier][key] = MemberNotes(held=dict(tasks))
     return {
-        m.member_id: LeaderNotes(round_ms=now_ms, formed_at_ms=formed_at_ms,
+        m.member_id: LeaderNotes(round_ms=noted_at_ms, formed_at_ms=formed_at_ms,
                                  members=carried[m.key])
         for m in members
     }
@@ -110,4 +110,5 @@ def memory_from_notes(members: Sequence[Member]) -> LeaderMemory:
         lost=lost,
         formed_at_ms=formed,
         moving=moving,
+        noted_at_ms=max(newest.values(), default=None),
     )

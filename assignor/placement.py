@@ -116,6 +116,19 @@ class _Load:
         self.tasks[(inst, kind)].add(task)
         self._changed(inst, kind)
 
+    def add_running(self, placed: dict[str, str], stateful: dict[str, bool]) -> None:
+        """Count many tasks at once (task -> instance), then rebuild the heaps once."""
+        for task, inst in placed.items():
+            kind = stateful[task]
+            self.total[kind] += 1
+            self.count[(inst, kind)] += 1
+            self.tasks[(inst, kind)].add(task)
+        for kind in (True, False):
+            self._min[kind] = [(self.count[(i, kind)] / self.cap[i], self.count[(i, kind)], i)
+                               for i in self.open]
+            heapq.heapify(self._min[kind])
+            self._max_live[kind] = False
+
     def add_held(self, inst: str, kind: bool) -> None:
         self.total[kind] += 1
         self.count[(inst, kind)] += 1
@@ -224,7 +237,7 @@ def assign(
     owner, conflicts = _current_owners(valid, stateful, memory)
     if config.initial_delay_ms and not owner and now_ms - formed_at < config.initial_delay_ms:
         wait = formed_at + config.initial_delay_ms - now_ms
-        notes = build_notes(now_ms, formed_at, valid, {}, {}, {})
+        notes = build_notes(formed_at, formed_at, valid, {}, {}, {})
         result = {m.member_id: MemberAssignment(rejoin_after_ms=wait, notes=notes[m.member_id])
                   for m in valid}
         result.update(errors)
@@ -260,10 +273,6 @@ def assign(
     _per_thread(plan, instances, owner, stateful, memory, order)
     for member_id, claimed in conflicts.items():
         plan.revoke[member_id] |= claimed
-    result = _assignments(plan, instances, by_key, stateful, order, valid, now_ms, formed_at,
-                         config.lost_task_delay_ms)
-    result.update(errors)
-
     owners: dict[str, MemberKey] = {task: key for task, (key, _) in plan.held.items()}
     key_of = {m.member_id: m.key for m in valid}
     for mid, active in plan.active.items():
@@ -272,13 +281,23 @@ def assign(
             owners[task] = key
     for task in plan.moving:
         owners[task] = owner[task].key if task in owner else plan.moving[task]
+    # The notes are stamped with when the memory last changed, not with now: a round that
+    # changes nothing gives every member the same bytes as before (static followers compare
+    # digests of their assignments).
+    unchanged = (memory.noted_at_ms is not None and owners == memory.owners
+                 and plan.held == memory.lost and plan.moving == memory.moving)
+    noted_at = memory.noted_at_ms if unchanged and memory.noted_at_ms is not None else now_ms
     new_memory = LeaderMemory(
         instances=frozenset(instances),
         owners=owners,
         lost=dict(plan.held),
         formed_at_ms=formed_at,
         moving=dict(plan.moving),
+        noted_at_ms=noted_at,
     )
+    result = _assignments(plan, instances, by_key, stateful, order, valid, now_ms, noted_at,
+                          formed_at, config.lost_task_delay_ms)
+    result.update(errors)
     return result, new_memory
 
 
@@ -480,7 +499,7 @@ def _place_actives(
         if destination != inst.instance_id:
             plan.promoted[task] = destination
         plan.target[task] = destination
-        load.add(destination, task, kind)
+    load.add_running(plan.target, stateful)
 
     # Unowned tasks: a ready learner, the member it was moving to, its previous owner, its
     # most caught-up copy; only then load (balance may move it later, through a learner).
@@ -819,6 +838,7 @@ def _assignments(
     order: dict[str, int],
     members: list[Member],
     now_ms: int,
+    noted_at: int,
     formed_at: int,
     delay_ms: int,
 ) -> dict[str, MemberAssignment]:
@@ -850,7 +870,7 @@ def _assignments(
     for task, (key, since) in plan.held.items():
         held_for[key][task] = since
     actives_by_key = {m.key: plan.active.get(m.member_id, []) for m in members}
-    notes = build_notes(now_ms, formed_at, members, actives_by_key, incoming, held_for)
+    notes = build_notes(noted_at, formed_at, members, actives_by_key, incoming, held_for)
 
     def ordered(tasks: Iterable[str]) -> tuple[str, ...]:
         return tuple(sorted(tasks, key=order.__getitem__))

@@ -276,3 +276,20 @@ def test_a_round_grows_near_linearly_with_tasks_and_members() -> None:
     small, large = calls(round_of(1_000, 25)), calls(round_of(4_000, 100))
     # Four times the tasks and four times the members: near 4x the work, not 16x.
     assert large < 6 * small, (small, large)
+
+
+def test_a_round_that_changes_nothing_gives_every_member_the_same_bytes() -> None:
+    # Static followers compare digests of their assignments with the leader's: the notes
+    # must not change (e.g. with the clock) when the leader's memory does not.
+    from assignor.protocol import encode_assignment
+
+    config = AssignorConfig(num_standbys=1, lost_task_delay_ms=30_000)
+    group = Group([Task(f"0_{n}") for n in range(6)], config)
+    for name in ("A", "B", "C"):
+        group.join(name, threads=2)
+    settle(group)
+    group.now_ms += 5_000
+    first = {m: encode_assignment(a) for m, a in group.round().items()}
+    group.now_ms += 5_000
+    second = {m: encode_assignment(a) for m, a in group.round().items()}
+    assert first == second

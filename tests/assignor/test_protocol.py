@@ -190,3 +190,13 @@ def test_assignor_settings_are_validated_naming_the_setting() -> None:
                                application_id="not an assignor setting")
     assert AssignorConfig.from_settings(settings) == AssignorConfig(num_standbys=1,
                                                                     max_learners=3)
+
+
+def test_group_metadata_with_the_leaders_notes_stays_under_1_mib_at_50000_tasks() -> None:
+    """Every subscription (echoing its notes) and every assignment of a group of 1,608
+    members after one instance joined 50,000 tasks with one standby each."""
+    from benchmarks.assignor import measure
+
+    result = measure(50_000, 200, 8, 10, AssignorConfig(num_standbys=1), repeat=1)
+    assert result["members"] == 1_608
+    assert result["metadata_bytes"] < 2**20, result["metadata_bytes"]

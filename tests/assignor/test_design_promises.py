@@ -293,3 +293,16 @@ def test_a_round_that_changes_nothing_gives_every_member_the_same_bytes() -> Non
     group.now_ms += 5_000
     second = {m: encode_assignment(a) for m, a in group.round().items()}
     assert first == second
+
+
+def test_without_learners_stateful_tasks_move_at_once_and_cooperatively() -> None:
+    # The stop-the-world baseline (use_learners=False): no learner, a revoke, then the move.
+    tasks = [Task(f"0_{n}") for n in range(4)]
+    members = [Member("a", "A", 0, frozenset({"0_0", "0_1", "0_2", "0_3"})), Member("b", "B", 0)]
+    out, memory = assign(tasks, members, AssignorConfig(), 0, None, use_learners=False)
+    assert not out["b"].learners and not out["b"].active
+    assert len(out["a"].revoked) == 2 and out["a"].rejoin_after_ms == 0
+    kept = frozenset(out["a"].active)
+    members = [Member("a", "A", 0, kept), Member("b", "B", 0)]
+    out, _ = assign(tasks, members, AssignorConfig(), 1, memory, use_learners=False)
+    assert set(out["b"].active) == {"0_0", "0_1", "0_2", "0_3"} - kept

@@ -192,6 +192,16 @@ def _pack_notes(notes: LeaderNotes | None) -> dict[str, Any] | None:
     return {"r": notes.round_ms, "f": notes.formed_at_ms, "m": entries}
 
 
+def _notes_or_none(raw: Any, what: str) -> LeaderNotes | None:
+    """The leader's notes, or None when they cannot be decoded: the rest of the metadata
+    stays usable (a new leader then only knows less)."""
+    try:
+        return _unpack_notes(raw, what)
+    except ProtocolError as exc:
+        log.warning("%s: ignoring the leader's notes it carries: %s", what, exc)
+        return None
+
+
 def _unpack_notes(raw: Any, what: str) -> LeaderNotes | None:
     if raw is None:
         return None
@@ -288,7 +298,7 @@ def decode_subscription(data: bytes | None) -> Subscription:
         rejoin_token=_field(payload, "r", int, what),
         topology_hash=_field(payload, "h", str, what),
         static=bool(payload.get("S", False)),
-        notes=_unpack_notes(payload.get("n"), what),
+        notes=_notes_or_none(payload.get("n"), what),
     )
 
 
@@ -341,5 +351,5 @@ def decode_assignment(data: bytes | None) -> MemberAssignment:
         rejoin_after_ms=_field(payload, "j", int, what, optional=True),
         shutdown=bool(_field(payload, "x", bool, what)),
         error=_field(payload, "e", str, what, optional=True),
-        notes=_unpack_notes(payload.get("n"), what),
+        notes=_notes_or_none(payload.get("n"), what),
     )

@@ -163,17 +163,23 @@ def test_an_older_subscription_without_notes_still_decodes() -> None:
     assert with_echo(sub, None).notes is None
 
 
-def test_corrupt_notes_are_refused_with_a_clear_error() -> None:
+def test_corrupt_notes_are_dropped_with_a_warning_and_the_rest_decodes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     import msgpack
 
-    good = encode_subscription(Subscription("i", 0, 1))
+    good = encode_subscription(Subscription("i", 0, 1, active=("0_1",)))
     payload = msgpack.unpackb(good[2:], raw=False, strict_map_key=False)
-    payload["n"] = {"r": 1, "m": [["i", 0]]}
-    with pytest.raises(ProtocolError, match="leader notes entry"):
-        decode_subscription(good[:2] + msgpack.packb(payload))
-    payload["n"] = {"r": 1, "m": [["i", 0, {0: b"\x80"}, {}, []]]}
-    with pytest.raises(ProtocolError, match="middle of a number"):
-        decode_subscription(good[:2] + msgpack.packb(payload))
+    for corrupt, message in (({"r": 1, "m": [["i", 0]]}, "leader notes entry"),
+                             ({"r": 1, "m": [["i", 0, {0: b"\x80"}, {}, []]]},
+                              "middle of a number"),
+                             ({"m": []}, "field 'r'")):
+        payload["n"] = corrupt
+        with caplog.at_level(logging.WARNING):
+            sub = decode_subscription(good[:2] + msgpack.packb(payload))
+        assert sub.notes is None and sub.active == ("0_1",)
+        assert message in caplog.text and "ignoring the leader's notes" in caplog.text
+        caplog.clear()
 
 
 def test_assignor_settings_are_validated_naming_the_setting() -> None:

@@ -3,10 +3,11 @@ tells each member (assignment), versioned and msgpack-encoded, in the user_data 
 consumer group protocol.
 
 Layout: one byte format version, one byte compression (0 none, 1 zlib), then msgpack. Task
-lists are grouped by sub-topology, each sub-topology's partitions as the varint-encoded gaps
-between sorted partitions (``{sub: bytes}``; the older ``{sub: [partition, ...]}`` still
-decodes), and large payloads are compressed, so a member's payload grows with its own tasks
-and the leader's notes it carries (see :mod:`assignor.notes`): no cluster-wide maps.
+lists are grouped by sub-topology (``{sub: [partition, ...]}``); in the leader's notes (see
+:mod:`assignor.notes`), a field older members ignore, each sub-topology's partitions are the
+varint-encoded gaps between them (``{sub: bytes}``), which the decoder reads anywhere. Large
+payloads are compressed, so a member's payload grows with its own tasks and the notes it
+carries: no cluster-wide maps.
 
 The notes are optional in both directions: a subscription from a member that has none (a new
 member, or an older Relay) decodes with ``notes=None``. A member builds its subscription with
@@ -91,14 +92,20 @@ def _from_varints(data: bytes) -> list[int]:
     return numbers
 
 
-def _pack_tasks(tasks: Iterable[str]) -> dict[int, bytes]:
+def _pack_tasks(tasks: Iterable[str]) -> dict[int, list[int]]:
+    """Per sub-topology, its sorted partitions: the layout every Relay version reads."""
     grouped: dict[int, list[int]] = defaultdict(list)
     for task in tasks:
         sub, partition = parse_task_id(task)
         grouped[sub].append(partition)
+    return {sub: sorted(partitions) for sub, partitions in sorted(grouped.items())}
+
+
+def _pack_task_gaps(tasks: Iterable[str]) -> dict[int, bytes]:
+    """Per sub-topology, the varint gaps between sorted partitions: the compact layout of
+    the leader's notes (a field older members ignore)."""
     packed = {}
-    for sub, partitions in sorted(grouped.items()):
-        partitions.sort()
+    for sub, partitions in _pack_tasks(tasks).items():
         gaps = [partitions[0]] + [b - a for a, b in itertools.pairwise(partitions)]
         packed[sub] = _varints(gaps)
     return packed
@@ -132,23 +139,12 @@ def _unpack_tasks(raw: Any) -> tuple[str, ...]:
     return tuple(sorted(set(tasks), key=task_sort_key))
 
 
-def _pack_lags(lags: Mapping[str, int]) -> dict[int, bytes]:
-    """Per sub-topology, varint (partition gap, lag) pairs over sorted partitions."""
-    grouped: dict[int, list[tuple[int, int]]] = defaultdict(list)
+def _pack_lags(lags: Mapping[str, int]) -> dict[int, list[list[int]]]:
+    grouped: dict[int, list[list[int]]] = defaultdict(list)
     for task, lag in lags.items():
         sub, partition = parse_task_id(task)
-        if lag < 0:
-            raise ValueError(f"lag of {task} is negative: {lag}")
-        grouped[sub].append((partition, int(lag)))
-    packed = {}
-    for sub, entries in sorted(grouped.items()):
-        entries.sort()
-        numbers, previous = [], 0
-        for partition, lag in entries:
-            numbers += (partition - previous, lag)
-            previous = partition
-        packed[sub] = _varints(numbers)
-    return packed
+        grouped[sub].append([partition, int(lag)])
+    return {sub: sorted(entries) for sub, entries in sorted(grouped.items())}
 
 
 def _unpack_lags(raw: Any) -> dict[str, int]:
@@ -186,9 +182,10 @@ def _pack_notes(notes: LeaderNotes | None) -> dict[str, Any] | None:
         by_since: dict[int, list[str]] = defaultdict(list)
         for task, since in record.held.items():
             by_since[since].append(task)
-        entries.append([instance, thread, _pack_tasks(record.owned),
-                        _pack_tasks(record.incoming),
-                        [[since, _pack_tasks(tasks)] for since, tasks in sorted(by_since.items())]])
+        entries.append([instance, thread, _pack_task_gaps(record.owned),
+                        _pack_task_gaps(record.incoming),
+                        [[since, _pack_task_gaps(tasks)]
+                         for since, tasks in sorted(by_since.items())]])
     return {"r": notes.round_ms, "f": notes.formed_at_ms, "m": entries}
 
 

@@ -206,3 +206,26 @@ def test_group_metadata_with_the_leaders_notes_stays_under_1_mib_at_50000_tasks(
     result = measure(50_000, 200, 8, 10, AssignorConfig(num_standbys=1), repeat=1)
     assert result["members"] == 1_608
     assert result["metadata_bytes"] < 2**20, result["metadata_bytes"]
+
+
+def test_fields_older_members_read_keep_their_layout() -> None:
+    """Only the notes (a field older members ignore) use the compact layout: an older leader
+    still reads a new member's tasks and lags, and an older member its assignment."""
+    import zlib
+
+    import msgpack
+
+    note = LeaderNotes(round_ms=5, members={("b", 0): MemberNotes(owned=("0_1", "0_300"))})
+    sub = encode_subscription(Subscription("a", 0, 1, ("0_2", "1_7"), {"0_3": 4}, {"2_1": 9},
+                                           notes=note))
+    assignment = encode_assignment(MemberAssignment(active=("0_2",), standbys=("0_3",),
+                                                    notes=note))
+    for data, keys in ((sub, "asl"), (assignment, "ablsr")):
+        body = zlib.decompress(data[2:]) if data[1] == 1 else data[2:]
+        payload = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        for key in keys:
+            for value in payload.get(key, {}).values():
+                assert isinstance(value, list), (key, value)
+        assert isinstance(payload["n"]["m"][0][2][0], bytes)
+    decoded = decode_subscription(sub)
+    assert decoded.active == ("0_2", "1_7") and decoded.learners == {"2_1": 9}

@@ -348,19 +348,17 @@ def _current_owners(
     members: list[Member], stateful: dict[str, bool], memory: LeaderMemory
 ) -> tuple[dict[str, Member], dict[str, set[str]]]:
     """Who runs each task now; a second claimant, or an unknown task, must be revoked."""
-    claims: dict[str, list[Member]] = defaultdict(list)
     conflicts: dict[str, set[str]] = defaultdict(set)
+    owner: dict[str, Member] = {}
+    others: dict[str, list[Member]] = defaultdict(list)
     for member in members:
         for task in member.active:
-            if task in stateful:
-                claims[task].append(member)
-            else:
+            if task not in stateful:
                 conflicts[member.member_id].add(task)
-    owner: dict[str, Member] = {}
-    for task, claimants in claims.items():
-        if len(claimants) == 1:
-            owner[task] = claimants[0]
-            continue
+            elif owner.setdefault(task, member) is not member:
+                others[task].append(member)
+    for task, extra in others.items():
+        claimants = [owner[task], *extra]
         previous = memory.owners.get(task)
         keep = min(claimants, key=lambda m: (m.key != previous, m.member_id))
         owner[task] = keep
@@ -685,15 +683,18 @@ def _place_standbys(
                 continue
             existing = standby_lags.get(task, {})
             want = config.num_standbys
-            excluded = {plan.target.get(task), plan.learners.get(task), plan.promoted.get(task)}
-            if task in owner:
-                excluded.add(owner[task].instance_id)
+            current = owner.get(task)
+            excluded = {plan.target.get(task), plan.learners.get(task), plan.promoted.get(task),
+                        None if current is None else current.instance_id}
         picked: list[str] = []
         if len(existing) == 1:
             [inst] = existing
             if inst not in excluded and inst in cap:
                 picked = [inst]
                 take(inst)
+                if want == 1:
+                    plan.standbys[task] = picked
+                    continue
         elif existing:
             chosen = sorted((lag, i) for i, lag in existing.items()
                             if i not in excluded and i in cap)[:want]

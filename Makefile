@@ -33,6 +33,7 @@ lint: $(DEV)
 	$(PY) -m ruff check .
 
 test: $(DEV)
+	@bash .ci/install-chromium
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 

@@ -1,24 +1,37 @@
 """The learner assignor: a pure function from the group's state to every member's assignment.
 
-Order of work (seed 003, with seed 000's cooperative and deferred designs):
+Order of work (the learner design, with the cooperative and deferred-imbalance designs):
 
 1. members: drop duplicate static ids (the newcomer gets an error), group threads into
-   instances, note leaving instances and their scale-down deadlines;
-2. lost tasks: a vanished instance's tasks are held back for ``lost_task_delay_ms``;
-3. actives: currently running tasks stay, unless a ready learner elsewhere takes them (or the
-   scale-down timeout of a leaving owner passed); unowned tasks go to a ready learner, the
-   previous owner, an unready learner, a standby, or the least loaded instance;
-4. stateless balance: stateless tasks move at once (cooperatively);
-5. learners: existing learners stay until promoted; new ones are picked from the most loaded
-   instances (and from leaving ones) for the least loaded instances, at most ``max_learners``;
-6. cooperative safety: a task whose owner changes is revoked this round and assigned next;
-7. standbys; then threads within each instance, sticky; then shutdowns and rejoin timers.
+   instances, note leaving instances and their scale-down deadlines; a new leader rebuilds
+   the previous leader's memory from the notes the members echo;
+2. lost tasks: a vanished static member's tasks are held back for ``lost_task_delay_ms``
+   (per member: a restarting thread gets its own tasks back), and keep their standbys;
+3. actives: every running task stays where it runs unless a ready learner elsewhere takes it
+   (or the scale-down timeout of a leaving owner passed), and all of them are counted before
+   any unowned task is placed; an unowned task goes to a ready learner, the member it was
+   moving to, its previous owner, its most caught-up copy, and only then to the least loaded
+   instance;
+4. balance: stateless tasks move at once; stateful ones through learners (at most
+   ``max_learners``, not counting learners promoted in this round), first for leaving
+   instances, then from the most to the least loaded instance, each move only while it is
+   needed;
+5. cooperative safety: a task whose owner changes is revoked this round and assigned next;
+6. standbys; then threads within each instance, balanced per kind and sticky; then the
+   leader's notes for each member, shutdowns and rejoin timers.
 
-Everything iterates in sorted order: the same input gives the same output.
+Balanced means: per kind (stateful, stateless), the tasks per thread of any two instances
+that stay differ by at most ``imbalance_tolerance`` (one by default); within an instance, the
+threads' counts of each kind differ by at most one.
+
+Load is kept in heaps so that a round grows near-linearly with tasks and members. Everything
+iterates in sorted order: the same input gives the same output.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,9 +41,10 @@ from assignor.model import (
     LeaderMemory,
     Member,
     MemberAssignment,
+    MemberKey,
     Task,
-    task_sort_key,
 )
+from assignor.notes import build_notes, memory_from_notes
 
 
 @dataclass
@@ -39,20 +53,155 @@ class _Instance:
     members: list[Member]
     leaving: bool = False
     deadline_ms: int | None = None
+    #: Threads that are away while their tasks are held for them: they still count.
+    phantoms: int = 0
 
     @property
     def capacity(self) -> int:
-        return len(self.members)
+        return len(self.members) + self.phantoms
 
 
 @dataclass
 class _Plan:
-    target: dict[str, str] = field(default_factory=dict)  # task -> instance running it
-    revoke: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
-    learners: dict[str, str] = field(default_factory=dict)  # task -> learner instance
+    #: task -> the instance that runs it (from the next round on, when it moves)
+    target: dict[str, str] = field(default_factory=dict)
+    #: task -> the instance learning it (a learner that is not promoted this round)
+    learners: dict[str, str] = field(default_factory=dict)
+    #: task -> the instance whose learner is promoted this round (it keeps its copy)
+    promoted: dict[str, str] = field(default_factory=dict)
     standbys: dict[str, list[str]] = field(default_factory=dict)
-    held: dict[str, int] = field(default_factory=dict)  # task -> release time
-    moving: dict[str, str] = field(default_factory=dict)  # task -> destination instance
+    #: task -> (the static member it is held for, since when)
+    held: dict[str, tuple[MemberKey, int]] = field(default_factory=dict)
+    revoke: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    #: task -> the member it was revoked for
+    moving: dict[str, MemberKey] = field(default_factory=dict)
+    #: member id -> active tasks after this round
+    active: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+
+class _Load:
+    """Planned tasks per instance, stateful and stateless apart, with heaps over the open
+    instances so that the lightest and the heaviest are found in logarithmic time."""
+
+    def __init__(self, instances: dict[str, _Instance], open_ids: list[str]) -> None:
+        self.cap = {i: inst.capacity for i, inst in instances.items()}
+        self.open = set(open_ids)
+        self.open_capacity = sum(self.cap[i] for i in open_ids)
+        #: tasks of each kind planned anywhere (open or leaving instances, or held)
+        self.total: dict[bool, int] = {True: 0, False: 0}
+        self.count: dict[tuple[str, bool], int] = defaultdict(int)
+        self.tasks: dict[tuple[str, bool], set[str]] = defaultdict(set)
+        self._min: dict[bool, list[tuple[float, int, str]]] = {True: [], False: []}
+        self._max: dict[bool, list[tuple[float, int, str]]] = {True: [], False: []}
+        for kind in (True, False):
+            self._min[kind] = [(0.0, 0, i) for i in sorted(open_ids)]
+            heapq.heapify(self._min[kind])
+        #: The max-heaps are built on first use (placing tasks only needs the lightest).
+        self._max_live = {True: False, False: False}
+
+    def ratio(self, inst: str, kind: bool) -> float:
+        return self.count[(inst, kind)] / self.cap[inst]
+
+    def _changed(self, inst: str, kind: bool) -> None:
+        if inst in self.open:
+            count = self.count[(inst, kind)]
+            ratio = count / self.cap[inst]
+            heapq.heappush(self._min[kind], (ratio, count, inst))
+            if self._max_live[kind]:
+                heapq.heappush(self._max[kind], (-ratio, -count, inst))
+
+    def add(self, inst: str, task: str, kind: bool) -> None:
+        self.total[kind] += 1
+        self.count[(inst, kind)] += 1
+        self.tasks[(inst, kind)].add(task)
+        self._changed(inst, kind)
+
+    def add_running(self, placed: dict[str, str], stateful: dict[str, bool]) -> None:
+        """Count many tasks at once (task -> instance), then rebuild the heaps once."""
+        for task, inst in placed.items():
+            kind = stateful[task]
+            self.total[kind] += 1
+            self.count[(inst, kind)] += 1
+            self.tasks[(inst, kind)].add(task)
+        for kind in (True, False):
+            self._min[kind] = [(self.count[(i, kind)] / self.cap[i], self.count[(i, kind)], i)
+                               for i in self.open]
+            heapq.heapify(self._min[kind])
+            self._max_live[kind] = False
+
+    def add_held(self, inst: str, kind: bool) -> None:
+        self.total[kind] += 1
+        self.count[(inst, kind)] += 1
+        self._changed(inst, kind)
+
+    def move(self, task: str, kind: bool, source: str, destination: str) -> None:
+        self.total[kind] -= 1  # added back below
+        self.count[(source, kind)] -= 1
+        self.tasks[(source, kind)].discard(task)
+        self._changed(source, kind)
+        self.add(destination, task, kind)
+
+    def lightest(self, kind: bool, exclude: Iterable[str] = ()) -> str | None:
+        heap, skipped, found = self._min[kind], [], None
+        excluded = set(exclude)
+        while heap:
+            _ratio, count, inst = heap[0]
+            if count != self.count[(inst, kind)]:
+                heapq.heappop(heap)  # stale
+                continue
+            if inst in excluded:
+                skipped.append(heapq.heappop(heap))
+                continue
+            found = inst
+            break
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+        return found
+
+    def heaviest(self, kind: bool) -> str | None:
+        if not self._max_live[kind]:
+            self._max[kind] = [(-self.count[(i, kind)] / self.cap[i], -self.count[(i, kind)], i)
+                               for i in self.open]
+            heapq.heapify(self._max[kind])
+            self._max_live[kind] = True
+        heap = self._max[kind]
+        while heap:
+            _, neg_count, inst = heap[0]
+            if -neg_count != self.count[(inst, kind)]:
+                heapq.heappop(heap)
+                continue
+            return inst
+        return None
+
+    def unbalanced(self, heavy: str, light: str, kind: bool, tolerance: int) -> bool:
+        cap_h, cap_l = self.cap[heavy], self.cap[light]
+        return (self.count[(heavy, kind)] * cap_l - self.count[(light, kind)] * cap_h
+                > tolerance * cap_h * cap_l)
+
+    def improves(self, source: str, destination: str, kind: bool) -> bool:
+        """Whether moving one task lowers the imbalance (the sum of squared loads per
+        thread): a move that does not is one more move than balance needs."""
+        c_s, c_d = self.count[(source, kind)], self.count[(destination, kind)]
+        return (2 * c_s - 1) * self.cap[destination] > (2 * c_d + 1) * self.cap[source]
+
+    def share(self, inst: str, kind: bool) -> float:
+        """What ``inst`` holds once every task (those of leaving instances too) is spread
+        over the open instances by their threads."""
+        return self.total[kind] * self.cap[inst] / self.open_capacity
+
+    def needed(self, source: str, destination: str, kind: bool) -> bool:
+        """Whether balance needs a task to move from ``source`` to ``destination``: the source
+        holds more than its share, the destination less, and the move lowers the imbalance.
+        A source that is leaving always gives its tasks up."""
+        if source not in self.open:
+            return True
+        return (self.count[(source, kind)] > self.share(source, kind) + 1e-9
+                and self.count[(destination, kind)] < self.share(destination, kind) - 1e-9
+                and self.improves(source, destination, kind))
+
+    def has_room(self, inst: str, kind: bool) -> bool:
+        """Whether one more task keeps ``inst`` at or under its share."""
+        return self.count[(inst, kind)] + 1 <= math.ceil(self.share(inst, kind) - 1e-9)
 
 
 def assign(
@@ -67,24 +216,30 @@ def assign(
 
     ``tasks``: every task of the app. ``members``: the group as the subscriptions describe it.
     ``now_ms``: the leader's clock (an argument, so that rounds replay exactly). ``memory``:
-    what the leader decided last round, or None for a new leader. ``use_learners=False``
-    moves stateful tasks at once (the stop-the-world baseline).
+    what the leader decided last round, or None for a new leader (which rebuilds it from the
+    notes the members echo). ``use_learners=False`` moves stateful tasks at once (the
+    stop-the-world baseline).
 
     Returns the assignment of every member id and the leader's new memory.
     """
-    memory = memory or LeaderMemory()
-    ordered_tasks = sorted(tasks, key=lambda t: task_sort_key(t.task_id))
-    stateful = {t.task_id: t.stateful for t in ordered_tasks}
-    task_ids = list(stateful)
+    # Task ids were checked when the tasks were built: split them without checking again.
+    ordered = sorted(tasks, key=lambda t: tuple(map(int, t.task_id.split("_"))))
+    stateful = {t.task_id: t.stateful for t in ordered}
+    order = {task: n for n, task in enumerate(stateful)}
 
     valid, errors = _drop_duplicates(members)
+    if memory is None:
+        memory = memory_from_notes(valid)
     instances = _instances(valid, config)
+    by_key = {m.key: m for m in valid}
     formed_at = memory.formed_at_ms if memory.formed_at_ms is not None else now_ms
 
     owner, conflicts = _current_owners(valid, stateful, memory)
     if config.initial_delay_ms and not owner and now_ms - formed_at < config.initial_delay_ms:
         wait = formed_at + config.initial_delay_ms - now_ms
-        result = {m.member_id: MemberAssignment(rejoin_after_ms=wait) for m in valid}
+        notes = build_notes(formed_at, formed_at, valid, {}, {}, {})
+        result = {m.member_id: MemberAssignment(rejoin_after_ms=wait, notes=notes[m.member_id])
+                  for m in valid}
         result.update(errors)
         return result, replace(memory, formed_at_ms=formed_at,
                                instances=frozenset(instances))
@@ -92,71 +247,57 @@ def assign(
     learner_lags = _copies(valid, "learners")
     standby_lags = _copies(valid, "standbys")
     plan = _Plan()
-    plan.held, lost = _held_back(task_ids, owner, instances, memory, config, now_ms)
-    open_instances = sorted(i for i, inst in instances.items() if not inst.leaving)
-    load = _Load(instances, stateful)
+    plan.held = _held_back(stateful, owner, instances, by_key, memory, config, now_ms)
+    phantoms: dict[str, set[MemberKey]] = defaultdict(set)
+    for key, _ in plan.held.values():
+        if key[0] in instances and not instances[key[0]].leaving:
+            phantoms[key[0]].add(key)
+    for inst_id, keys in phantoms.items():
+        instances[inst_id].phantoms = len(keys)
+    open_ids = sorted(i for i, inst in instances.items() if not inst.leaving)
+    load = _Load(instances, open_ids)
+    for task, (key, _) in plan.held.items():
+        if key[0] in phantoms:
+            load.add_held(key[0], stateful[task])
 
-    # 3. actives
-    for task in task_ids:
-        if task in plan.held:
-            continue
-        current = owner.get(task)
-        ready = _ready_learner(task, learner_lags, instances, config, exclude=current)
-        if current is not None:
-            inst = instances[current.instance_id]
-            destination = inst.instance_id
-            if inst.leaving and _expired(inst, now_ms) and open_instances:
-                destination = (
-                    _any_learner(task, learner_lags, instances)
-                    or _best_standby(task, standby_lags, instances)
-                    or load.least(open_instances, task)
-                )
-            elif ready is not None and (inst.leaving or use_learners):
-                destination = ready
-            plan.target[task] = destination
-        else:
-            plan.target[task] = (
-                ready
-                or _previous_owner(task, memory, instances)
-                or _any_learner(task, learner_lags, instances)
-                or _best_standby(task, standby_lags, instances)
-                or load.least(open_instances or sorted(instances), task)
-            )
-        load.add(plan.target[task], task)
-
-    # 4 and 5. balance: stateless tasks (and, without learners, every task) move at once;
-    # stateful ones through learners.
-    if open_instances:
-        _move_directly(plan, load, open_instances, instances, owner, stateful, config,
-                       everything=not use_learners)
+    _place_actives(plan, load, stateful, owner, instances, open_ids, learner_lags,
+                   standby_lags, memory, config, now_ms, use_learners)
+    if open_ids:
+        for kind in ([False] if use_learners else [False, True]):
+            _balance_directly(plan, load, kind, owner, order, config)
         if use_learners:
-            _place_learners(plan, load, open_instances, instances, owner, stateful,
-                            learner_lags, standby_lags, config, memory, now_ms)
-
-    # 6. cooperative: a task changing owner is revoked now and assigned next round.
-    for task, destination in list(plan.target.items()):
-        current = owner.get(task)
-        if current is not None and current.instance_id != destination:
-            plan.revoke[current.member_id].add(task)
-            plan.moving[task] = destination
-            del plan.target[task]
-    for member_id, tasks_ in conflicts.items():
-        plan.revoke[member_id] |= tasks_
-
-    _place_standbys(plan, owner, stateful, instances, standby_lags, memory, config)
-    result = _per_thread(plan, instances, owner, learner_lags, standby_lags, now_ms, config)
-    result.update(errors)
-
+            _place_learners(plan, load, stateful, owner, instances, open_ids, learner_lags,
+                            standby_lags, order, config)
+    _place_standbys(plan, owner, stateful, instances, open_ids, standby_lags, learner_lags,
+                    config)
+    _per_thread(plan, instances, owner, stateful, memory, order)
+    for member_id, claimed in conflicts.items():
+        plan.revoke[member_id] |= claimed
+    owners: dict[str, MemberKey] = {task: key for task, (key, _) in plan.held.items()}
+    key_of = {m.member_id: m.key for m in valid}
+    for mid, active in plan.active.items():
+        key = key_of[mid]
+        for task in active:
+            owners[task] = key
+    for task in plan.moving:
+        owners[task] = owner[task].key if task in owner else plan.moving[task]
+    # The notes are stamped with when the memory last changed, not with now: a round that
+    # changes nothing gives every member the same bytes as before (static followers compare
+    # digests of their assignments).
+    unchanged = (memory.noted_at_ms is not None and owners == memory.owners
+                 and plan.held == memory.lost and plan.moving == memory.moving)
+    noted_at = memory.noted_at_ms if unchanged and memory.noted_at_ms is not None else now_ms
     new_memory = LeaderMemory(
         instances=frozenset(instances),
-        owners={
-            **{t: i for t, i in plan.target.items()},
-            **{t: owner[t].instance_id for t in plan.moving},
-        },
-        lost=lost,
+        owners=owners,
+        lost=dict(plan.held),
         formed_at_ms=formed_at,
         moving=dict(plan.moving),
+        noted_at_ms=noted_at,
     )
+    result = _assignments(plan, instances, by_key, stateful, order, valid, now_ms, noted_at,
+                          formed_at, config.lost_task_delay_ms)
+    result.update(errors)
     return result, new_memory
 
 
@@ -207,18 +348,19 @@ def _current_owners(
     members: list[Member], stateful: dict[str, bool], memory: LeaderMemory
 ) -> tuple[dict[str, Member], dict[str, set[str]]]:
     """Who runs each task now; a second claimant, or an unknown task, must be revoked."""
-    claims: dict[str, list[Member]] = defaultdict(list)
     conflicts: dict[str, set[str]] = defaultdict(set)
-    for member in members:
-        for task in sorted(member.active):
-            if task in stateful:
-                claims[task].append(member)
-            else:
-                conflicts[member.member_id].add(task)
     owner: dict[str, Member] = {}
-    for task, claimants in claims.items():
+    others: dict[str, list[Member]] = defaultdict(list)
+    for member in members:
+        for task in member.active:
+            if task not in stateful:
+                conflicts[member.member_id].add(task)
+            elif owner.setdefault(task, member) is not member:
+                others[task].append(member)
+    for task, extra in others.items():
+        claimants = [owner[task], *extra]
         previous = memory.owners.get(task)
-        keep = min(claimants, key=lambda m: (m.instance_id != previous, m.member_id))
+        keep = min(claimants, key=lambda m: (m.key != previous, m.member_id))
         owner[task] = keep
         for other in claimants:
             if other is not keep:
@@ -237,227 +379,273 @@ def _copies(members: list[Member], kind: str) -> dict[str, dict[str, int]]:
 
 
 def _held_back(
-    task_ids: list[str],
+    stateful: dict[str, bool],
     owner: dict[str, Member],
     instances: dict[str, _Instance],
+    by_key: dict[MemberKey, Member],
     memory: LeaderMemory,
     config: AssignorConfig,
     now_ms: int,
-) -> tuple[dict[str, int], dict[str, tuple[str, int]]]:
-    held: dict[str, int] = {}
-    lost: dict[str, tuple[str, int]] = {}
+) -> dict[str, tuple[MemberKey, int]]:
+    """Tasks whose static member vanished, held for it until the delay ends. The memory keeps
+    them (with their member and when it went missing) for as long as they are held."""
+    held: dict[str, tuple[MemberKey, int]] = {}
     if not config.lost_task_delay_ms:
-        return held, lost
-    for task in task_ids:
-        previous = memory.owners.get(task)
-        if task in owner or previous is None or previous in instances:
+        return held
+    for task, previous in memory.owners.items():
+        if task not in stateful or task in owner or previous in by_key:
             continue
+        inst = instances.get(previous[0])
+        if inst is not None and inst.leaving:
+            continue
+        if task in memory.moving and memory.moving[task] in by_key:
+            continue  # on its way to a member that is here
         remembered = memory.lost.get(task)
         since = remembered[1] if remembered and remembered[0] == previous else now_ms
         if now_ms < since + config.lost_task_delay_ms:
-            held[task] = since + config.lost_task_delay_ms
-            lost[task] = (previous, since)
-    return held, lost
+            held[task] = (previous, since)
+    return held
 
 
-# -- preferences -----------------------------------------------------------------------------
+# -- actives ---------------------------------------------------------------------------------
 
 
-def _closest_copy(
+def _open_copy(
     task: str,
     lags: dict[str, dict[str, int]],
     instances: dict[str, _Instance],
     max_lag: int | None = None,
     exclude: str | None = None,
 ) -> str | None:
-    """The non-leaving instance with the least-lagging copy of ``task`` (within ``max_lag``)."""
-    candidates = sorted(
-        (lag, inst) for inst, lag in lags.get(task, {}).items()
-        if not instances[inst].leaving and inst != exclude
-        and (max_lag is None or lag <= max_lag)
-    )
-    return candidates[0][1] if candidates else None
+    """The open instance with the least-lagging copy of ``task`` (within ``max_lag``)."""
+    best: tuple[int, str] | None = None
+    for inst, lag in lags.get(task, {}).items():
+        if inst == exclude or instances[inst].leaving or (max_lag is not None and lag > max_lag):
+            continue
+        if best is None or (lag, inst) < best:
+            best = (lag, inst)
+    return None if best is None else best[1]
 
 
-def _ready_learner(
+def _warm_copy(
     task: str,
-    learner_lags: dict[str, dict[str, int]],
+    kind: bool,
+    copies: list[dict[str, dict[str, int]]],
     instances: dict[str, _Instance],
+    load: _Load,
     config: AssignorConfig,
-    exclude: Member | None,
 ) -> str | None:
-    return _closest_copy(task, learner_lags, instances, config.acceptable_lag,
-                         None if exclude is None else exclude.instance_id)
+    """The most caught-up copy of ``task`` on an open instance (learner or standby); copies
+    within ``acceptable_lag`` count as equally caught up, and the least loaded of them wins."""
+    best: tuple[int, float, str] | None = None
+    for lags in copies:
+        for inst, lag in lags.get(task, {}).items():
+            if instances[inst].leaving:
+                continue
+            rank = (0 if lag <= config.acceptable_lag else lag, load.ratio(inst, kind), inst)
+            if best is None or rank < best:
+                best = rank
+    return None if best is None else best[2]
 
 
-def _any_learner(
-    task: str, learner_lags: dict[str, dict[str, int]], instances: dict[str, _Instance]
-) -> str | None:
-    return _closest_copy(task, learner_lags, instances)
+def _open_member(key: MemberKey | None, instances: dict[str, _Instance]) -> str | None:
+    if key is None:
+        return None
+    inst = instances.get(key[0])
+    return inst.instance_id if inst is not None and not inst.leaving else None
 
 
-def _best_standby(
-    task: str, standby_lags: dict[str, dict[str, int]], instances: dict[str, _Instance]
-) -> str | None:
-    return _closest_copy(task, standby_lags, instances)
+def _place_actives(
+    plan: _Plan,
+    load: _Load,
+    stateful: dict[str, bool],
+    owner: dict[str, Member],
+    instances: dict[str, _Instance],
+    open_ids: list[str],
+    learner_lags: dict[str, dict[str, int]],
+    standby_lags: dict[str, dict[str, int]],
+    memory: LeaderMemory,
+    config: AssignorConfig,
+    now_ms: int,
+    use_learners: bool,
+) -> None:
+    # Running tasks first, all of them, so that unowned tasks see the whole load.
+    unplaced: list[str] = []
+    promotable: list[tuple[str, str]] = []
+    for task, kind in stateful.items():
+        if task in plan.held:
+            continue
+        current = owner.get(task)
+        if current is None:
+            unplaced.append(task)
+            continue
+        inst = instances[current.instance_id]
+        ready = (_open_copy(task, learner_lags, instances, config.acceptable_lag,
+                            inst.instance_id) if kind and task in learner_lags else None)
+        destination: str | None = inst.instance_id
+        if inst.leaving and open_ids:
+            if _expired(inst, now_ms) or not kind or not use_learners:
+                destination = (ready or _open_copy(task, learner_lags, instances)
+                               or _open_copy(task, standby_lags, instances))
+            elif ready is not None:
+                destination = ready
+        elif ready is not None and use_learners:
+            promotable.append((task, ready))
+        if destination is None:
+            unplaced.append(task)
+            continue
+        if destination != inst.instance_id:
+            plan.promoted[task] = destination
+        plan.target[task] = destination
+    load.add_running(plan.target, stateful)
 
+    # Unowned tasks: a ready learner, the member it was moving to, its previous owner, its
+    # most caught-up copy; only then load (balance may move it later, through a learner).
+    cold: list[str] = []
+    moving, owners = memory.moving, memory.owners
+    for task in unplaced:
+        kind = stateful[task]
+        copied = kind and (task in learner_lags or task in standby_lags)
+        if not copied and task not in moving and task not in owners:
+            cold.append(task)
+            continue
+        destination = None
+        if copied:
+            destination = _open_copy(task, learner_lags, instances, config.acceptable_lag)
+        destination = (destination or _open_member(moving.get(task), instances)
+                       or _open_member(owners.get(task), instances))
+        if destination is None and copied:
+            destination = _warm_copy(task, kind, [learner_lags, standby_lags], instances,
+                                     load, config)
+        if destination is None:
+            cold.append(task)
+            continue
+        plan.target[task] = destination
+        load.add(destination, task, kind)
+    for task in cold:
+        kind = stateful[task]
+        destination = load.lightest(kind) if open_ids else min(
+            instances, key=lambda i: (load.ratio(i, kind), i))
+        assert destination is not None
+        plan.target[task] = destination
+        load.add(destination, task, kind)
 
-def _previous_owner(
-    task: str, memory: LeaderMemory, instances: dict[str, _Instance]
-) -> str | None:
-    for candidate in (memory.moving.get(task), memory.owners.get(task)):
-        if candidate in instances and not instances[candidate].leaving:
-            return candidate
-    return None
-
-
-class _Load:
-    """Planned active tasks per instance, stateful and stateless counted apart."""
-
-    def __init__(self, instances: dict[str, _Instance], stateful: dict[str, bool]) -> None:
-        self.instances = instances
-        self.stateful = stateful
-        self.count: dict[tuple[str, bool], int] = defaultdict(int)
-
-    def add(self, inst: str, task: str, delta: int = 1) -> None:
-        self.count[(inst, self.stateful[task])] += delta
-
-    def move(self, task: str, source: str, destination: str) -> None:
-        self.add(source, task, -1)
-        self.add(destination, task)
-
-    def of(self, inst: str, kind: bool) -> int:
-        return self.count[(inst, kind)]
-
-    def least(self, candidates: Sequence[str], task: str) -> str:
-        return self.lightest(candidates, self.stateful[task])
-
-    def lightest(self, candidates: Sequence[str], kind: bool) -> str:
-        return min(candidates, key=lambda i: (
-            self.of(i, kind) / self.instances[i].capacity, self.of(i, kind), i))
-
-    def most(self, candidates: Sequence[str], kind: bool) -> str:
-        return max(candidates, key=lambda i: (
-            self.of(i, kind) / self.instances[i].capacity, self.of(i, kind), _neg(i)))
-
-    def unbalanced(self, heavy: str, light: str, kind: bool, tolerance: int) -> bool:
-        cap_h, cap_l = self.instances[heavy].capacity, self.instances[light].capacity
-        return (self.of(heavy, kind) * cap_l - self.of(light, kind) * cap_h
-                > tolerance * cap_h * cap_l)
-
-
-def _neg(text: str) -> tuple[int, ...]:
-    return tuple(-ord(c) for c in text)
+    # Ready learners of running tasks take over, all at once, while the move still helps
+    # balance (a change since the learner was placed may have made it needless).
+    for task, ready in promotable:
+        source = plan.target[task]
+        if load.needed(source, ready, True):
+            plan.target[task] = ready
+            plan.promoted[task] = ready
+            load.move(task, True, source, ready)
 
 
 # -- balancing ------------------------------------------------------------------------------
 
 
-def _move_directly(
+def _balance_directly(
     plan: _Plan,
     load: _Load,
-    open_instances: list[str],
-    instances: dict[str, _Instance],
+    kind: bool,
     owner: dict[str, Member],
-    stateful: dict[str, bool],
+    order: dict[str, int],
     config: AssignorConfig,
-    everything: bool,
 ) -> None:
-    kinds = [False, True] if everything else [False]
-    for kind in kinds:
-        # Off leaving instances first, then from the heaviest to the lightest.
-        for task, inst in sorted(plan.target.items(), key=lambda kv: task_sort_key(kv[0])):
-            if stateful[task] == kind and instances[inst].leaving:
-                destination = load.least(open_instances, task)
-                load.move(task, inst, destination)
-                plan.target[task] = destination
-        for _ in range(len(plan.target) + 1):
-            heavy = load.most(open_instances, kind)
-            light = load.lightest(open_instances, kind)
-            if not load.unbalanced(heavy, light, kind, config.tolerance):
-                break
-            movable = [t for t, i in plan.target.items() if i == heavy and stateful[t] == kind]
-            # Prefer a task that is not running anywhere yet, then the highest id.
-            movable.sort(key=lambda t: (t in owner, _neg_task(t)))
-            task = movable[0]
-            plan.target[task] = light
-            load.move(task, heavy, light)
-
-
-def _neg_task(task: str) -> tuple[int, int]:
-    sub, partition = task_sort_key(task)
-    return -sub, -partition
+    """Stateless tasks (and, without learners, every task) move at once, heaviest instance
+    to lightest, until balanced."""
+    for _ in range(len(plan.target) + 1):
+        heavy, light = load.heaviest(kind), load.lightest(kind)
+        if heavy is None or light is None or not load.unbalanced(heavy, light, kind,
+                                                                 config.tolerance):
+            return
+        movable = [t for t in load.tasks[(heavy, kind)] if plan.target[t] == heavy]
+        if not movable:
+            return
+        # A task that is not running anywhere yet first (no revoke), then the highest id.
+        task = min(movable, key=lambda t: (t in owner, -order[t]))
+        plan.target[task] = light
+        plan.promoted.pop(task, None)
+        load.move(task, kind, heavy, light)
 
 
 def _place_learners(
     plan: _Plan,
     load: _Load,
-    open_instances: list[str],
-    instances: dict[str, _Instance],
-    owner: dict[str, Member],
     stateful: dict[str, bool],
+    owner: dict[str, Member],
+    instances: dict[str, _Instance],
+    open_ids: list[str],
     learner_lags: dict[str, dict[str, int]],
     standby_lags: dict[str, dict[str, int]],
+    order: dict[str, int],
     config: AssignorConfig,
-    memory: LeaderMemory,
-    now_ms: int,
 ) -> None:
-    # Existing learners stay until promoted, including through the round in which their task
-    # is revoked from its old owner (it becomes active there in the next round).
-    for task in sorted(learner_lags, key=task_sort_key):
-        if task not in stateful or not stateful[task] or task in plan.held:
+    used = 0
+    # Existing learners stay while their move is still needed. Learners promoted this round
+    # do not hold a slot: their slot is filled in the same round.
+    for task in sorted(learner_lags, key=lambda t: order.get(t, -1)):
+        if used >= config.max_learners:
+            break
+        if not stateful.get(task) or task not in plan.target or task in plan.promoted:
             continue
-        running_on = plan.target.get(task)
         current = owner.get(task)
-        for inst in sorted(learner_lags[task]):
-            if instances[inst].leaving or task in plan.learners or running_on is None:
-                continue
-            if current is None or current.instance_id == inst:
-                continue  # promoted now, or its instance already runs the task
-            plan.learners[task] = inst
-            if running_on != inst:
-                load.move(task, running_on, inst)
-    # Tasks of leaving instances need a learner on an open instance.
-    for task, inst in sorted(plan.target.items(), key=lambda kv: task_sort_key(kv[0])):
-        if len(plan.learners) >= config.max_learners:
-            break
-        if stateful[task] and instances[inst].leaving and task not in plan.learners:
-            destination = _learner_destination(task, load, open_instances, standby_lags,
-                                               memory, instances)
+        if current is None or plan.target[task] != current.instance_id:
+            continue
+        source = current.instance_id
+        destination = _open_copy(task, learner_lags, instances, exclude=source)
+        if destination is None:
+            continue
+        if load.needed(source, destination, True):
             plan.learners[task] = destination
-            load.move(task, inst, destination)
+            load.move(task, True, source, destination)
+            used += 1
+
+    # Tasks of leaving instances: a learner on a copy holder that has room, else on the
+    # lightest instance.
+    for inst_id in sorted(i for i, inst in instances.items() if inst.leaving):
+        for task in sorted(load.tasks[(inst_id, True)], key=order.__getitem__):
+            if used >= config.max_learners:
+                return
+            if plan.target[task] != inst_id or task in plan.learners:
+                continue
+            holders = sorted(
+                (lag, i) for i, lag in standby_lags.get(task, {}).items()
+                if not instances[i].leaving and load.has_room(i, True))
+            destination = holders[0][1] if holders else load.lightest(True)
+            if destination is None:
+                return
+            plan.learners[task] = destination
+            load.move(task, True, inst_id, destination)
+            used += 1
+
     # Balance through learners, heaviest instance first.
-    while len(plan.learners) < config.max_learners:
-        heavy = load.most(open_instances, True)
-        candidates = [t for t, i in plan.target.items()
-                      if i == heavy and stateful[t] and t not in plan.learners]
+    while used < config.max_learners:
+        heavy, light = load.heaviest(True), load.lightest(True)
+        if heavy is None or light is None or not load.unbalanced(
+                heavy, light, True, config.tolerance) or not load.needed(heavy, light, True):
+            return
+        per_member: dict[str, int] = defaultdict(int)
+        candidates = []
+        for task in load.tasks[(heavy, True)]:
+            current = owner.get(task)
+            if current is not None and current.instance_id == heavy and (
+                    plan.target[task] == heavy and task not in plan.learners):
+                per_member[current.member_id] += 1
+                candidates.append(task)
         if not candidates:
-            break
-        light = load.lightest(open_instances, True)
-        if not load.unbalanced(heavy, light, True, config.tolerance):
-            break
-        candidates.sort(key=lambda t: (light not in standby_lags.get(t, {}), task_sort_key(t)))
-        task = candidates[0]
-        if owner.get(task) is None:
-            # Not running anywhere yet: nothing to learn, place it at once.
-            plan.target[task] = light
-        else:
-            plan.learners[task] = light
-        load.move(task, heavy, light)
+            return
+        copies_on_light = {t: standby_lags[t][light] for t in candidates
+                           if light in standby_lags.get(t, {})}
+        # A task with a copy on the light instance first, then one from the busiest thread.
+        task = min(candidates, key=lambda t: (
+            t not in copies_on_light, copies_on_light.get(t, 0),
+            -per_member[owner[t].member_id], order[t]))
+        plan.learners[task] = light
+        load.move(task, True, heavy, light)
+        used += 1
 
 
-def _learner_destination(
-    task: str,
-    load: _Load,
-    open_instances: list[str],
-    standby_lags: dict[str, dict[str, int]],
-    memory: LeaderMemory,
-    instances: dict[str, _Instance],
-) -> str:
-    standby = _best_standby(task, standby_lags, instances)
-    if standby is not None and standby in open_instances:
-        return standby
-    return load.least(open_instances, task)
+# -- standbys ---------------------------------------------------------------------------------
 
 
 def _place_standbys(
@@ -465,106 +653,246 @@ def _place_standbys(
     owner: dict[str, Member],
     stateful: dict[str, bool],
     instances: dict[str, _Instance],
+    open_ids: list[str],
     standby_lags: dict[str, dict[str, int]],
-    memory: LeaderMemory,
+    learner_lags: dict[str, dict[str, int]],
     config: AssignorConfig,
 ) -> None:
-    if not config.num_standbys:
-        return
+    """``num_standbys`` copies of each stateful task on distinct open instances other than the
+    ones that run or learn it, existing copies first. A held task keeps every copy it has
+    (learners become standbys) so that it can come back warm."""
     count: dict[str, int] = defaultdict(int)
-    for task in stateful:
-        if not stateful[task] or task in plan.held:
+    heap = [(0.0, 0, i) for i in open_ids]
+    cap = {i: instances[i].capacity for i in open_ids}
+
+    def take(inst: str) -> None:
+        count[inst] += 1
+        heapq.heappush(heap, (count[inst] / cap[inst], count[inst], inst))
+
+    for task, kind in stateful.items():
+        if not kind:
             continue
-        excluded = {plan.target.get(task), plan.learners.get(task), plan.moving.get(task)}
-        if task in owner:
-            excluded.add(owner[task].instance_id)
-        candidates = [i for i in sorted(instances)
-                      if i not in excluded and not instances[i].leaving]
-        previous = memory.owners.get(task)
+        held = plan.held.get(task)
+        excluded: set[str | None] = set()
+        if held is not None:
+            excluded.add(held[0][0])
+            existing = {**learner_lags.get(task, {}), **standby_lags.get(task, {})}
+            want = max(config.num_standbys, len(existing))
+        else:
+            if not config.num_standbys:
+                continue
+            existing = standby_lags.get(task, {})
+            want = config.num_standbys
+            current = owner.get(task)
+            excluded = {plan.target.get(task), plan.learners.get(task), plan.promoted.get(task),
+                        None if current is None else current.instance_id}
+        picked: list[str] = []
+        if len(existing) == 1:
+            [inst] = existing
+            if inst not in excluded and inst in cap:
+                picked = [inst]
+                take(inst)
+                if want == 1:
+                    plan.standbys[task] = picked
+                    continue
+        elif existing:
+            chosen = sorted((lag, i) for i, lag in existing.items()
+                            if i not in excluded and i in cap)[:want]
+            picked = [i for _, i in chosen]
+            for inst in picked:
+                take(inst)
+        skipped = []
+        while len(picked) < want and heap:
+            entry = heapq.heappop(heap)
+            _, c, inst = entry
+            if c != count[inst]:
+                continue
+            if inst in excluded or inst in picked:
+                skipped.append(entry)
+                continue
+            picked.append(inst)
+            take(inst)
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+        if picked:
+            plan.standbys[task] = picked
 
-        def preference(inst: str, task: str = task, previous: str | None = previous) -> tuple:
-            has_copy = inst in standby_lags.get(task, {})
-            return (not has_copy, inst != previous,
-                    count[inst] / instances[inst].capacity, inst)
 
-        chosen = sorted(candidates, key=preference)[: config.num_standbys]
-        for inst in chosen:
-            count[inst] += 1
-        plan.standbys[task] = chosen
+# -- threads ----------------------------------------------------------------------------------
 
 
-# -- threads, shutdowns, timers ---------------------------------------------------------------
+def _distribute(
+    members: list[Member],
+    tasks: list[str],
+    preferred: dict[str, str],
+    extra_first: set[str] | None = None,
+) -> dict[str, str]:
+    """Spread ``tasks`` over ``members`` so that counts differ by at most one, keeping as many
+    tasks as possible on their preferred member. ``extra_first``: members to give the
+    remainder to last (those that got it for the other kind)."""
+    n = len(members)
+    q, r = divmod(len(tasks), n)
+    mine: dict[str, list[str]] = defaultdict(list)
+    for task in tasks:
+        if task in preferred:
+            mine[preferred[task]].append(task)
+    avoid = extra_first or set()
+    ranked = sorted(members, key=lambda m: (-len(mine[m.member_id]), m.member_id in avoid,
+                                            m.thread))
+    quota = {m.member_id: q + (1 if k < r else 0) for k, m in enumerate(ranked)}
+    placed: dict[str, str] = {}
+    counts: dict[str, int] = defaultdict(int)
+    for member in members:
+        for task in mine[member.member_id][:quota[member.member_id]]:
+            placed[task] = member.member_id
+            counts[member.member_id] += 1
+    slots = iter([m.member_id for m in members for _ in range(
+        quota[m.member_id] - counts[m.member_id])])
+    for task in tasks:
+        if task not in placed:
+            placed[task] = next(slots)
+    return placed
 
 
 def _per_thread(
     plan: _Plan,
     instances: dict[str, _Instance],
     owner: dict[str, Member],
-    learner_lags: dict[str, dict[str, int]],
-    standby_lags: dict[str, dict[str, int]],
-    now_ms: int,
-    config: AssignorConfig,
-) -> dict[str, MemberAssignment]:
-    active: dict[str, list[str]] = defaultdict(list)
-    learners: dict[str, list[str]] = defaultdict(list)
-    standbys: dict[str, list[str]] = defaultdict(list)
-
-    def spread(inst: _Instance, tasks: list[str], holders: dict[str, str],
-               into: dict[str, list[str]], stateful_first: bool = False) -> None:
-        members = inst.members
-        for task in sorted(tasks, key=task_sort_key):
-            holder = holders.get(task)
-            if holder is not None:
-                into[holder].append(task)
-        for task in sorted(tasks, key=task_sort_key):
-            if holders.get(task) is None:
-                target = min(members, key=lambda m: (len(into[m.member_id]), m.thread,
-                                                     m.member_id))
-                into[target.member_id].append(task)
-
-    by_instance: dict[str, list[str]] = defaultdict(list)
-    for task, inst in plan.target.items():
-        by_instance[inst].append(task)
+    stateful: dict[str, bool],
+    memory: LeaderMemory,
+    order: dict[str, int],
+) -> None:
+    """Each instance's tasks over its threads, per kind, sticky: a task stays on the thread
+    that runs it, and an arriving task goes to the thread it was moving to or last ran on.
+    A task that changes thread (or instance) is revoked now and runs there from the next
+    round."""
+    by_instance: dict[tuple[str, bool], list[str]] = defaultdict(list)
+    for task in sorted(plan.target, key=order.__getitem__):
+        by_instance[(plan.target[task], stateful[task])].append(task)
     for inst_id, inst in sorted(instances.items()):
-        ids = {m.member_id for m in inst.members}
-        running = {t: owner[t].member_id for t in by_instance[inst_id]
-                   if t in owner and owner[t].member_id in ids}
-        spread(inst, by_instance[inst_id], running, active)
+        member_of_key = {m.key: m.member_id for m in inst.members}
+        thread_of = {m.member_id: m.thread for m in inst.members}
+        got_extra: set[str] = set()
+        for kind in (True, False):
+            tasks = by_instance.get((inst_id, kind), [])
+            if not tasks:
+                continue
+            preferred: dict[str, str] = {}
+            for task in tasks:
+                current = owner.get(task)
+                if current is not None and current.instance_id == inst_id:
+                    preferred[task] = current.member_id
+                    continue
+                for key in (memory.moving.get(task), memory.owners.get(task)):
+                    if key is not None and key in member_of_key:
+                        preferred[task] = member_of_key[key]
+                        break
+            if inst.leaving:
+                # A leaving instance only hands tasks over: no moves between its threads.
+                placed = {t: preferred[t] for t in tasks if t in preferred}
+                rest = [t for t in tasks if t not in preferred]
+                placed.update(_distribute(inst.members, rest, {}))
+            else:
+                placed = _distribute(inst.members, tasks, preferred, got_extra)
+            counts: dict[str, int] = defaultdict(int)
+            for task, member_id in placed.items():
+                counts[member_id] += 1
+                current = owner.get(task)
+                if current is None or current.member_id == member_id:
+                    plan.active[member_id].append(task)
+                else:
+                    plan.revoke[current.member_id].add(task)
+                    plan.moving[task] = (inst_id, thread_of[member_id])
+            if kind:
+                top = max(counts.values(), default=0)
+                got_extra = {m for m, c in counts.items() if c == top} if len(
+                    set(counts.values())) > 1 else set()
 
-        learner_tasks = [t for t, i in plan.learners.items() if i == inst_id]
-        holders = {t: m.member_id for m in inst.members for t in m.learners}
-        spread(inst, learner_tasks, {t: h for t, h in holders.items() if t in learner_tasks},
-               learners)
-        standby_tasks = [t for t, insts in plan.standbys.items() if inst_id in insts]
-        holders = {t: m.member_id for m in inst.members for t in m.standbys}
-        spread(inst, standby_tasks,
-               {t: h for t, h in holders.items() if t in standby_tasks}, standbys)
 
-    timers: list[int] = [release - now_ms for release in plan.held.values()]
+# -- assignments -----------------------------------------------------------------------------
+
+
+def _copies_per_member(
+    instances: dict[str, _Instance],
+    tasks_by_instance: dict[str, list[str]],
+    kind: str,
+) -> dict[str, list[str]]:
+    """Copies of each instance over its threads, sticky to the thread that holds one."""
+    result: dict[str, list[str]] = defaultdict(list)
+    for inst_id, tasks in tasks_by_instance.items():
+        inst = instances[inst_id]
+        holders = {t: m.member_id for m in inst.members for t in getattr(m, kind)}
+        holders.update({t: m.member_id for m in inst.members for t in m.learners
+                        if t not in holders})
+        holders.update({t: m.member_id for m in inst.members for t in m.standbys
+                        if t not in holders})
+        for task, member_id in _distribute(inst.members, tasks, holders).items():
+            result[member_id].append(task)
+    return result
+
+
+def _assignments(
+    plan: _Plan,
+    instances: dict[str, _Instance],
+    by_key: dict[MemberKey, Member],
+    stateful: dict[str, bool],
+    order: dict[str, int],
+    members: list[Member],
+    now_ms: int,
+    noted_at: int,
+    formed_at: int,
+    delay_ms: int,
+) -> dict[str, MemberAssignment]:
+    learner_tasks: dict[str, list[str]] = defaultdict(list)
+    for task, inst in (*plan.learners.items(), *plan.promoted.items()):
+        if not instances[inst].leaving:
+            learner_tasks[inst].append(task)
+    standby_tasks: dict[str, list[str]] = defaultdict(list)
+    for task, insts in plan.standbys.items():
+        for inst in insts:
+            standby_tasks[inst].append(task)
+    learners = _copies_per_member(instances, learner_tasks, "learners")
+    standbys = _copies_per_member(instances, standby_tasks, "standbys")
+
+    targeted: dict[str, int] = defaultdict(int)
+    for inst in plan.target.values():
+        targeted[inst] += 1
+    releases = [since + delay_ms - now_ms for _, since in plan.held.values()]
     for inst in instances.values():
         pending = inst.leaving and inst.deadline_ms is not None and inst.deadline_ms > now_ms
-        if pending and inst.instance_id in plan.target.values():
-            timers.append(inst.deadline_ms - now_ms)  # type: ignore[operator]
-    group_timer = max(0, min(timers)) if timers else None
+        if pending and targeted[inst.instance_id]:
+            releases.append(inst.deadline_ms - now_ms)  # type: ignore[operator]
+    group_timer = max(0, min(releases)) if releases else None
+
+    incoming: dict[MemberKey, list[str]] = defaultdict(list)
+    for task, key in plan.moving.items():
+        incoming[key].append(task)
+    held_for: dict[MemberKey, dict[str, int]] = defaultdict(dict)
+    for task, (key, since) in plan.held.items():
+        held_for[key][task] = since
+    actives_by_key = {m.key: plan.active.get(m.member_id, []) for m in members}
+    notes = build_notes(noted_at, formed_at, members, actives_by_key, incoming, held_for)
+
+    def ordered(tasks: Iterable[str]) -> tuple[str, ...]:
+        return tuple(sorted(tasks, key=order.__getitem__))
 
     learned = set(plan.learners)
     result: dict[str, MemberAssignment] = {}
     for inst in instances.values():
         for member in inst.members:
             mid = member.member_id
-            revoked = sorted(plan.revoke.get(mid, ()), key=task_sort_key)
-            mine = sorted(active[mid], key=task_sort_key)
-            rejoin = 0 if revoked else group_timer
-            shutdown = inst.leaving and not mine and not revoked and not any(
-                plan.target.get(t) == inst.instance_id for t in plan.target
-            )
+            revoked = ordered(plan.revoke.get(mid, ()))
+            mine = ordered(plan.active.get(mid, ()))
+            shutdown = inst.leaving and not mine and not revoked and not targeted[
+                inst.instance_id]
             result[mid] = MemberAssignment(
-                active=tuple(mine),
+                active=mine,
                 being_learned=tuple(t for t in mine if t in learned),
-                learners=() if inst.leaving else tuple(sorted(learners[mid], key=task_sort_key)),
-                standbys=() if inst.leaving else tuple(sorted(standbys[mid], key=task_sort_key)),
-                revoked=tuple(revoked),
-                rejoin_after_ms=rejoin,
+                learners=() if inst.leaving else ordered(learners.get(mid, ())),
+                standbys=() if inst.leaving else ordered(standbys.get(mid, ())),
+                revoked=revoked,
+                rejoin_after_ms=0 if revoked else group_timer,
                 shutdown=shutdown,
+                notes=notes[mid],
             )
     return result

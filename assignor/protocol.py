@@ -3,22 +3,37 @@ tells each member (assignment), versioned and msgpack-encoded, in the user_data 
 consumer group protocol.
 
 Layout: one byte format version, one byte compression (0 none, 1 zlib), then msgpack. Task
-lists are grouped by sub-topology (``{sub: [partition, ...]}``) and large payloads are
-compressed, so a member's payload grows with its own tasks only: no cluster-wide maps.
+lists are grouped by sub-topology (``{sub: [partition, ...]}``); in the leader's notes (see
+:mod:`assignor.notes`), a field older members ignore, each sub-topology's partitions are the
+varint-encoded gaps between them (``{sub: bytes}``), which the decoder reads anywhere. Large
+payloads are compressed, so a member's payload grows with its own tasks and the notes it
+carries: no cluster-wide maps.
+
+The notes are optional in both directions: a subscription from a member that has none (a new
+member, or an older Relay) decodes with ``notes=None``. A member builds its subscription with
+:func:`with_echo`, giving it the last assignment it received.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgpack
 
-from assignor.model import Member, MemberAssignment, parse_task_id, task_sort_key
+from assignor.model import (
+    LeaderNotes,
+    Member,
+    MemberAssignment,
+    MemberNotes,
+    parse_task_id,
+    task_sort_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +61,67 @@ class Subscription:
     topology_hash: str = ""
     #: A static member (group.instance.id); the leader tells those to fetch new assignments.
     static: bool = False
+    #: The leader's notes from the last assignment this member received (echoed).
+    notes: LeaderNotes | None = None
     version: int = VERSION
 
 
+def _varints(numbers: Iterable[int]) -> bytes:
+    out = bytearray()
+    for number in numbers:
+        while number >= 0x80:
+            out.append((number & 0x7F) | 0x80)
+            number >>= 7
+        out.append(number)
+    return bytes(out)
+
+
+def _from_varints(data: bytes) -> list[int]:
+    numbers, value, shift = [], 0, 0
+    for byte in data:
+        value |= (byte & 0x7F) << shift
+        if byte & 0x80:
+            shift += 7
+            if shift > 63:
+                raise ProtocolError("varint too long in a task list")
+        else:
+            numbers.append(value)
+            value, shift = 0, 0
+    if shift:
+        raise ProtocolError("task list ends in the middle of a number")
+    return numbers
+
+
 def _pack_tasks(tasks: Iterable[str]) -> dict[int, list[int]]:
+    """Per sub-topology, its sorted partitions: the layout every Relay version reads."""
     grouped: dict[int, list[int]] = defaultdict(list)
-    for task in sorted(tasks, key=task_sort_key):
+    for task in tasks:
         sub, partition = parse_task_id(task)
         grouped[sub].append(partition)
-    return dict(grouped)
+    return {sub: sorted(partitions) for sub, partitions in sorted(grouped.items())}
+
+
+def _pack_task_gaps(tasks: Iterable[str]) -> dict[int, bytes]:
+    """Per sub-topology, the varint gaps between sorted partitions: the compact layout of
+    the leader's notes (a field older members ignore)."""
+    packed = {}
+    for sub, partitions in _pack_tasks(tasks).items():
+        gaps = [partitions[0]] + [b - a for a, b in itertools.pairwise(partitions)]
+        packed[sub] = _varints(gaps)
+    return packed
+
+
+def _partitions(raw: Any) -> list[Any]:
+    """A sub-topology's partitions: varint gaps (bytes), or a plain list (older members)."""
+    if isinstance(raw, bytes):
+        total, partitions = 0, []
+        for gap in _from_varints(raw):
+            total += gap
+            partitions.append(total)
+        return partitions
+    if isinstance(raw, list):
+        return raw
+    raise ProtocolError("task list entries must be sub-topology -> partitions")
 
 
 def _unpack_tasks(raw: Any) -> tuple[str, ...]:
@@ -62,21 +129,22 @@ def _unpack_tasks(raw: Any) -> tuple[str, ...]:
         raise ProtocolError(f"task list must be a map, not {type(raw).__name__}")
     tasks = []
     for sub, partitions in raw.items():
-        if not isinstance(sub, int) or not isinstance(partitions, list):
-            raise ProtocolError("task list entries must be sub-topology -> [partitions]")
-        for partition in partitions:
-            if not isinstance(partition, int) or partition < 0 or sub < 0:
+        if not isinstance(sub, int):
+            raise ProtocolError("task list entries must be sub-topology -> partitions")
+        for partition in _partitions(partitions):
+            if not isinstance(partition, int) or isinstance(partition, bool) or (
+                    partition < 0 or sub < 0):
                 raise ProtocolError(f"bad task {sub}_{partition!r}")
             tasks.append(f"{sub}_{partition}")
-    return tuple(sorted(tasks, key=task_sort_key))
+    return tuple(sorted(set(tasks), key=task_sort_key))
 
 
 def _pack_lags(lags: Mapping[str, int]) -> dict[int, list[list[int]]]:
     grouped: dict[int, list[list[int]]] = defaultdict(list)
-    for task in sorted(lags, key=task_sort_key):
+    for task, lag in lags.items():
         sub, partition = parse_task_id(task)
-        grouped[sub].append([partition, int(lags[task])])
-    return dict(grouped)
+        grouped[sub].append([partition, int(lag)])
+    return {sub: sorted(entries) for sub, entries in sorted(grouped.items())}
 
 
 def _unpack_lags(raw: Any) -> dict[str, int]:
@@ -84,14 +152,78 @@ def _unpack_lags(raw: Any) -> dict[str, int]:
         raise ProtocolError(f"lag map must be a map, not {type(raw).__name__}")
     lags = {}
     for sub, entries in raw.items():
-        if not isinstance(sub, int) or not isinstance(entries, list):
-            raise ProtocolError("lag entries must be sub-topology -> [[partition, lag]]")
-        for entry in entries:
+        if not isinstance(sub, int) or sub < 0:
+            raise ProtocolError("lag entries must be sub-topology -> (partition, lag) pairs")
+        if isinstance(entries, bytes):
+            numbers = _from_varints(entries)
+            if len(numbers) % 2:
+                raise ProtocolError(f"lag entries of sub-topology {sub} are not pairs")
+            partition = 0
+            for gap, lag in zip(numbers[::2], numbers[1::2], strict=False):
+                partition += gap
+                lags[f"{sub}_{partition}"] = lag
+            continue
+        if not isinstance(entries, list):
+            raise ProtocolError("lag entries must be sub-topology -> (partition, lag) pairs")
+        for entry in entries:  # the older layout: [[partition, lag], ...]
             if (not isinstance(entry, list) or len(entry) != 2
-                    or not all(isinstance(x, int) for x in entry)):
+                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in entry)
+                    or entry[0] < 0):
                 raise ProtocolError(f"bad lag entry {entry!r}")
             lags[f"{sub}_{entry[0]}"] = entry[1]
     return lags
+
+
+def _pack_notes(notes: LeaderNotes | None) -> dict[str, Any] | None:
+    if notes is None:
+        return None
+    entries = []
+    for (instance, thread), record in sorted(notes.members.items()):
+        by_since: dict[int, list[str]] = defaultdict(list)
+        for task, since in record.held.items():
+            by_since[since].append(task)
+        entries.append([instance, thread, _pack_task_gaps(record.owned),
+                        _pack_task_gaps(record.incoming),
+                        [[since, _pack_task_gaps(tasks)]
+                         for since, tasks in sorted(by_since.items())]])
+    return {"r": notes.round_ms, "f": notes.formed_at_ms, "m": entries}
+
+
+def _notes_or_none(raw: Any, what: str) -> LeaderNotes | None:
+    """The leader's notes, or None when they cannot be decoded: the rest of the metadata
+    stays usable (a new leader then only knows less)."""
+    try:
+        return _unpack_notes(raw, what)
+    except ProtocolError as exc:
+        log.warning("%s: ignoring the leader's notes it carries: %s", what, exc)
+        return None
+
+
+def _unpack_notes(raw: Any, what: str) -> LeaderNotes | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{what}: leader notes must be a map, not {type(raw).__name__}")
+    entries = raw.get("m", [])
+    if not isinstance(entries, list):
+        raise ProtocolError(f"{what}: leader notes' members must be a list")
+    members: dict[tuple[str, int], MemberNotes] = {}
+    for entry in entries:
+        if (not isinstance(entry, list) or len(entry) != 5 or not isinstance(entry[0], str)
+                or not isinstance(entry[1], int) or not isinstance(entry[4], list)):
+            raise ProtocolError(f"{what}: bad leader notes entry {entry!r:.80}")
+        held: dict[str, int] = {}
+        for pair in entry[4]:
+            if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], int):
+                raise ProtocolError(f"{what}: bad held-task entry {pair!r:.80}")
+            held.update(dict.fromkeys(_unpack_tasks(pair[1]), pair[0]))
+        members[(entry[0], entry[1])] = MemberNotes(
+            owned=_unpack_tasks(entry[2]), incoming=_unpack_tasks(entry[3]), held=held)
+    return LeaderNotes(
+        round_ms=_field(raw, "r", int, what),
+        formed_at_ms=_field(raw, "f", int, what, optional=True),
+        members=members,
+    )
 
 
 def _frame(payload: dict[str, Any]) -> bytes:
@@ -143,7 +275,7 @@ def encode_subscription(sub: Subscription) -> bytes:
         "a": _pack_tasks(sub.active), "s": _pack_lags(sub.standbys),
         "l": _pack_lags(sub.learners), "L": sub.leaving, "ls": sub.leaving_since_ms,
         "st": sub.scale_down_timeout_ms, "r": sub.rejoin_token, "h": sub.topology_hash,
-        "S": sub.static,
+        "S": sub.static, "n": _pack_notes(sub.notes),
     })
 
 
@@ -163,6 +295,7 @@ def decode_subscription(data: bytes | None) -> Subscription:
         rejoin_token=_field(payload, "r", int, what),
         topology_hash=_field(payload, "h", str, what),
         static=bool(payload.get("S", False)),
+        notes=_notes_or_none(payload.get("n"), what),
     )
 
 
@@ -183,7 +316,15 @@ def member_from_subscription(member_id: str, sub: Subscription) -> Member:
         learners=dict(sub.learners), leaving=sub.leaving,
         leaving_since_ms=sub.leaving_since_ms,
         scale_down_timeout_ms=sub.scale_down_timeout_ms,
+        notes=sub.notes,
     )
+
+
+def with_echo(subscription: Subscription, last: MemberAssignment | None) -> Subscription:
+    """``subscription`` echoing the leader's notes of ``last``, the last assignment the member
+    received (None: nothing to echo). This is all a member does to let any new leader rebuild
+    the previous leader's memory."""
+    return replace(subscription, notes=None if last is None else last.notes)
 
 
 def encode_assignment(assignment: MemberAssignment) -> bytes:
@@ -191,7 +332,7 @@ def encode_assignment(assignment: MemberAssignment) -> bytes:
         "a": _pack_tasks(assignment.active), "b": _pack_tasks(assignment.being_learned),
         "l": _pack_tasks(assignment.learners), "s": _pack_tasks(assignment.standbys),
         "r": _pack_tasks(assignment.revoked), "j": assignment.rejoin_after_ms,
-        "x": assignment.shutdown, "e": assignment.error,
+        "x": assignment.shutdown, "e": assignment.error, "n": _pack_notes(assignment.notes),
     })
 
 
@@ -207,4 +348,5 @@ def decode_assignment(data: bytes | None) -> MemberAssignment:
         rejoin_after_ms=_field(payload, "j", int, what, optional=True),
         shutdown=bool(_field(payload, "x", bool, what)),
         error=_field(payload, "e", str, what, optional=True),
+        notes=_notes_or_none(payload.get("n"), what),
     )

@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaProducer
 from rich.console import Console
 from rich.table import Table
 
+from statestore.recovery import bootstrap_from_snapshot
 from statestore.restore import ChangelogReader
 from statestore.serdes import MsgPackSerde, OrderedKeySerde
 from statestore.snapshot import SnapshotSettings
@@ -87,8 +88,9 @@ async def restore_into_empty_store(bootstrap: str, app: str, snapshot_root: Path
         snapshot_root, bootstrap).for_store(app, TASK, STORE)
     started = time.perf_counter()
     store = KeyValueStore(StoreSpec(STORE), store_directory(state_dir, app, TASK, STORE),
-                          changelog_topic_name(app, STORE), 0, snapshot=snapshot,
-                          ).open(bulk_load=True)
+                          changelog_topic_name(app, STORE), 0).open(bulk_load=True)
+    if snapshot is not None:
+        bootstrap_from_snapshot(store, snapshot)
     opened = time.perf_counter()
     try:
         async with ChangelogReader(bootstrap) as reader:

@@ -8,7 +8,11 @@ from statestore.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from statestore.errors import (
     ChangelogDecodeError,
     StateStoreError,
+    StoreCorruptError,
+    StoreIOError,
     StoreLockedError,
+    StoreReadError,
+    StoreWriteError,
     TopicMismatchError,
 )
 from statestore.serdes import (
@@ -32,8 +36,12 @@ __all__ = [
     "OrderedKeySerde",
     "Serde",
     "StateStoreError",
+    "StoreCorruptError",
+    "StoreIOError",
     "StoreLockedError",
+    "StoreReadError",
     "StoreSpec",
+    "StoreWriteError",
     "StrSerde",
     "TopicMismatchError",
     "read_checkpoint",

@@ -1,5 +1,6 @@
-"""The changelog writer: sends the records a task's stores queued to their changelog topics and,
-once the broker acknowledged them, moves each store's changelog position forward.
+"""The changelog writer: sends the records a task's stores queued to their changelog topics and
+reports each acknowledgement back to its store, which commits only once every record it
+queued was acknowledged.
 """
 
 from __future__ import annotations
@@ -50,8 +51,12 @@ class ChangelogWriter:
         if not in_flight:
             return
         results = await asyncio.gather(*(future for _, future in in_flight))
+        acked: dict[int, tuple[KeyValueStore, int, int]] = {}
         for (store, _), metadata in zip(in_flight, results, strict=True):
-            store.acknowledged(metadata.offset + 1)
+            _, count, end = acked.get(id(store), (store, 0, 0))
+            acked[id(store)] = (store, count + 1, max(end, metadata.offset + 1))
+        for store, count, end in acked.values():
+            store.acknowledged(end, count)
 
     async def flush(self, stores: Iterable[KeyValueStore]) -> None:
         stores = list(stores)

@@ -25,3 +25,22 @@ class ChangelogDecodeError(StateStoreError):
         self.topic = topic
         self.partition = partition
         self.offset = offset
+
+
+class StoreIOError(StateStoreError):
+    """The machine failed a store (disk full, I/O error, unreadable database): not the fault
+    of the record being processed. The runtime stops without committing past it."""
+
+
+class StoreWriteError(StoreIOError):
+    """A store could not be written (RocksDB refused a write or a flush, or the checkpoint
+    could not be written); names the store and its directory."""
+
+
+class StoreReadError(StoreIOError):
+    """A store could not be read (RocksDB failed a lookup or a scan)."""
+
+
+class StoreCorruptError(StateStoreError):
+    """A store's database cannot be opened as it is on disk (corrupt or incomplete files);
+    the recovery layer wipes it and restores it from its changelog."""

@@ -13,6 +13,15 @@ following copies alike. Stores being restored are opened for bulk loading (a vec
 sorted when RocksDB flushes it in its own threads) and switched to the default memtable
 before a task reads them (``KeyValueStore.end_bulk_load``).
 
+A task's store (``tracks_input``) writes its changelog in groups, each closed by the input
+position the group's writes reflect (a reserved key). The reader applies such a changelog
+only up to the last input position it read and holds the records after it until the next
+one arrives: a writer that stopped mid-group (killed, or stopped at a bad record) left
+writes whose input was never covered, and applying them would count that input twice when
+it is processed again. When the store stops being read with records still held, it is told
+their keys (``mark_uncovered``), and the task that runs it writes its restored values over
+them before anything else.
+
 The changelog's end is taken from the fetch response (its last stable offset, which is the
 high watermark unless a transaction is open), never from ListOffsets: some brokers answer
 ListOffsets(latest) with the last batch's base offset + 1.
@@ -33,7 +42,7 @@ from aiokafka.structs import TopicPartition
 from statestore.errors import ChangelogDecodeError, StateStoreError
 from statestore.fetch import ChangelogFetcher, FetchedPartition, FetchedRecord, FetchSettings
 from statestore.serdes import OrderedKeySerde, SerdeError
-from statestore.store import KeyValueStore
+from statestore.store import RESERVED_PREFIX, KeyValueStore
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +120,8 @@ class ChangelogReader:
         self._fetch_positions: dict[TopicPartition, int] = {}
         #: Each partition's end as the last fetch answered it.
         self._ends: dict[TopicPartition, int] = {}
+        #: Records of input-tracking stores read after their last input position, not applied.
+        self._held: dict[TopicPartition, list[FetchedRecord]] = {}
         self._in_flight: asyncio.Task[list[FetchedPartition]] | None = None
         self._started = False
         self.stats = RestoreStats()
@@ -141,10 +152,17 @@ class ChangelogReader:
             return
         if not store.is_open:
             raise StateStoreError(f"open store {store.name} before registering it")
+        if store.uncommitted or store.unacknowledged:
+            # Its writes since the last commit may or may not be in the changelog, which is
+            # read again from the position the database reflects.
+            log.warning("%r: %d uncommitted writes dropped; the changelog is read from offset "
+                        "%d instead", store, store.uncommitted, store.position)
+            store.abort()
         tp = TopicPartition(store.changelog_topic, store.partition)
         self._drop_in_flight()
         self._stores[tp] = store
         self._fetch_positions[tp] = store.position
+        self._held.pop(tp, None)
         # The end is unknown until a fetch issued from now on answers.
         self._ends.pop(tp, None)
         self._fetcher.track(tp.topic)
@@ -158,6 +176,9 @@ class ChangelogReader:
             del self._stores[tp]
             self._fetch_positions.pop(tp, None)
             self._ends.pop(tp, None)
+            held = self._held.pop(tp, None)
+            if held:
+                store.mark_uncovered({key for key, _ in held if key is not None})
 
     @property
     def fetcher(self) -> ChangelogFetcher:
@@ -168,11 +189,14 @@ class ChangelogReader:
         return list(self._stores.values())
 
     def progress(self, store: KeyValueStore) -> CopyProgress:
+        """How far the store's changelog was read, and its end. Records held back (after
+        the last input position) count as read: they wait for their writer, not the reader."""
         if store.changelog_topic is None:
             return CopyProgress("", store.partition, store.position, store.position)
         tp = TopicPartition(store.changelog_topic, store.partition)
-        end = self._ends.get(tp) if self._stores.get(tp) is store else None
-        return CopyProgress(tp.topic, tp.partition, store.position, end)
+        if self._stores.get(tp) is not store:
+            return CopyProgress(tp.topic, tp.partition, store.position, None)
+        return CopyProgress(tp.topic, tp.partition, self._fetch_positions[tp], self._ends.get(tp))
 
     def lag(self, store: KeyValueStore) -> int | None:
         """Records the store is behind its changelog's end; None until the end is known."""
@@ -235,6 +259,7 @@ class ChangelogReader:
             tp = item.fetched.tp
             if self._stores.get(tp) is item.store:
                 self._fetch_positions[tp] = item.store.position
+                self._held.pop(tp, None)
 
     def _send_fetch(
         self, sent: asyncio.Event | None = None
@@ -260,9 +285,37 @@ class ChangelogReader:
         return accepted
 
     def _apply(self, item: _Accepted) -> None:
+        store = item.store
+        if store.tracks_input:
+            self._apply_covered(item)
         # An empty fetch at the end changes nothing; control batches alone move the position.
-        if item.changes or item.next_offset != item.store.position:
-            item.store.apply_restore_batch(item.changes, item.next_offset)  # type: ignore[arg-type]
+        elif item.changes or item.next_offset != store.position:
+            store.apply_restore_batch(item.changes, item.next_offset)  # type: ignore[arg-type]
+
+    def _apply_covered(self, item: _Accepted) -> None:
+        """Apply the records up to the last input position read; hold the rest."""
+        tp, changes = item.fetched.tp, item.changes
+        held = self._held.get(tp, [])
+        last = len(changes) - 1
+        while last >= 0 and not _is_reserved(changes[last][0]):
+            last -= 1
+        if last < 0:
+            if changes:
+                self._held[tp] = held + changes
+            elif not held and item.next_offset != item.store.position:
+                item.store.set_position(item.next_offset)
+            return
+        covered = held + changes[: last + 1] if held else changes[: last + 1]
+        rest = changes[last + 1:]
+        if rest:
+            self._held[tp] = rest
+            # Where a restart reads again from: the start of this fetch, before the records
+            # held (applying the covered ones again is harmless: they are whole values).
+            position = item.fetched.fetch_offset
+        else:
+            self._held.pop(tp, None)
+            position = item.next_offset
+        item.store.apply_restore_batch(covered, max(position, item.store.position))  # type: ignore[arg-type]
 
     def _check(
         self, store: KeyValueStore, fetched: FetchedPartition, changes: list[FetchedRecord]
@@ -377,6 +430,10 @@ class ChangelogReader:
         """Keep registered standby and learner copies up to date until ``stop`` is set."""
         while not stop.is_set():
             await self.poll(timeout_ms=200)
+
+
+def _is_reserved(key: bytes | None) -> bool:
+    return key is not None and key.startswith(RESERVED_PREFIX)
 
 
 async def _until_sent(fetch: asyncio.Task[list[FetchedPartition]], sent: asyncio.Event) -> None:

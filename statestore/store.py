@@ -1,10 +1,16 @@
 """The key-value store: one RocksDB database per (task, store name), every write mirrored to the
 store's changelog topic.
 
-Writes go to RocksDB at once and are queued as changelog records; the task drains the queue
-into its producer (see :mod:`statestore.changelog`) and, once the broker acknowledged them,
-moves the store's changelog position forward. ``commit`` flushes RocksDB and writes that
-position to the checkpoint file, which restoration resumes from.
+A store is passive: it opens, reads, writes, commits and closes; what state it should start
+from (a checkpoint, a snapshot, a full restore) is decided by :mod:`statestore.recovery`.
+
+Writes go to a write buffer (:mod:`statestore.buffer`) that reads see, and are queued as
+changelog records; the task drains the queue into its producer (see
+:mod:`statestore.changelog`), which reports each acknowledgement back. ``commit``, called once
+every queued record was acknowledged, applies the buffer to RocksDB in one WriteBatch, flushes
+and writes the changelog position the database now reflects to the checkpoint file. So the
+database never holds a write its changelog might not have: after a crash the store is at its
+last commit, and the changelog (read from the checkpoint) brings it forward.
 """
 
 from __future__ import annotations
@@ -27,10 +33,23 @@ from rocksdict import (
     WriteOptions,
 )
 
-from statestore.checkpoint import Checkpoint, read_checkpoint, remove_checkpoint, write_checkpoint
-from statestore.errors import StateStoreError, StoreLockedError
+from statestore.buffer import WriteBuffer, merge
+from statestore.checkpoint import (
+    Checkpoint,
+    checkpoint_path,
+    read_checkpoint,
+    remove_checkpoint,
+    write_checkpoint,
+)
+from statestore.errors import (
+    StateStoreError,
+    StoreCorruptError,
+    StoreIOError,
+    StoreLockedError,
+    StoreReadError,
+    StoreWriteError,
+)
 from statestore.serdes import MsgPackSerde, OrderedKeySerde, Serde, serde_from_name
-from statestore.snapshot import SnapshotRef, load_snapshot, plan_bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +87,12 @@ def changelog_topic_name(application_id: str, store: str) -> str:
 
 
 class KeyValueStore:
-    """A changelogged RocksDB store for one task. Not thread-safe: one task owns it."""
+    """A changelogged RocksDB store for one task. Not thread-safe: one task owns it.
+
+    ``tracks_input``: a task's store, whose changelog records count only once the input
+    position written after them covers them (see ``write_input_position``): restoration
+    applies its changelog up to the last input position it read and holds what follows.
+    """
 
     def __init__(
         self,
@@ -76,19 +100,32 @@ class KeyValueStore:
         directory: Path,
         changelog_topic: str | None,
         partition: int,
-        snapshot: SnapshotRef | None = None,
+        *,
+        tracks_input: bool = False,
     ) -> None:
         self.spec = spec
-        # A snapshot this store bootstraps from when it has no (or an older) checkpoint.
-        self.snapshot = snapshot
         self.directory = Path(directory)
         self.changelog_topic = changelog_topic if spec.changelogged else None
         self.partition = partition
+        self.tracks_input = tracks_input
         self._db: Rdict | None = None
         self._lock_fd: int | None = None
+        self._buffer = WriteBuffer()
         self._pending: list[ChangelogRecord] = []
-        # The next changelog offset the state on disk reflects (restored or acknowledged).
+        # Changelog records handed to the producer and not acknowledged yet.
+        self._unacked = 0
+        # Records handed over before an abort: their acknowledgements move nothing (the
+        # database does not have their writes; a reader of the changelog applies them).
+        self._stale_acks = 0
+        # The changelog offset after the last acknowledged record of this store.
+        self._acked_to = 0
+        # Keys whose last changelog records no input position covers: a writer stopped
+        # between writing them and writing the position (see ``end_bulk_load``).
+        self._uncovered: set[bytes] = set()
+        #: The next changelog offset the database reflects (restored or committed).
         self.position = 0
+        #: Whether ``open`` found a checkpoint vouching for the state on disk.
+        self.has_checkpoint = False
         #: Opened for restoration only (see ``open``); ``end_bulk_load`` makes it readable.
         self.bulk_loading = False
 
@@ -100,48 +137,58 @@ class KeyValueStore:
     def is_open(self) -> bool:
         return self._db is not None
 
+    def __repr__(self) -> str:
+        return f"store {self.name}[{self.partition}] at {self.directory}"
+
     # -- lifecycle -------------------------------------------------------------------------
 
     def open(self, *, bulk_load: bool = False) -> KeyValueStore:
         """Lock the directory, drop state that no checkpoint vouches for, open RocksDB.
 
-        After ``open`` the store's ``position`` is where restoration must resume. With
-        ``bulk_load`` the store is tuned for being written by restoration and not read: call
-        ``end_bulk_load`` before it serves reads (a task about to run).
+        After ``open`` the store's ``position`` is where restoration must resume. A checkpoint
+        whose database is missing means a full restore (with a warning); a database RocksDB
+        cannot open as it is raises :class:`StoreCorruptError` (the recovery layer wipes it);
+        a failing disk raises :class:`StoreIOError`. With ``bulk_load`` the store is tuned for
+        being written by restoration and not read: call ``end_bulk_load`` before it serves
+        reads (a task about to run).
         """
         if self._db is not None:
             return self
-        self.directory.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreIOError(f"cannot create the directory of {self!r}: {exc}") from exc
         self._acquire_lock()
         try:
             checkpoint = None
             if self.changelog_topic is not None:
                 checkpoint = read_checkpoint(self.directory, self.changelog_topic, self.partition)
+                if checkpoint is not None and not (self.directory / "CURRENT").is_file():
+                    log.warning(
+                        "%r: checkpoint %s has no database beside it (deleted or never "
+                        "written): restoring the store in full", self,
+                        checkpoint_path(self.directory),
+                    )
+                    remove_checkpoint(self.directory)
+                    checkpoint = None
                 if checkpoint is None and self.directory.exists():
                     shutil.rmtree(self.directory)
-            bootstrap = None
-            if self.snapshot is not None:
-                bootstrap = plan_bootstrap(self, self.snapshot, checkpoint)
-                if bootstrap is not None:
-                    # The snapshot replaces whatever older state is on disk.
-                    shutil.rmtree(self.directory, ignore_errors=True)
-                    checkpoint = None
             self.position = checkpoint.offset if checkpoint else 0
-            self._db = _open_db(self.directory, bulk_load)
+            self._acked_to = self.position
+            self.has_checkpoint = checkpoint is not None
+            self._db = _open_db(self.directory, bulk_load, self)
             self.bulk_loading = bulk_load
-            if bootstrap is not None:
-                load_snapshot(self, bootstrap)
         except BaseException:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
             self._release_lock()
             raise
         return self
 
     def _acquire_lock(self) -> None:
         lock_path = self.directory.parent / f"{self.directory.name}.lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreIOError(f"cannot lock {self!r} ({lock_path}): {exc}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -151,8 +198,12 @@ class KeyValueStore:
                 f"store directory {self.directory} is held by another live process "
                 f"(pid {holder}); stop it, or give this instance its own state_dir"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError as exc:
+            os.close(fd)
+            raise StoreIOError(f"cannot lock {self!r} ({lock_path}): {exc}") from exc
         self._lock_fd = fd
 
     def _release_lock(self) -> None:
@@ -162,29 +213,92 @@ class KeyValueStore:
             self._lock_fd = None
 
     def end_bulk_load(self) -> None:
-        """Make a store opened with ``bulk_load`` fit for reads: flush the bulk memtable and
-        reopen RocksDB with the default one. The directory stays locked throughout."""
-        if not self.bulk_loading:
-            return
+        """Make the store a running task's: a store opened with ``bulk_load`` is flushed and
+        reopened with the default memtable (the directory stays locked throughout), and keys
+        whose last changelog records no input position covers are written again with the
+        values the store holds, so that no later reader applies those records as if their
+        input had been processed."""
+        if self.bulk_loading:
+            db = self._require_open()
+            try:
+                db.flush()
+            except Exception as exc:
+                raise StoreWriteError(f"{self!r}: flush failed: {exc}") from exc
+            db.close()
+            self._db = None
+            self.bulk_loading = False
+            try:
+                self._db = _open_db(self.directory, False, self)
+            except BaseException:
+                self._release_lock()
+                raise
+        if self._uncovered:
+            self._supersede_uncovered()
+
+    def mark_uncovered(self, keys: set[bytes]) -> None:
+        """Restoration read changelog records for ``keys`` after the last input position and
+        did not apply them: the writer stopped before it covered them."""
+        self._uncovered |= keys
+
+    def _supersede_uncovered(self) -> None:
         db = self._require_open()
-        db.flush()
-        db.close()
-        self._db = None
-        self.bulk_loading = False
-        try:
-            self._db = _open_db(self.directory, bulk_load=False)
-        except BaseException:
-            self._release_lock()
-            raise
+        keys, self._uncovered = sorted(self._uncovered), set()
+        for key in keys:
+            value = self._db_get(db, key)
+            self._buffer.put(key, value)
+            self._queue(key, value)
+        position = self._db_get(db, INPUT_POSITION_KEY)
+        if position is not None:
+            self._queue(INPUT_POSITION_KEY, position)
+        log.warning(
+            "%r: its changelog ends with %d writes no input position covers (a writer "
+            "stopped mid-commit); they were not applied, and the restored values are written "
+            "over them", self, len(keys),
+        )
 
     def close(self) -> None:
-        """Flush and close. Queued changelog records not yet sent are the caller's to send."""
+        """Commit what the changelog holds, then close.
+
+        A store closed with changelog records not sent or not acknowledged says so and drops
+        its uncommitted writes: its checkpoint stays at its last commit, never past what the
+        changelog holds. The input they came from was not committed either, and is processed
+        again.
+        """
         if self._db is None:
             return
-        self._db.flush()
-        self._db.close()
-        self._db = None
-        self._release_lock()
+        try:
+            unconfirmed = len(self._pending) + self._unacked
+            if unconfirmed:
+                log.warning(
+                    "%r closes with %d changelog records not sent or not acknowledged: its %d "
+                    "uncommitted writes are dropped and its checkpoint stays at offset %d",
+                    self, unconfirmed, len(self._buffer), self.position,
+                )
+                self.abort()
+            self.commit()
+        except Exception:
+            log.exception("%r: commit on close failed; it restores from its last checkpoint "
+                          "when next opened", self)
+        finally:
+            self.abort()
+            self._uncovered.clear()
+            self._db.close()
+            self._db = None
+            self._release_lock()
+
+    def abort(self) -> None:
+        """Drop the writes since the last commit and the changelog records not acknowledged
+        yet; the database and its position stay at the last commit."""
+        self._buffer.clear()
+        self._pending.clear()
+        self._stale_acks += self._unacked
+        self._unacked = 0
+        self._acked_to = self.position
+
+    @property
+    def uncommitted(self) -> int:
+        """Writes buffered since the last commit."""
+        return len(self._buffer)
 
     def wipe(self) -> None:
         """Delete the store's data and checkpoint (it must be closed)."""
@@ -193,37 +307,74 @@ class KeyValueStore:
         remove_checkpoint(self.directory)
         shutil.rmtree(self.directory, ignore_errors=True)
         self.position = 0
+        self._acked_to = 0
+        self.has_checkpoint = False
 
     def commit(self) -> None:
-        """Flush RocksDB and record the changelog position it reflects.
+        """Apply the buffered writes to RocksDB, flush, and record the changelog position the
+        database reflects in the checkpoint file.
 
-        Call only after the changelog records written so far were acknowledged, so that the
-        checkpoint never claims more than the changelog holds.
+        Refused while changelog records are unsent or unacknowledged: the checkpoint never
+        claims more than the changelog holds. A failing disk raises
+        :class:`StoreWriteError`.
         """
         db = self._require_open()
-        if self._pending:
+        if self._pending or self._unacked:
             raise StateStoreError(
-                f"store {self.name}: {len(self._pending)} changelog records were not sent yet"
+                f"{self!r}: {len(self._pending)} changelog records were not sent yet and "
+                f"{self._unacked} not acknowledged; commit after the changelog has them"
             )
-        db.flush()
-        if self.changelog_topic is not None:
-            write_checkpoint(
-                self.directory, Checkpoint(self.changelog_topic, self.partition, self.position)
-            )
+        try:
+            if self._buffer:
+                batch = WriteBatch(raw_mode=True)
+                for key, value in self._buffer.items():
+                    if value is None:
+                        batch.delete(key)
+                    else:
+                        batch.put(key, value)
+                # No write-ahead log: the changelog is the log, and the flush below makes the
+                # batch durable before the checkpoint says so.
+                db.write(batch, _NO_WAL)
+                self._buffer.clear()
+            db.flush()
+            self.position = max(self.position, self._acked_to)
+            if self.changelog_topic is not None:
+                write_checkpoint(
+                    self.directory,
+                    Checkpoint(self.changelog_topic, self.partition, self.position),
+                )
+        except Exception as exc:
+            raise StoreWriteError(f"{self!r}: commit failed: {exc}") from exc
 
     def _require_open(self) -> Rdict:
         if self._db is None:
             raise StateStoreError(f"store {self.name} at {self.directory} is not open")
         return self._db
 
+    def _db_get(self, db: Rdict, key: bytes) -> bytes | None:
+        try:
+            return db.get(key)
+        except Exception as exc:
+            raise StoreReadError(f"{self!r}: read failed: {exc}") from exc
+
+    def _raw_get(self, key: bytes) -> bytes | None:
+        db = self._require_open()
+        if key in self._buffer:
+            return self._buffer.get(key)
+        return self._db_get(db, key)
+
+    def _queue(self, key: bytes, value: bytes | None) -> None:
+        if self.changelog_topic is not None:
+            self._pending.append((key, value))
+
     # -- reads and writes ------------------------------------------------------------------
 
     def get(self, key: Any, default: Any = None) -> Any:
-        raw = self._require_open().get(self.spec.key_serde.dumps(key))
+        raw = self._raw_get(self.spec.key_serde.dumps(key))
         return default if raw is None else self.spec.value_serde.loads(raw)
 
     def __contains__(self, key: Any) -> bool:
-        return self._require_open().get(self.spec.key_serde.dumps(key)) is not None
+        return self._raw_get(self.spec.key_serde.dumps(key)) is not None
 
     def put(self, key: Any, value: Any) -> None:
         if value is None:
@@ -231,25 +382,27 @@ class KeyValueStore:
             return
         raw_key = self.spec.key_serde.dumps(key)
         raw_value = self.spec.value_serde.dumps(value)
-        self._require_open().put(raw_key, raw_value)
-        if self.changelog_topic is not None:
-            self._pending.append((raw_key, raw_value))
+        self._require_open()
+        self._buffer.put(raw_key, raw_value)
+        self._queue(raw_key, raw_value)
 
     def delete(self, key: Any) -> None:
         raw_key = self.spec.key_serde.dumps(key)
-        self._require_open().delete(raw_key)
-        if self.changelog_topic is not None:
-            self._pending.append((raw_key, None))
+        self._require_open()
+        self._buffer.put(raw_key, None)
+        self._queue(raw_key, None)
 
     def write_input_position(self, offsets: dict[str, int]) -> None:
-        """Record the next input offset per ``"topic:partition"`` this state reflects."""
+        """Record the next input offset per ``"topic:partition"`` this state reflects. Its
+        changelog record follows the writes it covers: restoration applies a task store's
+        writes only once such a record covers them."""
         raw = msgpack.packb(offsets)
-        self._require_open().put(INPUT_POSITION_KEY, raw)
-        if self.changelog_topic is not None:
-            self._pending.append((INPUT_POSITION_KEY, raw))
+        self._require_open()
+        self._buffer.put(INPUT_POSITION_KEY, raw)
+        self._queue(INPUT_POSITION_KEY, raw)
 
     def read_input_position(self) -> dict[str, int]:
-        raw = self._require_open().get(INPUT_POSITION_KEY)
+        raw = self._raw_get(INPUT_POSITION_KEY)
         if raw is None:
             return {}
         try:
@@ -290,15 +443,9 @@ class KeyValueStore:
         return self.keys()
 
     def raw_items(self) -> Iterator[tuple[bytes, bytes]]:
-        """Encoded entries as stored, for snapshots and comparisons."""
-        db = self._require_open()
-        iterator = db.iter()
-        iterator.seek_to_first()
-        while iterator.valid():
-            key = iterator.key()
-            if not key.startswith(RESERVED_PREFIX):
-                yield key, iterator.value()
-            iterator.next()
+        """Encoded entries as stored (uncommitted writes included), for snapshots and
+        comparisons."""
+        return self._raw_scan(None, None, False)
 
     def approximate_count(self) -> int:
         return int(self._require_open().property_int_value("rocksdb.estimate-num-keys") or 0)
@@ -306,50 +453,92 @@ class KeyValueStore:
     def _scan(
         self, lower: bytes | None, upper: bytes | None, reverse: bool
     ) -> Iterator[tuple[Any, Any]]:
-        iterator = self._require_open().iter()
-        if reverse:
-            if upper is None:
-                iterator.seek_to_last()
-            else:
-                iterator.seek_for_prev(upper)
-                if iterator.valid() and iterator.key() >= upper:
-                    iterator.prev()
-        elif lower is None:
-            iterator.seek_to_first()
-        else:
-            iterator.seek(lower)
         loads_key = self.spec.key_serde.loads
         loads_value = self.spec.value_serde.loads
-        while iterator.valid():
-            key = iterator.key()
-            if (upper is not None and key >= upper) or (lower is not None and key < lower):
-                return
-            if not key.startswith(RESERVED_PREFIX):
-                yield loads_key(key), loads_value(iterator.value())
+        for key, value in self._raw_scan(lower, upper, reverse):
+            yield loads_key(key), loads_value(value)
+
+    def _raw_scan(
+        self, lower: bytes | None, upper: bytes | None, reverse: bool
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """The database's entries in range merged with the buffer's, reserved keys left out."""
+        buffered = [
+            (key, value) for key, value in self._buffer.scan(lower, upper, reverse)
+            if not key.startswith(RESERVED_PREFIX)
+        ]
+        return merge(self._db_scan(lower, upper, reverse), buffered, reverse)
+
+    def _db_scan(
+        self, lower: bytes | None, upper: bytes | None, reverse: bool
+    ) -> Iterator[tuple[bytes, bytes]]:
+        try:
+            iterator = self._require_open().iter()
             if reverse:
-                iterator.prev()
+                if upper is None:
+                    iterator.seek_to_last()
+                else:
+                    iterator.seek_for_prev(upper)
+                    if iterator.valid() and iterator.key() >= upper:
+                        iterator.prev()
+            elif lower is None:
+                iterator.seek_to_first()
             else:
-                iterator.next()
+                iterator.seek(lower)
+            while iterator.valid():
+                key = iterator.key()
+                if (upper is not None and key >= upper) or (lower is not None and key < lower):
+                    return
+                if not key.startswith(RESERVED_PREFIX):
+                    yield key, iterator.value()
+                if reverse:
+                    iterator.prev()
+                else:
+                    iterator.next()
+            iterator.status()
+        except StateStoreError:
+            raise
+        except Exception as exc:
+            raise StoreReadError(f"{self!r}: scan failed: {exc}") from exc
 
     # -- changelog side --------------------------------------------------------------------
 
     def drain_changelog(self) -> list[ChangelogRecord]:
-        """Hand over the changelog records queued since the last drain, oldest first."""
+        """Hand over the changelog records queued since the last drain, oldest first. The
+        store counts them as unacknowledged until ``acknowledged`` (or ``requeue_changelog``)
+        is called for each."""
         pending, self._pending = self._pending, []
+        self._unacked += len(pending)
         return pending
 
     def requeue_changelog(self, records: list[ChangelogRecord]) -> None:
         """Put records drained but never handed to the producer back in front of the queue."""
         if records:
             self._pending[:0] = records
+            self._unacked -= len(records)
 
-    def acknowledged(self, next_offset: int) -> None:
-        """The changelog holds this store's writes up to ``next_offset`` (exclusive)."""
-        self.position = max(self.position, next_offset)
+    def acknowledged(self, next_offset: int, records: int = 1) -> None:
+        """The changelog holds ``records`` more of this store's writes, the last one ending
+        before ``next_offset``."""
+        stale = min(records, self._stale_acks)
+        self._stale_acks -= stale
+        if stale == records:
+            return
+        self._unacked = max(0, self._unacked - (records - stale))
+        self._acked_to = max(self._acked_to, next_offset)
+
+    @property
+    def unacknowledged(self) -> int:
+        """Changelog records queued or handed over and not acknowledged yet."""
+        return len(self._pending) + self._unacked
 
     def apply_restore_batch(self, records: list[ChangelogRecord], next_offset: int) -> None:
         """Apply changelog records (already encoded) in one WriteBatch; tombstones delete."""
         db = self._require_open()
+        if self._buffer:
+            raise StateStoreError(
+                f"{self!r}: {len(self._buffer)} uncommitted writes; abort them before "
+                f"restoring"
+            )
         batch = WriteBatch(raw_mode=True)
         put, delete = batch.put, batch.delete
         for key, value in records:
@@ -359,20 +548,42 @@ class KeyValueStore:
                 put(key, value)
         # No write-ahead log: the changelog is the log. A crash before the next checkpoint
         # (written after a flush) replays from the previous one.
-        db.write(batch, _NO_WAL)
+        try:
+            db.write(batch, _NO_WAL)
+        except Exception as exc:
+            raise StoreWriteError(f"{self!r}: restore write failed: {exc}") from exc
         self.position = next_offset
+        self._acked_to = max(self._acked_to, next_offset)
 
     def ingest_sst(self, sst_path: Path, next_offset: int) -> None:
         """Bulk-load a sorted SST file (a snapshot) and move the position to ``next_offset``."""
-        self._require_open().ingest_external_file([str(sst_path)])
+        try:
+            self._require_open().ingest_external_file([str(sst_path)])
+        except StateStoreError:
+            raise
+        except Exception as exc:
+            raise StoreWriteError(f"{self!r}: ingesting {sst_path} failed: {exc}") from exc
         self.position = next_offset
+        self._acked_to = max(self._acked_to, next_offset)
+
+    def set_position(self, next_offset: int) -> None:
+        """The database reflects the changelog up to ``next_offset`` (nothing to apply)."""
+        self.position = next_offset
+        self._acked_to = max(self._acked_to, next_offset)
 
 
-def _open_db(directory: Path, bulk_load: bool) -> Rdict:
+def _open_db(directory: Path, bulk_load: bool, store: KeyValueStore) -> Rdict:
     options = _db_options(bulk_load)
-    # Named for the default column family too: else rocksdict opens an existing database
-    # with the options it was last opened with (a bulk-load memtable included).
-    return Rdict(str(directory), options, column_families={"default": options})
+    try:
+        # Named for the default column family too: else rocksdict opens an existing database
+        # with the options it was last opened with (a bulk-load memtable included).
+        return Rdict(str(directory), options, column_families={"default": options})
+    except Exception as exc:
+        # RocksDB reports what it found on disk as "Corruption: ..." (a truncated SST file,
+        # garbage in CURRENT); anything else (no space, permissions) is the machine's.
+        if str(exc).startswith("Corruption"):
+            raise StoreCorruptError(f"{store!r} cannot be opened: {exc}") from exc
+        raise StoreIOError(f"{store!r} cannot be opened: {exc}") from exc
 
 
 def _db_options(bulk_load: bool) -> Options:

@@ -113,7 +113,11 @@ class AppConfig:
         try:
             self.assignor_config()
         except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+            setting = getattr(exc, "setting", None)
+            message = str(exc)
+            if setting and setting not in message:
+                message = f"{setting}: {message}"
+            raise ConfigError(message) from None
 
     def assignor_config(self) -> AssignorConfig:
         """The leader's assignor settings, derived from these."""

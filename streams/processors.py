@@ -9,12 +9,11 @@ Nodes are built once per topology and shared by its tasks; everything that belon
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from statestore.errors import StateStoreError
-from statestore.serdes import MsgPackSerde, Serde, SerdeError
+from statestore.serdes import MsgPackSerde, Serde
 from statestore.store import KeyValueStore
 from streams.windows import HoppingWindows, Windowed, windowed_key_serde
 
@@ -24,79 +23,6 @@ log = logging.getLogger(__name__)
 class MissingKeyError(ValueError):
     """A record without a key reached a step that needs one (an aggregation, a table, a join,
     a repartition): a bad record, dead-lettered like the others."""
-
-
-class StoreFailure(StateStoreError):
-    """A store could not be read or written (disk full, I/O error, a closed store): an error of
-    the machine, never of the record being processed, so it is not dead-lettered."""
-
-
-class GuardedStore:
-    """A task's store as processors see it. A failure of RocksDB itself becomes a
-    :class:`StoreFailure`; a key or value the serdes cannot encode stays a ``SerdeError``,
-    which is the record's fault."""
-
-    def __init__(self, store: KeyValueStore) -> None:
-        self._store = store
-
-    @property
-    def name(self) -> str:
-        return self._store.name
-
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (SerdeError, StateStoreError, StopIteration):
-            raise
-        except Exception as exc:  # rocksdict raises plain Exception for I/O errors
-            raise StoreFailure(
-                f"store {self._store.name} at {self._store.directory} failed: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-
-    def _scan(self, fn: Callable[..., Iterator[Any]], *args: Any, **kwargs: Any) -> Iterator[Any]:
-        iterator = self._call(fn, *args, **kwargs)
-        while True:
-            try:
-                item = self._call(next, iterator)
-            except StopIteration:
-                return
-            yield item
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        return self._call(self._store.get, key, default)
-
-    def __contains__(self, key: Any) -> bool:
-        return bool(self._call(self._store.__contains__, key))
-
-    def put(self, key: Any, value: Any) -> None:
-        self._call(self._store.put, key, value)
-
-    def delete(self, key: Any) -> None:
-        self._call(self._store.delete, key)
-
-    def range(self, start: Any = None, end: Any = None, *, reverse: bool = False
-              ) -> Iterator[tuple[Any, Any]]:
-        return self._scan(self._store.range, start, end, reverse=reverse)
-
-    def prefix(self, prefix: Any) -> Iterator[tuple[Any, Any]]:
-        return self._scan(self._store.prefix, prefix)
-
-    def items(self) -> Iterator[tuple[Any, Any]]:
-        return self._scan(self._store.items)
-
-    def keys(self) -> Iterator[Any]:
-        return (key for key, _ in self.items())
-
-    def __iter__(self) -> Iterator[Any]:
-        return self.keys()
-
-    def approximate_count(self) -> int:
-        return int(self._call(self._store.approximate_count))
-
-    def __getattr__(self, name: str) -> Any:
-        # Anything else a store offers, unguarded.
-        return getattr(self._store, name)
 
 
 def _require_key(node: Node, key: Any, why: str) -> None:
@@ -126,19 +52,18 @@ class ProcessorContext:
         self.stream_time_ms = -1
         self.late_records_dropped = 0
         self.custom: dict[str, Processor] = {}
-        self._guarded: dict[str, GuardedStore] = {}
 
-    def store(self, name: str) -> GuardedStore:
-        guarded = self._guarded.get(name)
-        if guarded is None:
-            try:
-                guarded = self._guarded[name] = GuardedStore(self.stores[name])
-            except KeyError:
-                raise KeyError(
-                    f"task {self.task_id} has no store {name!r}; declare it on the processor "
-                    f"(stores=[...]) or the operation that creates it"
-                ) from None
-        return guarded
+    def store(self, name: str) -> KeyValueStore:
+        """The task's store ``name``. A failure of RocksDB itself comes out of it as a
+        ``StoreIOError`` (an error of the machine, never dead-lettered); a key or value the
+        serdes cannot encode as a ``SerdeError`` (the record's fault)."""
+        try:
+            return self.stores[name]
+        except KeyError:
+            raise KeyError(
+                f"task {self.task_id} has no store {name!r}; declare it on the processor "
+                f"(stores=[...]) or the operation that creates it"
+            ) from None
 
     def send(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         self.outputs.append(Output(topic, key, value, self.timestamp_ms))
@@ -418,7 +343,7 @@ class CustomContext:
         self._node = node
         self._ctx = ctx
 
-    def store(self, name: str) -> GuardedStore:
+    def store(self, name: str) -> KeyValueStore:
         if name not in self._node.stores:
             raise KeyError(f"processor {self._node.name} did not declare store {name!r}")
         return self._ctx.store(name)

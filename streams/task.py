@@ -25,6 +25,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from assignor.model import parse_task_id
 from statestore.errors import StateStoreError
+from statestore.recovery import open_task_store
 from statestore.snapshot import SnapshotSettings
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from streams.processors import ProcessorContext, SourceNode, WindowAggregateNode, walk_nodes
@@ -76,13 +77,14 @@ def open_task_stores(
     try:
         for name, decl in sorted(sub.stores.items()):
             spec = StoreSpec(name, value_serde=decl.value_serde)
-            stores[name] = KeyValueStore(
+            stores[name] = open_task_store(
                 spec,
                 store_directory(state_dir, application_id, task_id, name),
                 changelog_topic_name(application_id, name),
                 partition,
                 snapshot=snapshots.for_store(application_id, task_id, name) if snapshots else None,
-            ).open(bulk_load=bulk_load)
+                bulk_load=bulk_load,
+            )
     except BaseException:
         for store in stores.values():
             store.close()

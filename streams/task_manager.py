@@ -16,7 +16,6 @@ lock.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -172,19 +171,7 @@ class TaskManager:
             stores = self._remove_copy(task_id) or {}
         self._process_stores.release(task_id, self)
         for store in stores.values():
-            unsent = store.drain_changelog()
-            if unsent:
-                # Only a failed commit leaves records unsent here. The checkpoint then stays
-                # at what the changelog acknowledged, so the next owner restores exactly that
-                # and reprocesses the input (its offsets were not committed past it).
-                store.requeue_changelog(unsent)
-                log.warning("%s: closing %s/%s with %d changelog records never sent; its "
-                            "checkpoint stays at the acknowledged changelog", self._name,
-                            task_id, store.name, len(unsent))
-            else:
-                with contextlib.suppress(Exception):
-                    store.commit()
-            store.close()
+            store.close()  # commits what the changelog holds; says so and drops the rest
         log.info("%s: closed task %s (state stays on disk)", self._name, task_id)
 
     def close_all(self) -> None:

@@ -398,7 +398,7 @@ class TopologyTestDriver:
                 continue
             log = self._changelogs.setdefault((store.changelog_topic, store.partition), [])
             log.extend(records)
-            store.acknowledged(len(log))
+            store.acknowledged(len(log), len(records))
 
     def _serdes_for(self, topic: str, key_serde: str | Serde | None,
                     value_serde: str | Serde | None) -> tuple[Serde, Serde]:

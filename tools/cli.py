@@ -1,8 +1,9 @@
 """``relay``: the command-line tool for running Relay apps.
 
-Subcommands: ``describe`` (the group as Relay sees it), ``mark-leaving`` (announce a
-scale-down), ``remove-members`` (remove static members for good) and ``snapshot build|list``
-(store snapshots built with Spark, see :mod:`tools.snapshot`). Exit codes: 0 done,
+Subcommands: ``describe`` (the group as Relay sees it), ``web`` (a live web view of the
+group, see :mod:`tools.web`), ``mark-leaving`` (announce a scale-down), ``remove-members``
+(remove static members for good) and ``snapshot build|list`` (store snapshots built with
+Spark, see :mod:`tools.snapshot`). Exit codes: 0 done,
 1 failed, 2 bad arguments or unknown app/instance, 3 broker unreachable.
 """
 
@@ -190,6 +191,40 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
     if result["unowned"]:
         console.print(f"[red]not run by any member: {', '.join(result['unowned'])}[/]",
                       highlight=False)
+
+
+@cli.command()
+@click.argument("app")
+@bootstrap_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="Port to serve on (0: any free port).")
+@click.option("--window-minutes", type=click.FloatRange(min=0, min_open=True), default=10,
+              show_default=True, help="How far back the timeline reaches.")
+def web(app: str, bootstrap: str | None, host: str, port: int, window_minutes: float) -> None:
+    """Serve a live web view of APP: members, tasks and their copies, leaving instances and
+    a timeline of rebalances and moves (JSON at /api/group)."""
+    import signal
+
+    from tools.web.server import ServeError, serve
+
+    async def work(address: str) -> None:
+        await read_status(address, app)  # an unknown app is an error before serving
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        def ready(url: str) -> None:
+            click.echo(f"Relay web view of {app} at {url} (JSON at {url}api/group)")
+            sys.stdout.flush()
+
+        try:
+            await serve(address, app, host, port, stop, ready, int(window_minutes * 60_000))
+        except ServeError as exc:
+            raise ToolError(str(exc)) from None
+
+    run(bootstrap, work)
 
 
 @cli.command("mark-leaving")

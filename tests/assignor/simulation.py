@@ -1,10 +1,13 @@
 """A pure simulation of a group following the assignor's instructions round by round: members
 drop revoked tasks, start assigned ones, keep the learner and standby copies they are given
-(new copies start far behind), and shut down when told."""
+(new copies start far behind, or a set number of rounds behind on chosen instances), echo the
+leader's notes from their last assignment, restart (losing everything but their static id),
+and shut down when told."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from assignor import AssignorConfig, LeaderMemory, Member, MemberAssignment, Task, assign
 
@@ -21,12 +24,14 @@ class SimMember:
     standbys: dict[str, int] = field(default_factory=dict)
     leaving_since_ms: int | None = None
     scale_down_timeout_ms: int | None = None
+    notes: Any = None
 
     def view(self) -> Member:
+        extra = {} if self.notes is None else {"notes": self.notes}
         return Member(self.member_id, self.instance_id, self.thread, frozenset(self.active),
                       dict(self.standbys), dict(self.learners),
                       self.leaving_since_ms is not None, self.leaving_since_ms,
-                      self.scale_down_timeout_ms)
+                      self.scale_down_timeout_ms, **extra)
 
 
 @dataclass
@@ -37,15 +42,30 @@ class Group:
     memory: LeaderMemory | None = None
     now_ms: int = 0
     history: list[dict[str, MemberAssignment]] = field(default_factory=list)
+    #: instance -> how many rounds a new copy there takes to catch up (see ``tick``)
+    rounds_to_ready: dict[str, int] = field(default_factory=dict)
 
     def join(self, instance: str, threads: int = 1, active: tuple[str, ...] = ()) -> None:
         for t in range(threads):
-            mid = f"{instance}-{t}"
-            self.members[mid] = SimMember(mid, instance, t, set(active if t == 0 else ()))
+            self.join_thread(instance, t, active if t == 0 else ())
+
+    def join_thread(self, instance: str, thread: int, active: tuple[str, ...] = ()) -> None:
+        mid = f"{instance}-{thread}"
+        self.members[mid] = SimMember(mid, instance, thread, set(active))
 
     def crash(self, instance: str) -> None:
         for mid in [m for m, s in self.members.items() if s.instance_id == instance]:
             del self.members[mid]
+
+    def crash_thread(self, instance: str, thread: int) -> None:
+        del self.members[f"{instance}-{thread}"]
+
+    def bounce(self, instance: str) -> None:
+        """The instance restarts: same static ids, nothing running, no copies, no notes."""
+        for member in self.members.values():
+            if member.instance_id == instance:
+                member.active, member.learners, member.standbys = set(), {}, {}
+                member.notes = None
 
     def mark_leaving(self, instance: str, timeout_ms: int | None = None) -> None:
         for member in self.members.values():
@@ -62,6 +82,17 @@ class Group:
                 for task in member.standbys:
                     member.standbys[task] = 0
 
+    def tick(self) -> None:
+        """One round's worth of restoring: every copy's lag goes down by one (a copy on an
+        instance in ``rounds_to_ready`` starts that many rounds behind)."""
+        for member in self.members.values():
+            for copies in (member.learners, member.standbys):
+                for task, lag in copies.items():
+                    copies[task] = max(0, lag - 1)
+
+    def _start_lag(self, instance: str) -> int:
+        return self.rounds_to_ready.get(instance, FAR_BEHIND)
+
     def round(self) -> dict[str, MemberAssignment]:
         views = [m.view() for m in self.members.values()]
         out, self.memory = assign(self.tasks, views, self.config, self.now_ms, self.memory)
@@ -71,11 +102,13 @@ class Group:
             if assignment.error:
                 del self.members[mid]
                 continue
+            fresh = self._start_lag(member.instance_id)
             member.active = set(assignment.active)
-            member.learners = {t: member.learners.get(t, member.standbys.get(t, FAR_BEHIND))
+            member.learners = {t: member.learners.get(t, member.standbys.get(t, fresh))
                                for t in assignment.learners}
-            member.standbys = {t: member.standbys.get(t, member.learners.get(t, FAR_BEHIND))
+            member.standbys = {t: member.standbys.get(t, member.learners.get(t, fresh))
                                for t in assignment.standbys}
+            member.notes = getattr(assignment, "notes", None)
             if assignment.shutdown:
                 del self.members[mid]
         return out
@@ -86,9 +119,20 @@ class Group:
             result.setdefault(member.instance_id, []).extend(member.active)
         return {k: sorted(v) for k, v in sorted(result.items())}
 
+    def active_by_member(self) -> dict[str, list[str]]:
+        return {mid: sorted(m.active) for mid, m in sorted(self.members.items())}
+
     def learners_by_instance(self) -> dict[str, list[str]]:
         result: dict[str, list[str]] = {}
         for member in self.members.values():
             if member.learners:
                 result.setdefault(member.instance_id, []).extend(member.learners)
+        return {k: sorted(v) for k, v in sorted(result.items())}
+
+    def copies_by_instance(self) -> dict[str, list[str]]:
+        result: dict[str, list[str]] = {}
+        for member in self.members.values():
+            held = [*member.learners, *member.standbys]
+            if held:
+                result.setdefault(member.instance_id, []).extend(held)
         return {k: sorted(v) for k, v in sorted(result.items())}

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from assignor import MemberAssignment
+from assignor import (
+    AssignorConfig,
+    AssignorConfigError,
+    LeaderNotes,
+    MemberAssignment,
+    MemberNotes,
+)
 from assignor.protocol import (
     ProtocolError,
     Subscription,
@@ -19,6 +26,8 @@ from assignor.protocol import (
     decode_subscription_or_none,
     encode_assignment,
     encode_subscription,
+    member_from_subscription,
+    with_echo,
 )
 
 task_ids = st.builds(lambda s, p: f"{s}_{p}", st.integers(0, 20), st.integers(0, 300))
@@ -119,3 +128,104 @@ def test_group_metadata_stays_small_at_scale() -> None:
         total += len(encode_subscription(sub))
         total += len(encode_assignment(MemberAssignment(active=tuple(mine))))
     assert total < 1024 * 1024 / 2, f"{total} bytes for {members} members"
+
+
+notes = st.builds(
+    LeaderNotes,
+    round_ms=st.integers(0, 2**45), formed_at_ms=optional_ms,
+    members=st.dictionaries(
+        st.tuples(st.text(min_size=1, max_size=10), st.integers(0, 16)),
+        st.builds(MemberNotes,
+                  owned=st.lists(task_ids, max_size=20).map(sorted_tasks),
+                  incoming=st.lists(task_ids, max_size=5).map(sorted_tasks),
+                  held=st.dictionaries(task_ids, st.integers(0, 2**45), max_size=5)),
+        max_size=3),
+)
+
+
+@given(notes)
+def test_leader_notes_round_trip_in_assignments_and_subscriptions(note: LeaderNotes) -> None:
+    assert decode_assignment(encode_assignment(MemberAssignment(notes=note))).notes == note
+    echoed = with_echo(Subscription("i", 0, 1), MemberAssignment(notes=note))
+    assert decode_subscription(encode_subscription(echoed)).notes == note
+    member = member_from_subscription("m", decode_subscription(encode_subscription(echoed)))
+    assert member.notes == note
+
+
+def test_an_older_subscription_without_notes_still_decodes() -> None:
+    import msgpack
+
+    older = {"i": "node-1", "t": 0, "p": 42, "a": {0: [1, 3]}, "s": {1: [[2, 7]]}, "l": {},
+             "L": False, "ls": None, "st": None, "r": 3, "h": "", "S": True}
+    sub = decode_subscription(b"\x01\x00" + msgpack.packb(older))
+    assert sub.active == ("0_1", "0_3") and sub.standbys == {"1_2": 7}
+    assert sub.notes is None
+    assert with_echo(sub, None).notes is None
+
+
+def test_corrupt_notes_are_dropped_with_a_warning_and_the_rest_decodes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import msgpack
+
+    good = encode_subscription(Subscription("i", 0, 1, active=("0_1",)))
+    payload = msgpack.unpackb(good[2:], raw=False, strict_map_key=False)
+    for corrupt, message in (({"r": 1, "m": [["i", 0]]}, "leader notes entry"),
+                             ({"r": 1, "m": [["i", 0, {0: b"\x80"}, {}, []]]},
+                              "middle of a number"),
+                             ({"m": []}, "field 'r'")):
+        payload["n"] = corrupt
+        with caplog.at_level(logging.WARNING):
+            sub = decode_subscription(good[:2] + msgpack.packb(payload))
+        assert sub.notes is None and sub.active == ("0_1",)
+        assert message in caplog.text and "ignoring the leader's notes" in caplog.text
+        caplog.clear()
+
+
+def test_assignor_settings_are_validated_naming_the_setting() -> None:
+    with pytest.raises(AssignorConfigError, match="imbalance_tolerance") as caught:
+        AssignorConfig(imbalance_tolerance=0)
+    assert caught.value.setting == "imbalance_tolerance"
+    assert isinstance(caught.value, ValueError)
+    with pytest.raises(AssignorConfigError, match="max_learners") as caught:
+        AssignorConfig.from_settings(SimpleNamespace(max_learners=0, num_standbys=1))
+    assert caught.value.setting == "max_learners"
+    with pytest.raises(AssignorConfigError, match="num_standbys"):
+        AssignorConfig(num_standbys="2")  # type: ignore[arg-type]
+    settings = SimpleNamespace(num_standbys=1, max_learners=3, imbalance_tolerance=None,
+                               application_id="not an assignor setting")
+    assert AssignorConfig.from_settings(settings) == AssignorConfig(num_standbys=1,
+                                                                    max_learners=3)
+
+
+def test_group_metadata_with_the_leaders_notes_stays_under_1_mib_at_50000_tasks() -> None:
+    """Every subscription (echoing its notes) and every assignment of a group of 1,608
+    members after one instance joined 50,000 tasks with one standby each."""
+    from benchmarks.assignor import measure
+
+    result = measure(50_000, 200, 8, 10, AssignorConfig(num_standbys=1), repeat=1)
+    assert result["members"] == 1_608
+    assert result["metadata_bytes"] < 2**20, result["metadata_bytes"]
+
+
+def test_fields_older_members_read_keep_their_layout() -> None:
+    """Only the notes (a field older members ignore) use the compact layout: an older leader
+    still reads a new member's tasks and lags, and an older member its assignment."""
+    import zlib
+
+    import msgpack
+
+    note = LeaderNotes(round_ms=5, members={("b", 0): MemberNotes(owned=("0_1", "0_300"))})
+    sub = encode_subscription(Subscription("a", 0, 1, ("0_2", "1_7"), {"0_3": 4}, {"2_1": 9},
+                                           notes=note))
+    assignment = encode_assignment(MemberAssignment(active=("0_2",), standbys=("0_3",),
+                                                    notes=note))
+    for data, keys in ((sub, "asl"), (assignment, "ablsr")):
+        body = zlib.decompress(data[2:]) if data[1] == 1 else data[2:]
+        payload = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        for key in keys:
+            for value in payload.get(key, {}).values():
+                assert isinstance(value, list), (key, value)
+        assert isinstance(payload["n"]["m"][0][2][0], bytes)
+    decoded = decode_subscription(sub)
+    assert decoded.active == ("0_2", "1_7") and decoded.learners == {"2_1": 9}

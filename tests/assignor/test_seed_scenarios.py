@@ -81,13 +81,17 @@ def test_scale_down_with_s2_leaving() -> None:
     group.round()
     group.round()
     assert T[4] in group.active_by_instance()[first]
-    # Then the other learner; S2 ends with nothing and is told to shut down.
+    # Then the other learner: T3 is revoked from S2 in one round, and in the next S3's
+    # neighbour runs it and S2, with nothing left, is told to shut down.
+    second = learner_of[T[3]]
     group.catch_up()
-    out = group.round()
-    out = group.round()
+    revoke = group.round()
+    assert revoke["S2-0"].revoked == (T[3],) and not revoke["S2-0"].shutdown
+    assert T[3] not in {t for a in revoke.values() for t in a.active}
+    final = group.round()
+    assert final["S2-0"].shutdown and final["S2-0"].active == ()
+    assert T[3] in final[f"{second}-0"].active
     assert "S2" not in {m.instance_id for m in group.members.values()}
-    assert any(a.shutdown for mid, a in out.items() if mid.startswith("S2")) or all(
-        not mid.startswith("S2") for mid in out)
     assert sorted(t for ts in group.active_by_instance().values() for t in ts) == tasks(
         1, 2, 3, 4, 5)
 
@@ -98,10 +102,21 @@ def test_scale_down_timeout_hands_over_unready_learners() -> None:
     group.mark_leaving("S2")
     first = group.round()
     assert any(a.rejoin_after_ms == 10_000 for a in first.values())
-    group.now_ms = 10_000  # the learners never caught up
-    group.round()
-    group.round()
-    group.round()
+    # Before the deadline, the unready learners wait and S2 keeps running its tasks.
+    group.now_ms = 9_999
+    early = group.round()
+    assert early["S2-0"].active == tuple(tasks(3, 4)) and not early["S2-0"].revoked
+    assert early["S2-0"].rejoin_after_ms == 1
+    # At the deadline (the learners never caught up), S2 hands both over in that round...
+    group.now_ms = 10_000
+    handover = group.round()
+    assert handover["S2-0"].revoked == tuple(tasks(3, 4)) and handover["S2-0"].active == ()
+    learners = {t: i for i, ts in group.learners_by_instance().items() for t in ts}
+    # ...its learners run them in the next, and S2 shuts down.
+    final = group.round()
+    assert final["S2-0"].shutdown
+    for task in tasks(3, 4):
+        assert task in final[f"{learners[task]}-0"].active
     assert "S2" not in {m.instance_id for m in group.members.values()}
     assert sorted(t for ts in group.active_by_instance().values() for t in ts) == tasks(
         1, 2, 3, 4, 5)

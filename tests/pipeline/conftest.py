@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from pipeline.spark import spark_session
 from statestore.changelog import ChangelogWriter
+from statestore.recovery import bootstrap_from_snapshot
 from statestore.restore import ChangelogReader
 from statestore.snapshot import SnapshotRef
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
@@ -42,10 +43,13 @@ def create_topic(bootstrap: str, topic: str, partitions: int, config: dict | Non
 
 def open_store(state_dir: Path, app: str, partition: int, store: str = "counts",
                snapshot: SnapshotRef | None = None) -> KeyValueStore:
-    return KeyValueStore(
+    opened = KeyValueStore(
         StoreSpec(store), store_directory(state_dir, app, f"0_{partition}", store),
-        changelog_topic_name(app, store), partition, snapshot=snapshot,
+        changelog_topic_name(app, store), partition,
     ).open()
+    if snapshot is not None:
+        bootstrap_from_snapshot(opened, snapshot)
+    return opened
 
 
 def create_changelog(bootstrap: str, app: str, partitions: int, store: str = "counts") -> str:

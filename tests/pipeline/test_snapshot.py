@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 from pipeline.kafka import partition_for
 from pipeline.snapshot_builder import SnapshotTarget, build_from_changelog, build_from_dataframe
+from statestore.checkpoint import Checkpoint, write_checkpoint
 from statestore.serdes import MsgPackSerde, OrderedKeySerde
 from statestore.snapshot import (
     MANIFEST_FILE,
@@ -52,10 +53,11 @@ def test_changelog_snapshot_plus_tail_equals_full_replay(
     stale = open_store(tmp_path / "booted", app, 0)
     restore(bootstrap, stale)
     stale.put("stale-only", 1)  # state the snapshot does not have: it must go
-    stale.drain_changelog()
-    stale.position = snapshot_positions[0] - 100
-    stale.commit()
+    sent = stale.drain_changelog()
+    stale.acknowledged(stale.position, len(sent))  # as if the changelog had it
     stale.close()
+    write_checkpoint(stale.directory, Checkpoint(stale.changelog_topic or "", 0,
+                                                 snapshot_positions[0] - 100))
 
     manifests = build_from_changelog(spark, bootstrap, SnapshotTarget(app, "counts",
                                                                       tmp_path / "snapshots"))

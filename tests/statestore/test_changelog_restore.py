@@ -182,6 +182,7 @@ async def test_standby_reports_lag_while_the_changelog_grows(
             for i in range(200):
                 active.put(f"k{i}", round_)
             await writer.flush([active])
+            active.commit()
             await reader.poll(timeout_ms=100)
             lag = reader.lag(standby)
             assert lag is not None

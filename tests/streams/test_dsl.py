@@ -349,23 +349,3 @@ def test_the_driver_refuses_topics_the_app_does_not_read() -> None:
         driver.pipe("nope", "k", 1)
 
 
-def test_a_store_failure_is_a_machine_error_and_a_serde_error_a_bad_record() -> None:
-    class FailingDisk:
-        name = "counts"
-        directory = "state/0_0/counts"
-
-        def put(self, key: Any, value: Any) -> None:
-            if key == "bad":
-                raise SerdeError("msgpack cannot encode object")
-            raise Exception("IO error: While appending to file: 000004.log: No space left")
-
-    from statestore.serdes import SerdeError
-    from streams.processors import GuardedStore, StoreFailure
-
-    store = GuardedStore(FailingDisk())  # type: ignore[arg-type]
-    with pytest.raises(StoreFailure, match=r"store counts at state/0_0/counts failed: "
-                                           r"Exception: IO error.*No space left"):
-        store.put("k", 1)
-    with pytest.raises(SerdeError):
-        store.put("bad", 1)
-    assert issubclass(StoreFailure, StateStoreError)

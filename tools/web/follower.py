@@ -1,0 +1,140 @@
+"""Follows an app's status and control topics from their beginning and keeps following,
+feeding each record, with its timestamp as arrival time, into a :class:`GroupModel`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import msgpack
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from streams.control import (
+    FETCH_KEY,
+    REBALANCE_KEY,
+    SUBSCRIPTION_KEY,
+    control_topic_name,
+    decode_mark,
+)
+from streams.status import status_topic_name
+from tools.web.model import STALE_AFTER_MS, GroupModel, MarkRecord, StatusRecord
+
+log = logging.getLogger(__name__)
+_CONTROL_MESSAGES = (FETCH_KEY, REBALANCE_KEY, SUBSCRIPTION_KEY)
+RETRY_S = 2.0
+
+
+def to_model_record(status_topic: str, record: ConsumerRecord,
+                    model: GroupModel) -> StatusRecord | MarkRecord | None:
+    """The model's record for a consumer record; None for records the view does not show
+    (the control topic's other messages) and for undecodable ones (counted in the model)."""
+    at = record.timestamp if record.timestamp and record.timestamp > 0 \
+        else int(time.time() * 1000)
+    key = record.key.decode(errors="replace") if record.key else None
+    if record.topic == status_topic:
+        if key is None:
+            model.reject(f"status record without a key at offset {record.offset}")
+            return None
+        if record.value is None:
+            return StatusRecord(key, None, at)
+        try:
+            value = msgpack.unpackb(record.value, raw=False)
+        except Exception as exc:
+            model.reject(f"undecodable status record of {key!r} at offset {record.offset}: "
+                         f"{exc}")
+            return None
+        return StatusRecord(key, value, at)
+    if record.key in _CONTROL_MESSAGES or key is None:
+        return None
+    try:
+        return MarkRecord(key, decode_mark(record.value), at)
+    except ValueError as exc:
+        model.reject(f"control record of {key!r} at offset {record.offset}: {exc}")
+        return None
+
+
+class GroupFollower:
+    """Keeps ``model`` up to date; calls ``on_change`` after each batch that changed it.
+
+    Broker errors are kept in :attr:`error` (shown by the page) and the follower retries.
+    """
+
+    def __init__(self, bootstrap: str, model: GroupModel, on_change: Callable[[], None]) -> None:
+        self.bootstrap = bootstrap
+        self.model = model
+        self.on_change = on_change
+        self.error: str | None = None
+        self.caught_up = False
+        self._status = status_topic_name(model.app)
+        self._control = control_topic_name(model.app)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self._follow(stop)
+            except (KafkaError, OSError) as exc:
+                self.error = f"lost the broker at {self.bootstrap}: {exc}; retrying"
+                log.warning("%s", self.error)
+                self.on_change()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), RETRY_S)
+
+    async def _follow(self, stop: asyncio.Event) -> None:
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            # Only topics that exist: asking for a missing one has some brokers create it
+            # with their default partition count.
+            topics = await consumer.topics()
+            tps = [TopicPartition(t, 0) for t in (self._status, self._control) if t in topics]
+            if not tps:
+                raise KafkaError(f"no topic {self._status}: is {self.model.app} running?")
+            consumer.assign(tps)
+            await self._seek_start(consumer, tps)
+            self.error = None
+            while not stop.is_set():
+                batches = await consumer.getmany(timeout_ms=500)
+                records = sorted((r for rs in batches.values() for r in rs),
+                                 key=lambda r: r.timestamp)
+                for record in records:
+                    converted = to_model_record(self._status, record, self.model)
+                    if converted is not None:
+                        self.model.apply(converted)
+                if not self.caught_up and await self._at_end(consumer, tps):
+                    self.caught_up = True
+                if records or self.error:
+                    self.on_change()
+        finally:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+
+    async def _seek_start(self, consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> None:
+        """Marks are read from the start (a mark stays valid however old); the status topic
+        from the start of the timeline's window, so that a long history is not replayed. A
+        broker that does not look offsets up by time (some answer offset 0) gets the whole
+        topic replayed, which is slower but shows the same."""
+        await consumer.seek_to_beginning(*tps)
+        status = TopicPartition(self._status, 0)
+        since = int(time.time() * 1000) - self.model.window_ms - STALE_AFTER_MS
+        try:
+            found = await consumer.offsets_for_times({status: since})
+        except (KafkaError, ValueError) as exc:
+            log.info("replaying %s from its start: %s", self._status, exc)
+            return
+        if found.get(status) is not None:
+            consumer.seek(status, found[status].offset)
+        else:  # nothing published within the window
+            await consumer.seek_to_end(status)
+
+    @staticmethod
+    async def _at_end(consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> bool:
+        for tp in tps:
+            highwater = consumer.highwater(tp)
+            if highwater is None or await consumer.position(tp) < highwater:
+                return False
+        return True

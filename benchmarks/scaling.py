@@ -215,6 +215,12 @@ class Run:
     added: list[str] = field(default_factory=list)
     #: Workers started so far (names are never reused: a new instance starts empty).
     started_workers: int = 0
+    #: When the current change must be over (``--phase-timeout`` after it began): every
+    #: wait inside a change shares it, so a group that never balances costs one timeout.
+    deadline: float = 0.0
+
+    def remaining(self) -> float:
+        return max(1.0, self.deadline - time.monotonic())
 
     async def wait_balanced(self, since: float, timeout_s: float) -> tuple[bool, float, str]:
         """Wait (up to ``timeout_s``) for balance; returns (balanced, since when, the last
@@ -250,6 +256,7 @@ class Run:
     async def phase(self, phase: Phase, action: Callable[[Phase], Awaitable[None]]) -> None:
         """Run one change and wait for balance. The phase is already in the run's list: if
         the change fails, what it did so far stays reported with the error."""
+        self.deadline = time.monotonic() + self.args.phase_timeout
         try:
             await action(phase)
             if not phase.ended:
@@ -267,7 +274,7 @@ class Run:
 
     async def settle(self, phase: Phase) -> None:
         phase.balanced, balanced_at, problem = await self.wait_balanced(
-            phase.started, self.args.phase_timeout)
+            phase.started, self.remaining())
         phase.ended = balanced_at
         if not phase.balanced:
             phase.notes.append(f"not balanced within {self.args.phase_timeout:.0f}s: {problem}")
@@ -286,7 +293,7 @@ class Run:
         """Stop the newest instance with SIGTERM (the graceful shutdown of both frameworks);
         its tasks move once the group notices (a static Relay member: the session timeout)."""
         name = self.newest_added("scale in")
-        code = await self.pool.stop(name, timeout_s=self.args.phase_timeout)
+        code = await self.pool.stop(name, timeout_s=self.remaining())
         phase.notes.append(f"{name} stopped with SIGTERM (exit code {code})")
 
     async def hand_over(self, phase: Phase) -> None:
@@ -306,7 +313,9 @@ class Run:
         self.pool.workers[name].may_exit = True
         self.leaving.add(pid)
         await self.settle(phase)
-        deadline = time.monotonic() + self.args.phase_timeout
+        # It exits once it handed everything over; a group that did not balance gets a
+        # little time for that rather than none.
+        deadline = time.monotonic() + max(10.0, self.deadline - time.monotonic())
         while not self.pool.exited(name) and time.monotonic() < deadline:
             await asyncio.sleep(0.25)
         if self.pool.exited(name):
@@ -321,11 +330,10 @@ class Run:
     async def rolling_restart(self, phase: Phase) -> None:
         for name in sorted(self.pool.workers):
             stop_started = time.monotonic()
-            code = await self.pool.stop(name, timeout_s=self.args.phase_timeout)
+            code = await self.pool.stop(name, timeout_s=self.remaining())
             stopped_after = time.monotonic() - stop_started
             self.pool.start(name)
-            balanced, _, problem = await self.wait_balanced(phase.started,
-                                                            self.args.phase_timeout)
+            balanced, _, problem = await self.wait_balanced(phase.started, self.remaining())
             phase.notes.append(
                 f"{name}: stopped in {stopped_after:.1f}s (exit code {code}), restarted, "
                 + ("balanced again" if balanced else f"not balanced: {problem}"))
@@ -648,7 +656,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     timing.add_argument("--start-timeout", type=float, default=600.0,
                         help="deadline for the first balance (restoring the prefilled state)")
     timing.add_argument("--phase-timeout", type=float, default=240.0,
-                        help="deadline for the group to balance again after a change")
+                        help="deadline for a change to end with the group balanced (every "
+                             "wait inside the change included)")
     timing.add_argument("--balance-window", type=float, default=1.5,
                         help="seconds the balanced condition must hold")
     timing.add_argument("--session-timeout-ms", type=int, default=6000)

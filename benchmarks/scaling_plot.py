@@ -83,6 +83,9 @@ def plot_gaps_by_state(results: list[dict[str, Any]], round_s: float | None,
             series.sort()
             ax.plot([x for x, _ in series], [y for _, y in series], marker="o",
                     label=strategy)
+        states = sorted({x for (k, _), series in points.items() if k == kind
+                         for x, _ in series})
+        ax.set_xticks(states, [f"{x:g}" for x in states])
         ax.set_xlabel("changelog per task at the start (MB)")
         ax.set_ylabel("longest gap of a moved task (s)")
         ax.set_ylim(bottom=0)

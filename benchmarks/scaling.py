@@ -653,9 +653,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     timing = parser.add_argument_group("timing")
     timing.add_argument("--settle", type=float, default=8.0,
                         help="seconds of steady state observed before each change and at end")
-    timing.add_argument("--start-timeout", type=float, default=600.0,
+    timing.add_argument("--start-timeout", type=float, default=1200.0,
                         help="deadline for the first balance (restoring the prefilled state)")
-    timing.add_argument("--phase-timeout", type=float, default=240.0,
+    timing.add_argument("--phase-timeout", type=float, default=600.0,
                         help="deadline for a change to end with the group balanced (every "
                              "wait inside the change included)")
     timing.add_argument("--balance-window", type=float, default=1.5,

@@ -23,6 +23,7 @@ import resource
 import statistics
 import tempfile
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -148,7 +149,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         broker = EmbeddedBroker().start()
         bootstrap = broker.bootstrap_servers
     try:
-        app = f"restore-bench-{int(time.time())}"
+        app = f"restore-bench-{uuid.uuid4().hex[:12]}"
         topic = changelog_topic_name(app, "bench")
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
         await admin.start()

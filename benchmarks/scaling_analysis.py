@@ -26,7 +26,11 @@ class Phase:
 
     name: str
     started: float
+    #: scale-out, scale-in, hand-over, rolling-restart (or start).
+    kind: str = ""
     ended: float = 0.0
+    #: The change ran to its end (balanced or not); False when the strategy failed in it.
+    completed: bool = False
     balanced: bool = False
     seconds_to_balance: float | None = None
     moved_tasks: list[str] = field(default_factory=list)
@@ -114,3 +118,10 @@ def throughput(outputs: list[Output], started: float, task: str | None = None) -
             buckets[int(output.t - started)] += 1
     last = max((int(o.t - started) for o in outputs if o.t >= started), default=-1)
     return [buckets.get(i, 0) for i in range(last + 1)]
+
+
+def in_rounds(seconds: float | None, round_s: float | None) -> float | None:
+    """A duration in join rounds of the broker (None when either is unknown)."""
+    if seconds is None or not round_s:
+        return None
+    return seconds / round_s

@@ -147,15 +147,16 @@ class RelayPool(WorkerPool):
     ``cooperative`` (learners) or ``eager`` (stop the world)."""
 
     def __init__(self, settings: PoolSettings, protocol: str, acceptable_lag: int,
-                 max_learners: int) -> None:
+                 max_learners: int, log_level: str = "INFO") -> None:
         super().__init__(settings)
+        self.log_level = log_level
         self.protocol = protocol
         self.acceptable_lag = acceptable_lag
         self.max_learners = max_learners
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "streams", "run", "benchmarks.scaling_app:app",
-                "--log-level", "WARNING"]
+                "--log-level", self.log_level]
 
     def environment(self, name: str) -> dict[str, str]:
         s = self.settings

@@ -40,22 +40,45 @@ def test_assignor_benchmark_reports_time_and_size(tmp_path: Path) -> None:
 
 
 @pytest.mark.broker
-def test_scaling_benchmark_reports_a_scale_out(bootstrap: str, tmp_path: Path) -> None:
+def test_scaling_benchmark_reports_each_change_at_each_state_size(
+        bootstrap: str, tmp_path: Path) -> None:
+    out = tmp_path / "scaling.json"
+    scaling.main(["--strategies", "relay-learner", "--phases", "scale-out", "hand-over",
+                  "--instances", "1", "--partitions", "2", "--keys", "200",
+                  "--state-mb", "0.02", "0.04", "--value-bytes", "100", "--rate", "100",
+                  "--settle", "1", "--join-rounds", "2", "--bootstrap", bootstrap,
+                  "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert len(data["join_round"]["samples_s"]) == 2 and data["join_round"]["error"] is None
+    assert [r["state_mb"] for r in data["results"]] == [0.02, 0.04]
+    for result in data["results"]:
+        assert result["strategy"] == "relay-learner"
+        assert result["error"] is None and result["phases_completed"] == 2
+        assert result["start"]["restored_records"] > 0
+        assert [p["kind"] for p in result["phases"]] == ["scale-out", "hand-over"]
+        for phase in result["phases"]:
+            assert {"seconds_to_balance", "longest_gap_moved_s", "longest_gap_unmoved_s",
+                    "longest_gap_moved_rounds", "to_balance_rounds", "moved_tasks",
+                    "rebalances", "restored_records", "reprocessed_records", "owners_before",
+                    "owners_after", "balanced", "completed"} <= set(phase)
+            assert phase["completed"] is True
+        assert any("exited by itself" in note or "did not exit" in note
+                   for note in result["phases"][1]["notes"])
+        assert [m["label"] for m in result["marks"]] == ["scale out", "hand over"]
+        assert result["throughput"] and result["member_status"]
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+@pytest.mark.broker
+def test_scaling_benchmark_reports_a_strategy_that_failed_before_its_first_change(
+        bootstrap: str, tmp_path: Path) -> None:
     out = tmp_path / "scaling.json"
     scaling.main(["--strategies", "relay-learner", "--phases", "scale-out", "--instances", "1",
-                  "--partitions", "2", "--keys", "200", "--records-per-task", "300",
-                  "--value-bytes", "100", "--rate", "100", "--settle", "1",
-                  "--bootstrap", bootstrap, "--json", str(out)])
-    data = json.loads(out.read_text())
-    [result] = data["results"]
-    assert result["strategy"] == "relay-learner"
-    assert result["error"] is None
-    [phase] = result["phases"]
-    assert phase["name"] == "scale out by one instance"
-    assert {"seconds_to_balance", "longest_gap_moved_s", "longest_gap_unmoved_s",
-            "moved_tasks", "rebalances", "restored_records", "reprocessed_records",
-            "owners_before", "owners_after", "balanced"} <= set(phase)
-    assert isinstance(phase["balanced"], bool)
-    assert [mark["label"] for mark in result["marks"]] == ["scale out"]
-    assert result["throughput"] and result["member_status"]
-    assert out.with_suffix(".png").stat().st_size > 0
+                  "--partitions", "2", "--keys", "200", "--state-mb", "0.02",
+                  "--value-bytes", "100", "--rate", "100", "--settle", "0",
+                  "--start-timeout", "0.1", "--join-rounds", "1", "--bootstrap", bootstrap,
+                  "--json", str(out)])
+    [result] = json.loads(out.read_text())["results"]
+    assert result["error"] is not None and "StrategyFailed" in result["error"]
+    assert result["phases_completed"] == 0 and result["phases"] == []
+    assert result["start"]["completed"] is False

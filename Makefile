@@ -27,7 +27,7 @@ $(DEV): pyproject.toml $(VENV)/bin/python
 	@touch $(DEV) $(BASE)
 
 demo: $(BASE)
-	$(PY) -m streams.demo
+	$(PY) -m examples.demo
 
 lint: $(DEV)
 	$(PY) -m ruff check .

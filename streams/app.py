@@ -17,7 +17,6 @@ import os
 import signal
 import socket
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,14 @@ from aiokafka.admin import AIOKafkaAdminClient
 from statestore.serdes import Serde
 from statestore.store import changelog_topic_name
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics, existing_partition_counts
-from streams.broker import EmbeddedBroker
 from streams.config import AppConfig
-from streams.control import ControlListener, LeavingMark, control_topic_name
+from streams.control import ControlChannel, ControlListener, LeavingMark, control_topic_name
 from streams.dsl import Stream, Table, stream_from_topic, table_from_topic
+from streams.static_followers import StaticFollowers, protocol_enabled
 from streams.status import read_status, status_topic_name
+from streams.store_handover import ProcessStores
 from streams.thread import FatalThreadError, StreamThread
+from streams.thread_factory import build_stream_thread
 from streams.topology import SubTopology, TopicDecl, Topology
 
 log = logging.getLogger(__name__)
@@ -45,25 +46,67 @@ class App:
     >>> words = app.stream("lines").flat_map_values(str.split).group_by(lambda k, w: w)
     >>> counts = words.count(store="counts")
     >>> counts.to_stream().to("word-counts")
+
+    Every setting is a keyword argument (see the README's configuration table); one left at
+    None comes from its ``RELAY_<SETTING>`` environment variable, else its default. The
+    configuration, the assignor's included, is validated here: a wrong value raises
+    :class:`streams.config.ConfigError` naming the setting.
     """
 
-    def __init__(self, application_id: str | None = None, **settings: Any) -> None:
-        self.config = AppConfig.from_env(application_id=application_id, **settings)
+    def __init__(
+        self,
+        application_id: str | None = None,
+        *,
+        bootstrap_servers: str | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+        snapshot_dir: str | os.PathLike[str] | None = None,
+        num_threads: int | None = None,
+        group_instance_id: str | None = None,
+        commit_interval_ms: int | None = None,
+        session_timeout_ms: int | None = None,
+        heartbeat_interval_ms: int | None = None,
+        max_poll_interval_ms: int | None = None,
+        num_standbys: int | None = None,
+        acceptable_lag: int | None = None,
+        max_learners: int | None = None,
+        learner_rejoin: str | None = None,
+        rebalance_protocol: str | None = None,
+        lost_task_delay_ms: int | None = None,
+        initial_delay_ms: int | None = None,
+        scale_down_timeout_ms: int | None = None,
+        imbalance_tolerance: int | None = None,
+        on_error: str | None = None,
+        dead_letter_topic: str | None = None,
+        default_partitions: int | None = None,
+        static_follower_digests: bool | None = None,
+    ) -> None:
+        self.config = AppConfig.from_env(
+            application_id=application_id, bootstrap_servers=bootstrap_servers,
+            state_dir=state_dir, snapshot_dir=snapshot_dir, num_threads=num_threads,
+            group_instance_id=group_instance_id, commit_interval_ms=commit_interval_ms,
+            session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
+            max_poll_interval_ms=max_poll_interval_ms, num_standbys=num_standbys,
+            acceptable_lag=acceptable_lag, max_learners=max_learners,
+            learner_rejoin=learner_rejoin, rebalance_protocol=rebalance_protocol,
+            lost_task_delay_ms=lost_task_delay_ms, initial_delay_ms=initial_delay_ms,
+            scale_down_timeout_ms=scale_down_timeout_ms,
+            imbalance_tolerance=imbalance_tolerance, on_error=on_error,
+            dead_letter_topic=dead_letter_topic, default_partitions=default_partitions,
+            static_follower_digests=static_follower_digests,
+        )
         self.topology = Topology(self.config.application_id)
         self.threads: list[StreamThread] = []
         self.leaving: tuple[bool, int | None, int | None] = (False, None, None)
         self.bootstrap_servers: str | None = self.config.bootstrap_servers
         self._stop: asyncio.Event | None = None
-        self._broker: EmbeddedBroker | None = None
-        self.on_record: Callable[[Any, Any], None] | None = None
-        self._control: ControlListener | None = None
+        self._broker: Any = None
         #: The process's identity in the group: its group instance id when static, else a
         #: name of its own (``relay describe`` shows it; ``relay mark-leaving`` takes it).
         #: Tells this run apart from any other process (or earlier run) with the same ids.
         self.incarnation = uuid.uuid4().hex
         self.instance_id = self.config.group_instance_id or (
             f"{socket.gethostname()}-{os.getpid()}-{next(_APP_COUNTER)}")
-        self._background: set[asyncio.Task[None]] = set()
+        self.static_followers = StaticFollowers(enabled=False)
 
     # -- the DSL's entry points -----------------------------------------------------------
 
@@ -126,16 +169,24 @@ class App:
         await ensure_topics(admin, specs)
         return subs
 
+    def _start_embedded_broker(self) -> str:
+        # Imported only when asked for: the runtime does not need it otherwise.
+        from streams.embedded_broker import EmbeddedBroker
+
+        self._broker = EmbeddedBroker().start()
+        log.info("no bootstrap_servers: started an embedded broker at %s",
+                 self._broker.bootstrap_servers)
+        return str(self._broker.bootstrap_servers)
+
     async def run_async(self) -> None:
         """Run until :meth:`stop` is called or a thread fails."""
         self._stop = asyncio.Event()
-        if self.bootstrap_servers is None:
-            self._broker = EmbeddedBroker().start()
-            self.bootstrap_servers = self._broker.bootstrap_servers
-            log.info("no bootstrap_servers: started an embedded broker at %s",
-                     self.bootstrap_servers)
+        embedded = self.bootstrap_servers is None
+        if embedded:
+            self.bootstrap_servers = self._start_embedded_broker()
+        bootstrap = str(self.bootstrap_servers)
         try:
-            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers)
+            admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
             await admin.start()
             try:
                 subs = await self.prepare(admin)
@@ -144,26 +195,26 @@ class App:
             await self._refuse_duplicate_instance()
             topics = sorted({t for s in subs for t in s.sources})
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
+            listener = ControlListener(
+                bootstrap, self.config.application_id, self.instance_id, self._on_mark,
+                self._on_rebalance_request, self._on_fetch_request, self._on_subscription,
+            )
+            control = ControlChannel(listener)
+            self.static_followers = StaticFollowers(
+                await protocol_enabled(self.config.static_follower_digests, bootstrap, embedded),
+                control)
+            process_stores = ProcessStores()
             self.threads = [
-                StreamThread(
-                    self.config, i, subs, self.bootstrap_servers,
-                    leaving=lambda: self.leaving, on_record=self.on_record,
+                build_stream_thread(
+                    self.config, i, subs, bootstrap_servers=bootstrap,
                     instance_id=self.instance_id, incarnation=self.incarnation,
+                    static_followers=self.static_followers, control=control,
+                    process_stores=process_stores, leaving=lambda: self.leaving,
                 )
                 for i in range(self.config.num_threads)
             ]
-            control = ControlListener(
-                self.bootstrap_servers, self.config.application_id,
-                self.instance_id, self._on_mark, self._on_rebalance_request,
-                self._on_fetch_request, self._on_subscription,
-            )
-            self._control = control
-            for thread in self.threads:
-                thread.ask_leader = self._ask_leader
-                thread.tell_followers = self._tell_followers
-                thread.publish_subscription = self._publish_subscription
             runs = [asyncio.create_task(t.run(topics)) for t in self.threads]
-            extras = [asyncio.create_task(control.run(self._stop))]
+            extras = [asyncio.create_task(listener.run(self._stop))]
             stopper = asyncio.create_task(self._stop.wait())
             pending = set(runs)
             error: BaseException | None = None
@@ -180,17 +231,14 @@ class App:
                         thread.stop()
                 # A thread told to shut down (a leaving member with nothing left) ends on
                 # its own; the others keep handing over until they are told too.
-            if self._background:
-                # Control messages the threads sent on their way out (a leaving leader's
-                # last word to its followers) go out before the control client stops.
-                await asyncio.wait(set(self._background), timeout=10)
+            await control.drain()
             self._stop.set()
             for extra in extras:
                 with contextlib.suppress(Exception):
                     await extra
             stopper.cancel()
             if all(t.shutdown_requested for t in self.threads):
-                await control.clear_mark()
+                await listener.clear_mark()
                 log.info("instance %s left the group after handing over its tasks",
                          self.config.group_instance_id)
             if error is not None:
@@ -232,37 +280,20 @@ class App:
         if self._stop is not None:
             self._stop.set()
 
+    # -- the control topic ------------------------------------------------------------------
+
     def _on_rebalance_request(self, reason: str) -> None:
+        """Another member asks the leader to rejoin."""
         for thread in self.threads:
-            if thread.assignor.is_leader:
+            if thread.is_leader:
                 thread.request_rejoin(f"as leader, for another member: {reason}",
                                       broadcast=False)
 
     def _on_fetch_request(self, digests: dict[str, str]) -> None:
-        for thread in self.threads:
-            if thread.static_id in digests and not thread.assignor.is_leader:
-                thread.fetch_assignment(digests[thread.static_id])
+        self.static_followers.on_fetch_request(digests)
 
     def _on_subscription(self, static_id: str, data: bytes) -> None:
-        for thread in self.threads:
-            thread.assignor.fresh_subscriptions[static_id] = data
-
-    def _publish_subscription(self, static_id: str, data: bytes) -> None:
-        if self._control is not None:
-            self._in_background(self._control.publish_subscription(static_id, data))
-
-    def _ask_leader(self, reason: str) -> None:
-        if self._control is not None:
-            self._in_background(self._control.request_rebalance(reason))
-
-    def _tell_followers(self, digests: dict[str, str]) -> None:
-        if self._control is not None and digests:
-            self._in_background(self._control.request_fetch(digests))
-
-    def _in_background(self, work: Any) -> None:
-        task = asyncio.get_running_loop().create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.static_followers.on_subscription(static_id, data)
 
     def _on_mark(self, mark: LeavingMark | None) -> None:
         if mark is None:

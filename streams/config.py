@@ -1,18 +1,30 @@
 """The app's configuration: every setting, its default, its validation, and how it is read
 from the environment (``RELAY_<SETTING>``, e.g. ``RELAY_NUM_THREADS=2``).
 
-A wrong type or value is a :class:`ConfigError` at start that names the setting.
+A wrong type or value is a :class:`ConfigError` when the app is built, naming the setting;
+the assignor's configuration is derived from these settings and checked at the same time. A
+``RELAY_`` variable that names no setting gets a warning naming the closest one.
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from assignor import AssignorConfig
+
+log = logging.getLogger(__name__)
+
 ENV_PREFIX = "RELAY_"
+#: ``RELAY_`` variables that are not app settings (the embedded broker's binary, the tests'
+#: external broker, the demo's pace): no warning for these.
+OTHER_RELAY_VARIABLES = frozenset({"RELAY_TANSU_BIN", "RELAY_TEST_BOOTSTRAP",
+                                   "RELAY_DEMO_PHASE_SECONDS"})
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -53,6 +65,10 @@ class AppConfig:
     dead_letter_topic: str | None = None
     #: Partitions of internal topics whose count nothing else determines.
     default_partitions: int = 4
+    #: The static-follower digest protocol (:mod:`streams.static_followers`), for brokers
+    #: that answer a static follower's rejoin with its cached assignment (Tansu). None:
+    #: detected (on for the embedded broker and brokers that identify as Tansu).
+    static_follower_digests: bool | None = None
 
     def __post_init__(self) -> None:
         hints = get_type_hints(AppConfig)
@@ -94,8 +110,30 @@ class AppConfig:
             )
         if self.on_error not in ("dead_letter", "stop"):
             raise ConfigError(f"on_error must be 'dead_letter' or 'stop', not {self.on_error!r}")
-        if self.imbalance_tolerance is not None and self.imbalance_tolerance < 0:
-            raise ConfigError(f"imbalance_tolerance must be >= 0, not {self.imbalance_tolerance}")
+        try:
+            self.assignor_config()
+        except ValueError as exc:
+            setting = getattr(exc, "setting", None)
+            message = str(exc)
+            if setting and setting not in message:
+                message = f"{setting}: {message}"
+            raise ConfigError(message) from None
+
+    def assignor_config(self) -> AssignorConfig:
+        """The leader's assignor settings, derived from these."""
+        return AssignorConfig(
+            num_standbys=self.num_standbys,
+            acceptable_lag=self.acceptable_lag,
+            max_learners=self.max_learners,
+            lost_task_delay_ms=self.lost_task_delay_ms,
+            initial_delay_ms=self.initial_delay_ms,
+            scale_down_timeout_ms=self.scale_down_timeout_ms,
+            imbalance_tolerance=self.imbalance_tolerance,
+        )
+
+    @property
+    def cooperative(self) -> bool:
+        return self.rebalance_protocol == "cooperative"
 
     @property
     def dead_letters(self) -> str:
@@ -113,6 +151,8 @@ class AppConfig:
             name = key[len(ENV_PREFIX):].lower()
             if name in known:
                 values[name] = raw
+            elif key not in OTHER_RELAY_VARIABLES:
+                warn_unknown_variable(key, known)
         values.update({k: v for k, v in overrides.items() if v is not None})
         unknown = set(values) - known
         if unknown:
@@ -120,6 +160,18 @@ class AppConfig:
         if "application_id" not in values:
             raise ConfigError(f"application_id is required (or set {ENV_PREFIX}APPLICATION_ID)")
         return cls(**values)
+
+
+def closest_setting(name: str, known: set[str]) -> str | None:
+    matches = difflib.get_close_matches(name.lower(), sorted(known), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def warn_unknown_variable(key: str, known: set[str]) -> None:
+    """A misspelt variable would otherwise be ignored without a word."""
+    closest = closest_setting(key[len(ENV_PREFIX):], known)
+    hint = f"; did you mean {ENV_PREFIX}{closest.upper()}?" if closest else ""
+    log.warning("environment variable %s is not a Relay setting and is ignored%s", key, hint)
 
 
 def _coerce(name: str, value: Any, hint: Any) -> Any:
@@ -134,6 +186,17 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     if isinstance(value, str) and optional and value.strip().lower() in ("", "none", "null"):
         return None
     try:
+        if base is bool:
+            if isinstance(value, str):
+                lowered = value.strip().lower()
+                if lowered in ("1", "true", "yes", "on"):
+                    return True
+                if lowered in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
         if base is int:
             if isinstance(value, bool):
                 raise TypeError

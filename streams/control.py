@@ -13,8 +13,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -27,12 +28,12 @@ def control_topic_name(application_id: str) -> str:
     return f"{application_id}-control"
 
 
-#: Key of the records that ask the group's leader to rejoin. A static follower that rejoins
-#: gets its cached assignment back without a rebalance on some brokers; the leader rejoining
-#: always starts one.
+#: Key of the records that ask the group's leader to rejoin: the leader rejoining always
+#: starts a round (a static follower's rejoin may not, on some brokers), and a member stuck
+#: joining for longer than a round or two gets the group going again this way.
 REBALANCE_KEY = b"__rebalance__"
 #: Key of the records in which a leader tells static members which assignment it computed
-#: for each (a digest), so that one that missed the round fetches it.
+#: for each (a digest), so that one that missed the round rejoins for it.
 FETCH_KEY = b"__fetch__"
 #: Key of the records in which a static member publishes its current subscription: a broker
 #: may keep a static follower's old metadata when it rejoins a stable group.
@@ -157,3 +158,34 @@ class ControlListener:
             await producer.send_and_wait(self._topic, key=self._instance, value=None)
         finally:
             await producer.stop()
+
+
+class ControlChannel:
+    """The control topic as a process's stream threads use it: a listener, and messages sent
+    in the background (a thread's rebalance callback must not wait for them)."""
+
+    def __init__(self, listener: ControlListener) -> None:
+        self.listener = listener
+        self._background: set[asyncio.Task[None]] = set()
+
+    def request_rebalance(self, reason: str) -> None:
+        """Ask the group's leader to rejoin (the leader rejoining always starts a round)."""
+        self._in_background(self.listener.request_rebalance(reason))
+
+    def publish_subscription(self, static_id: str, data: bytes) -> None:
+        self._in_background(self.listener.publish_subscription(static_id, data))
+
+    def request_fetch(self, digests: dict[str, str]) -> None:
+        if digests:
+            self._in_background(self.listener.request_fetch(digests))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def drain(self, timeout_s: float = 10.0) -> None:
+        """Let messages sent on the way out (a leaving leader's last word to its followers)
+        go out before the control client stops."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=timeout_s)

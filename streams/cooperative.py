@@ -14,7 +14,8 @@ partitions reach their new owner in that second round: KIP-429's two rounds.
 
 This relies on aiokafka internals (``GroupCoordinator._on_join_prepare`` and
 ``_on_join_complete``, ``SubscriptionState``), which is why aiokafka is pinned to 0.14.*;
-``tests/streams/test_cooperative.py`` covers it against the real broker. The consumer looks the
+``tests/streams/test_cooperative.py`` covers it against the real broker; what the runtime
+reads of the coordinator goes through :mod:`streams.driver`. The consumer looks the
 coordinator class up by name in ``aiokafka.consumer.consumer``; :func:`install` puts this one
 there. Consumers whose assignors do not opt in behave exactly as before.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import aiokafka.consumer.consumer as consumer_module
@@ -36,12 +38,15 @@ log = logging.getLogger(__name__)
 class CooperativeGroupCoordinator(GroupCoordinator):
     #: True from join-prepare to join-complete: the group is rebalancing.
     rebalancing = False
+    #: When (monotonic seconds) the member entered the current round.
+    rebalancing_since: float | None = None
 
     def _cooperative(self) -> bool:
         return any(getattr(a, "cooperative", False) for a in self._assignors)
 
     async def _on_join_prepare(self, previous_assignment: Any) -> None:
         self.rebalancing = True
+        self.rebalancing_since = time.monotonic()
         if not self._cooperative():
             await super()._on_join_prepare(previous_assignment)
             return
@@ -52,6 +57,7 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         self, generation: int, member_id: str, protocol: str, member_assignment_bytes: bytes
     ) -> None:
         self.rebalancing = False
+        self.rebalancing_since = None
         if not self._cooperative():
             await super()._on_join_complete(
                 generation, member_id, protocol, member_assignment_bytes
@@ -80,7 +86,7 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         assignor.on_assignment(assignment)
         if revoked and listener is not None:
             log.info("revoking only what moved: %s", sorted(revoked))
-            await _call(listener.on_partitions_revoked, revoked, "on_partitions_revoked")
+            await self._call(listener.on_partitions_revoked, revoked, "on_partitions_revoked")
 
         self._subscription.assign_from_subscribed(new_partitions)
         subscription = self._subscription.subscription
@@ -92,17 +98,20 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         log.info("kept %d partitions, gained %d, revoked %d",
                  len(kept_positions), len(new_partitions - old_partitions), len(revoked))
         if listener is not None:
-            await _call(listener.on_partitions_assigned, new_partitions,
-                        "on_partitions_assigned")
+            await self._call(listener.on_partitions_assigned, new_partitions,
+                             "on_partitions_assigned")
 
-
-async def _call(callback: Any, partitions: set[TopicPartition], name: str) -> None:
-    try:
-        result = callback(partitions)
-        if asyncio.iscoroutine(result):
-            await result
-    except Exception:
-        log.exception("rebalance listener failed in %s", name)
+    async def _call(self, callback: Any, partitions: set[TopicPartition], name: str) -> None:
+        """Run a listener callback. A failure is not swallowed: the member rejoins, so that
+        the group plans again (Relay's own listener reports failures to its thread, which
+        retries or fails loudly; this is the net for any other listener)."""
+        try:
+            result = callback(partitions)
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception:
+            log.exception("rebalance listener failed in %s; rejoining", name)
+            self.request_rejoin()
 
 
 def install() -> None:

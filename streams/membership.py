@@ -9,6 +9,7 @@ instance id alone, so callers look the member id up first (:func:`describe_group
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from aiokafka.client import AIOKafkaClient
@@ -16,6 +17,8 @@ from aiokafka.errors import for_code
 from aiokafka.protocol.admin import DescribeGroupsRequest_v0
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
+
+log = logging.getLogger(__name__)
 
 
 class LeaveGroupResponse_v3(Response):
@@ -118,3 +121,18 @@ async def leave_group(
         instance: (for_code(code).__name__ if code else None)
         for _member, instance, code in response.members
     }
+
+
+async def leave_as_static_member(
+    client: AIOKafkaClient | None, group: str, member_id: str, static_id: str
+) -> None:
+    """A static member never sends LeaveGroup on close; one that handed everything over
+    leaves explicitly, so the group does not wait a session timeout for it. A failure is
+    logged: the session timeout then does the same."""
+    if not member_id or client is None:
+        return
+    try:
+        errors = await leave_group(client, group, [(member_id, static_id)])
+        log.info("%s left the group: %s", static_id, errors)
+    except Exception as exc:
+        log.warning("%s: LeaveGroup failed (%s); the session timeout will do", static_id, exc)

@@ -23,7 +23,15 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
-from assignor import AssignorConfig, LeaderMemory, Member, MemberAssignment, Task, assign
+from assignor import (
+    AssignorConfig,
+    LeaderMemory,
+    Member,
+    MemberAssignment,
+    Task,
+    assign,
+    parse_task_id,
+)
 from assignor.protocol import (
     Subscription,
     decode_assignment,
@@ -50,17 +58,24 @@ class TaskLayout:
             Task(task_id, sub.stateful) for sub in self.subs for task_id in sub.task_ids()
         ]
 
+    def task_ids(self) -> list[str]:
+        return [task_id for sub in self.subs for task_id in sub.task_ids()]
+
+    def sub_of(self, task_id: str) -> SubTopology:
+        return self.subs[parse_task_id(task_id)[0]]
+
     def partitions_of(self, task_id: str) -> list[tuple[str, int]]:
-        sub_id, partition = (int(x) for x in task_id.split("_"))
-        sub = self.subs[sub_id]
-        return [(topic, partition) for topic in sorted(sub.sources)]
+        sub_id, partition = parse_task_id(task_id)
+        return [(topic, partition) for topic in sorted(self.subs[sub_id].sources)]
 
 
 class RelayAssignor(AbstractPartitionAssignor):
     """One per stream thread: builds its subscription and, on the leader, runs the assignor.
 
     ``subscription`` is called at every join so that it reports the current tasks and lags;
-    ``on_assigned`` receives this member's decoded assignment.
+    ``on_assigned`` receives this member's decoded assignment. ``fresh_subscription`` gives
+    the latest subscription a static member published on the control topic, if any (see
+    :mod:`streams.static_followers`).
     """
 
     def __init__(
@@ -69,16 +84,20 @@ class RelayAssignor(AbstractPartitionAssignor):
         config: AssignorConfig,
         subscription: Callable[[], Subscription],
         on_assigned: Callable[[MemberAssignment], None],
+        *,
+        cooperative: bool = True,
+        fresh_subscription: Callable[[str], bytes | None] = lambda static_id: None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self._layout = layout
         self._config = config
         self._subscription = subscription
         self._on_assigned = on_assigned
+        self._fresh_subscription = fresh_subscription
         self._clock_ms = clock_ms
         self.memory: LeaderMemory | None = None
         #: Read by :class:`streams.cooperative.CooperativeGroupCoordinator`.
-        self.cooperative = True
+        self.cooperative = cooperative
         #: Whether this member computed the last assignment (was the group's leader).
         self.is_leader = False
         self._assigned_this_round = False
@@ -89,9 +108,6 @@ class RelayAssignor(AbstractPartitionAssignor):
         self.static_digests: dict[str, str] = {}
         #: The digest of the last assignment this member received.
         self.received_digest: str | None = None
-        #: The latest subscription each static member published on the control topic.
-        self.fresh_subscriptions: dict[str, bytes] = {}
-        self.last_assignments: dict[str, MemberAssignment] = {}
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -125,7 +141,6 @@ class RelayAssignor(AbstractPartitionAssignor):
             self._layout.tasks(), decoded, self._config, self._clock_ms(), self.memory,
             use_learners=self.cooperative,
         )
-        self.last_assignments = assignments
         self._assigned_this_round = True
         result: dict[str, ConsumerProtocolMemberAssignment] = {}
         self.static_digests = {}
@@ -146,7 +161,7 @@ class RelayAssignor(AbstractPartitionAssignor):
     def _freshest(self, static_id: str, broker_copy: Subscription) -> Subscription:
         """The broker's copy of a static member's subscription, or the one it published
         later (same process, same or higher token: it publishes after every change)."""
-        published = self.fresh_subscriptions.get(static_id)
+        published = self._fresh_subscription(static_id)
         if published is None:
             return broker_copy
         fresh = decode_subscription_or_none(static_id, published)

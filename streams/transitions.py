@@ -2,7 +2,7 @@
 
 Pure: from the roles the member's tasks have now and its new assignment, decide which tasks
 keep running, which start (restoring first), which become or stay standby/learner copies, and
-which close. The stream thread carries the plan out.
+which close. The task manager (:mod:`streams.task_manager`) carries the plan out.
 """
 
 from __future__ import annotations

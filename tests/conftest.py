@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from streams.broker import EmbeddedBroker
+from streams.embedded_broker import EmbeddedBroker
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

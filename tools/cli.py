@@ -25,8 +25,9 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 from rich.console import Console
 from rich.table import Table
 
-from streams.broker import EmbeddedBroker
+from assignor import task_sort_key
 from streams.control import LeavingMark, control_topic_name, encode_mark
+from streams.embedded_broker import EmbeddedBroker
 from streams.membership import MembershipError, describe_group, leave_group
 from streams.status import read_status as read_member_status
 from streams.status import status_topic_name
@@ -96,12 +97,17 @@ def live(status: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def task_view(members: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per task: its active (or restoring) member, its learners and standbys. Every task of
+    the app is listed, those that no member runs too (members publish the app's tasks)."""
     tasks: dict[str, dict[str, Any]] = {}
 
     def entry(task: str) -> dict[str, Any]:
         return tasks.setdefault(task, {"active": None, "restoring": None, "learners": [],
                                        "standbys": []})
 
+    for s in members.values():
+        for task in s.get("app_tasks", ()):
+            entry(task)
     for member, s in members.items():
         for task in s["active"]:
             entry(task)["active"] = member
@@ -113,7 +119,12 @@ def task_view(members: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 entry(task)[kind].append(
                     {"member": member, "lag": lag, "isReady": lag <= accept}
                 )
-    return dict(sorted(tasks.items(), key=lambda kv: tuple(int(x) for x in kv[0].split("_"))))
+    return dict(sorted(tasks.items(), key=lambda kv: task_sort_key(kv[0])))
+
+
+def unowned_tasks(tasks: dict[str, dict[str, Any]]) -> list[str]:
+    """Tasks that no member runs or restores."""
+    return [t for t, view in tasks.items() if view["active"] is None and view["restoring"] is None]
 
 
 @click.group()
@@ -147,8 +158,9 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
             group = await describe_group(client, app)
         finally:
             await client.close()
+        tasks = task_view(members)
         return {"app": app, "state": group.state, "protocol": group.protocol,
-                "members": members, "tasks": task_view(members)}
+                "members": members, "tasks": tasks, "unowned": unowned_tasks(tasks)}
 
     result = run(bootstrap, work)
     if as_json:
@@ -168,7 +180,7 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
         tasks.add_column(column)
     for task, view in result["tasks"].items():
         active = view["active"] or (f"restoring on {view['restoring']}" if view["restoring"]
-                                    else "-")
+                                    else "[red]nobody[/]")
 
         def copies(kind: str, view: dict[str, Any] = view) -> str:
             return ", ".join(f"{c['member']} ({c['lag']}, {'ready' if c['isReady'] else 'no'})"
@@ -176,6 +188,9 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
 
         tasks.add_row(task, active, copies("learners"), copies("standbys"))
     console.print(tasks)
+    if result["unowned"]:
+        console.print(f"[red]not run by any member: {', '.join(result['unowned'])}[/]",
+                      highlight=False)
 
 
 @cli.command()

@@ -127,6 +127,58 @@ def counting_app(app_id: str, bootstrap: str, state_dir: Path, source: str, sink
     return app
 
 
+class Watch:
+    """Samples what apps run and learn, in the background, so that a test can say afterwards
+    which tasks an app ever ran or learned: as an async context manager, or with
+    :meth:`start` and :meth:`stop` (which stops sampling)."""
+
+    def __init__(self, *apps: App) -> None:
+        self.apps: list[App] = []
+        self.ran: dict[int, set[str]] = {}
+        self.learned: dict[int, set[str]] = {}
+        for app in apps:
+            self.add(app)
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, app: App) -> None:
+        self.apps.append(app)
+        self.ran[id(app)] = set()
+        self.learned[id(app)] = set()
+
+    def sample(self) -> None:
+        for app in self.apps:
+            for thread in app.threads:
+                self.ran[id(app)].update(thread.tasks)
+                self.learned[id(app)].update(thread.learners)
+
+    async def _sample(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(0.02)
+
+    def start(self) -> Watch:
+        self._task = asyncio.create_task(self._sample())
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.sample()
+
+    async def __aenter__(self) -> Watch:
+        return self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def tasks_of(app: App) -> set[str]:
+    return {t for thread in app.threads for t in thread.tasks}
+
+
 def running_tasks(*apps: App) -> dict[str, list[str]]:
     return {
         f"{a.config.group_instance_id or id(a)}-{t.index}": sorted(t.tasks)
@@ -232,3 +284,47 @@ def spawn_worker(app_id: str, bootstrap: str, state_dir: Path, source: str, sink
          "--log-level", "WARNING"],
         cwd=state_dir.parent, env=env,
     )
+
+
+class Launched:
+    """Apps run as tasks, worker processes and traffic a test started."""
+
+    def __init__(self) -> None:
+        self.runs: dict[int, tuple[App, asyncio.Task[None]]] = {}
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.traffic: list[Traffic] = []
+
+    def app(self, app: App) -> asyncio.Task[None]:
+        """Run ``app`` until it stops (or the test ends)."""
+        task = asyncio.create_task(app.run_async())
+        self.runs[id(app)] = (app, task)
+        return task
+
+    async def stop(self, app: App, timeout_s: float = 60) -> None:
+        """Stop ``app`` and wait for it (its error, if any, is raised)."""
+        app.stop()
+        await asyncio.wait_for(self.runs[id(app)][1], timeout_s)
+
+    def worker(self, app_id: str, bootstrap: str, state_dir: Path, source: str, sink: str,
+               **settings: object) -> subprocess.Popen[bytes]:
+        """The counting app in a worker process of its own (so that it can be killed)."""
+        process = spawn_worker(app_id, bootstrap, state_dir, source, sink, **settings)
+        self.workers.append(process)
+        return process
+
+    def traffic_for(self, traffic: Traffic) -> Traffic:
+        self.traffic.append(traffic)
+        return traffic
+
+    async def close(self) -> None:
+        for traffic in self.traffic:
+            await traffic.stop()
+        for app, _ in self.runs.values():
+            app.stop()
+        for _, task in self.runs.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 60)
+        for process in self.workers:
+            if process.poll() is None:
+                process.kill()
+            process.wait()

@@ -5,8 +5,6 @@ Counts stay exact throughout: no record lost or counted twice."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import signal
 from collections.abc import Callable
 from functools import partial
@@ -19,44 +17,17 @@ from streams.status import read_status
 from streams.thread import StreamThread
 from tests.conftest import wait_until
 from tests.streams.harness import (
+    Launched,
+    Watch,
     counting_app,
     counting_topics,
     exact_counts,
     published,
     run_relay,
-    spawn_worker,
+    tasks_of,
 )
 
 pytestmark = pytest.mark.broker
-
-
-class Watch:
-    """Samples what apps run and learn, in the background, so a test can say afterwards
-    which tasks an app ever ran or learned."""
-
-    def __init__(self, *apps: App) -> None:
-        self.apps = apps
-        self.ran: dict[int, set[str]] = {id(a): set() for a in apps}
-        self.learned: dict[int, set[str]] = {id(a): set() for a in apps}
-        self._task = asyncio.create_task(self._sample())
-
-    async def _sample(self) -> None:
-        while True:
-            for app in self.apps:
-                for thread in app.threads:
-                    self.ran[id(app)].update(thread.tasks)
-                    self.learned[id(app)].update(
-                        t for t, role in thread.copy_roles.items() if role.value == "learner")
-            await asyncio.sleep(0.02)
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-
-
-def tasks_of(app: App) -> set[str]:
-    return {t for thread in app.threads for t in thread.tasks}
 
 
 def holds_back(thread: StreamThread, after: int, lost: set[str]) -> bool:
@@ -66,31 +37,23 @@ def holds_back(thread: StreamThread, after: int, lost: set[str]) -> bool:
             and memory is not None and set(memory.lost) == lost)
 
 
-async def stop_all(runs: dict[str, asyncio.Task[None]], apps: dict[str, App]) -> None:
-    for app in apps.values():
-        app.stop()
-    for run in runs.values():
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(run, 60)
-
-
 async def test_online_host_swap(tmp_path: Path, bootstrap: str,
-                                unique: Callable[[str], str]) -> None:
+                                unique: Callable[[str], str], launched: Launched) -> None:
     """Seed 003, online host swapping: double the group with new instances, mark the old ones
     leaving; the new ones learn every task, take them over, and the old ones shut down."""
     app_id = unique("swap")
     source, sink, traffic = await counting_topics(bootstrap, app_id, 2000)
+    launched.traffic_for(traffic)
     apps = {name: counting_app(app_id, bootstrap, tmp_path / name, source, sink)
             for name in ("old-1", "old-2", "new-1", "new-2")}
     old, new = [apps["old-1"], apps["old-2"]], [apps["new-1"], apps["new-2"]]
-    runs = {name: asyncio.create_task(apps[name].run_async()) for name in ("old-1", "old-2")}
-    watch = Watch(*new)
-    try:
+    runs = {name: launched.app(apps[name]) for name in ("old-1", "old-2")}
+    async with Watch(*new) as watch:
         await wait_until(lambda: all(len(tasks_of(a)) == 2 for a in old), timeout_s=120,
                          message="the old instances to share the tasks")
         traffic.start()
         for name in ("new-1", "new-2"):
-            runs[name] = asyncio.create_task(apps[name].run_async())
+            runs[name] = launched.app(apps[name])
         await wait_until(lambda: all(t.status.rebalances > 0 for a in new for t in a.threads),
                          timeout_s=120, message="the new instances to join")
         await published(bootstrap, app_id, {f"{a.instance_id}-thread-0": len(tasks_of(a))
@@ -105,75 +68,60 @@ async def test_online_host_swap(tmp_path: Path, bootstrap: str,
             assert all(t.shutdown_requested for t in apps[name].threads)
         await wait_until(lambda: all(len(tasks_of(a)) == 2 for a in new), timeout_s=120,
                          message="the new instances to run two tasks each")
-        # Every task the new instances took over from the old ones, they learned first.
-        for app in new:
-            assert tasks_of(app) <= watch.learned[id(app)]
-        await traffic.stop()
-        await exact_counts(bootstrap, sink, traffic.produced)
-    finally:
-        await watch.stop()
-        await traffic.stop()
-        await stop_all(runs, apps)
+    # Every task the new instances took over from the old ones, they learned first.
+    for app in new:
+        assert tasks_of(app) <= watch.learned[id(app)]
+    await traffic.stop()
+    await exact_counts(bootstrap, sink, traffic.produced)
 
 
 async def test_the_leader_crashes_while_the_group_scales(
-    tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched
 ) -> None:
     """Seed 003, leader crash during scaling: a new member is learning when the leader dies
     (SIGKILL: no commit, no leave). A survivor becomes leader without the old leader's memory,
     and the group settles with every task running, counts exact."""
     app_id = unique("leader-crash")
     source, sink, traffic = await counting_topics(bootstrap, app_id, 5000)
-    workers = {name: spawn_worker(app_id, bootstrap, tmp_path / name, source, sink)
+    launched.traffic_for(traffic)
+    workers = {name: launched.worker(app_id, bootstrap, tmp_path / name, source, sink)
                for name in ("w1", "w2")}
     newcomer = counting_app(app_id, bootstrap, tmp_path / "newcomer", source, sink)
-    run = None
-    try:
-        async def shared_by_workers() -> bool:
-            status = await read_status(bootstrap, app_id)
-            return (len(status) == 2 and all(len(s["active"]) == 2 for s in status.values())
-                    and sum(bool(s.get("leader")) for s in status.values()) == 1)
 
-        await wait_until(shared_by_workers, timeout_s=150,
-                         message="the two workers to share the tasks")
-        traffic.start()
-        run = asyncio.create_task(newcomer.run_async())
-        await wait_until(
-            lambda: any(role.value == "learner"
-                        for t in newcomer.threads for role in t.copy_roles.values()),
-            timeout_s=150, interval_s=0.02, message="the newcomer to learn a task")
+    async def shared_by_workers() -> bool:
         status = await read_status(bootstrap, app_id)
-        leader = next(s for s in status.values() if s.get("leader"))
-        victim = next(w for w in workers.values() if w.pid == leader["pid"])
-        survivor = next(w for w in workers.values() if w is not victim)
-        victim.send_signal(signal.SIGKILL)
-        victim.wait()
+        return (len(status) == 2 and all(len(s["active"]) == 2 for s in status.values())
+                and sum(bool(s.get("leader")) for s in status.values()) == 1)
 
-        async def settled() -> bool:
-            status = await read_status(bootstrap, app_id)
-            live = [s for s in status.values() if s["pid"] != victim.pid]
-            running = sorted(t for s in live for t in s["active"])
-            return (running == ["0_0", "0_1", "0_2", "0_3"] and len(tasks_of(newcomer)) == 2
-                    and any(s["pid"] == survivor.pid for s in live))
+    await wait_until(shared_by_workers, timeout_s=150,
+                     message="the two workers to share the tasks")
+    traffic.start()
+    launched.app(newcomer)
+    await wait_until(
+        lambda: any(t.learners for t in newcomer.threads),
+        timeout_s=150, interval_s=0.02, message="the newcomer to learn a task")
+    status = await read_status(bootstrap, app_id)
+    leader = next(s for s in status.values() if s.get("leader"))
+    victim = next(w for w in workers.values() if w.pid == leader["pid"])
+    survivor = next(w for w in workers.values() if w is not victim)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
 
-        await wait_until(settled, timeout_s=180,
-                         message="the survivor and the newcomer to run two tasks each")
-        await traffic.stop()
-        await exact_counts(bootstrap, sink, traffic.produced)
-    finally:
-        await traffic.stop()
-        newcomer.stop()
-        if run is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(run, 60)
-        for worker in workers.values():
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+    async def settled() -> bool:
+        status = await read_status(bootstrap, app_id)
+        live = [s for s in status.values() if s["pid"] != victim.pid]
+        running = sorted(t for s in live for t in s["active"])
+        return (running == ["0_0", "0_1", "0_2", "0_3"] and len(tasks_of(newcomer)) == 2
+                and any(s["pid"] == survivor.pid for s in live))
+
+    await wait_until(settled, timeout_s=180,
+                     message="the survivor and the newcomer to run two tasks each")
+    await traffic.stop()
+    await exact_counts(bootstrap, sink, traffic.produced)
 
 
 async def test_lost_tasks_wait_for_their_member_then_move(
-    tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched
 ) -> None:
     """A static member that vanishes past its session timeout: the leader holds its tasks
     back for ``lost_task_delay_ms``. Returning within the delay, it gets them back (nobody
@@ -183,15 +131,16 @@ async def test_lost_tasks_wait_for_their_member_then_move(
     what (a new leader starts without that memory and reassigns at once, as the seed says)."""
     app_id = unique("lost")
     source, sink, traffic = await counting_topics(bootstrap, app_id, 1000)
+    launched.traffic_for(traffic)
     delay = {"lost_task_delay_ms": 45_000}
 
     def member(name: str) -> App:
         return counting_app(app_id, bootstrap, tmp_path / name, source, sink, name, **delay)
 
     apps = {name: member(name) for name in ("node-a", "node-b")}
-    runs = {name: asyncio.create_task(app.run_async()) for name, app in apps.items()}
-    watch = Watch(*apps.values())
-    try:
+    for app in apps.values():
+        launched.app(app)
+    async with Watch(*apps.values()) as watch:
         await wait_until(lambda: all(len(tasks_of(a)) == 2 for a in apps.values()),
                          timeout_s=150, message="the two members to share the tasks")
         traffic.start()
@@ -202,17 +151,15 @@ async def test_lost_tasks_wait_for_their_member_then_move(
             own, lost = tasks_of(stays), tasks_of(apps[gone])
             rebalances = thread.status.rebalances
             ran_before = set(watch.ran[id(stays)])
-            apps[gone].stop()  # static: no LeaveGroup; the session timeout evicts it
-            await asyncio.wait_for(runs[gone], 60)
+            # Static: no LeaveGroup; the session timeout evicts it.
+            await launched.stop(apps[gone])
             await wait_until(partial(holds_back, thread, rebalances, lost), timeout_s=90,
                              message=f"{gone}'s tasks to be held back ({round_})")
             assert tasks_of(stays) == own
             if round_ == "returns":
                 back = apps[gone] = member(gone)
-                watch.apps = (*watch.apps, back)
-                watch.ran[id(back)] = set()
-                watch.learned[id(back)] = set()
-                runs[gone] = asyncio.create_task(back.run_async())
+                watch.add(back)
+                launched.app(back)
                 await wait_until(lambda: tasks_of(back) == lost, timeout_s=120,  # noqa: B023
                                  message=f"{gone} to get its own tasks back")
                 assert not (watch.ran[id(stays)] - ran_before) & lost, (
@@ -221,7 +168,3 @@ async def test_lost_tasks_wait_for_their_member_then_move(
                          message=f"{leader} to take {gone}'s tasks after the delay")
         await traffic.stop()
         await exact_counts(bootstrap, sink, traffic.produced)
-    finally:
-        await watch.stop()
-        await traffic.stop()
-        await stop_all(runs, apps)

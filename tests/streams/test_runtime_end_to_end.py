@@ -14,6 +14,7 @@ import pytest
 from streams.thread import FatalThreadError
 from tests.conftest import wait_until
 from tests.streams.harness import (
+    Launched,
     counting_app,
     create_topics,
     latest,
@@ -21,7 +22,6 @@ from tests.streams.harness import (
     produce,
     read_all,
     running,
-    spawn_worker,
 )
 
 pytestmark = pytest.mark.broker
@@ -65,7 +65,7 @@ async def test_restart_gives_exact_results_and_replays_only_the_tail(
 
 
 async def test_two_workers_share_tasks_and_a_standby_takes_over_when_one_dies(
-    tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched
 ) -> None:
     app_id = unique("failover")
     source, sink = f"{app_id}-in", f"{app_id}-out"
@@ -73,48 +73,43 @@ async def test_two_workers_share_tasks_and_a_standby_takes_over_when_one_dies(
     await produce(bootstrap, source, keyed(2000, 13))
 
     here = counting_app(app_id, bootstrap, tmp_path / "here", source, sink, num_standbys=1)
-    worker = spawn_worker(app_id, bootstrap, tmp_path / "there", source, sink, num_standbys=1)
-    try:
-        async with running(here):
-            def shared() -> bool:
-                thread = here.threads[0] if here.threads else None
-                return bool(thread and 0 < len(thread.tasks) < 4 and thread.copies)
+    worker = launched.worker(app_id, bootstrap, tmp_path / "there", source, sink,
+                             num_standbys=1)
+    async with running(here):
+        def shared() -> bool:
+            thread = here.threads[0] if here.threads else None
+            return bool(thread and 0 < len(thread.tasks) < 4 and thread.standbys)
 
-            await wait_until(shared, timeout_s=120, message="the two workers to share tasks")
+        await wait_until(shared, timeout_s=120, message="the two workers to share tasks")
 
-            async def counted() -> bool:
-                return latest(await read_all(bootstrap, sink, 1)) == expected_counts(2000, 13)
+        async def counted() -> bool:
+            return latest(await read_all(bootstrap, sink, 1)) == expected_counts(2000, 13)
 
-            await wait_until(counted, timeout_s=90, message="counts of the first batch")
-            thread = here.threads[0]
-            await wait_until(
-                lambda: thread.copies and all(
-                    thread._copy_lag(t) == 0 for t in thread.copies),
-                timeout_s=60, message="the standby copies to catch up",
-            )
-            standby_tasks = set(thread.copies)
+        await wait_until(counted, timeout_s=90, message="counts of the first batch")
+        thread = here.threads[0]
+        await wait_until(
+            lambda: thread.standbys and all(lag == 0 for lag in thread.standbys.values()),
+            timeout_s=60, message="the standby copies to catch up",
+        )
+        standby_tasks = set(thread.standbys)
 
-            worker.send_signal(signal.SIGKILL)  # dies: no commit, no leave
-            worker.wait()
-            await produce(bootstrap, source, keyed(1000, 13, start=2000))
-            await wait_until(lambda: len(thread.tasks) == 4, timeout_s=120,
-                             message="the survivor to take every task")
+        worker.send_signal(signal.SIGKILL)  # dies: no commit, no leave
+        worker.wait()
+        await produce(bootstrap, source, keyed(1000, 13, start=2000))
+        await wait_until(lambda: len(thread.tasks) == 4, timeout_s=120,
+                         message="the survivor to take every task")
 
-            async def all_counted() -> bool:
-                return latest(await read_all(bootstrap, sink, 1)) == expected_counts(3000, 13)
+        async def all_counted() -> bool:
+            return latest(await read_all(bootstrap, sink, 1)) == expected_counts(3000, 13)
 
-            await wait_until(all_counted, timeout_s=90, message="exact counts after failover")
-            # The tasks it held standbys for restored from its own copies: no full replay.
-            assert standby_tasks <= set(thread.tasks)
-            assert thread.restorer.stats.records < 300
-            # Standby copies follow the changelog in bulk-load mode; running tasks, the
-            # promoted ones included, read their stores with the default memtable.
-            assert not any(store.bulk_loading for task in thread.tasks.values()
-                           for store in task.stores.values())
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
+        await wait_until(all_counted, timeout_s=90, message="exact counts after failover")
+        # The tasks it held standbys for restored from its own copies: no full replay.
+        assert standby_tasks <= set(thread.tasks)
+        assert thread.restorer.stats.records < 300
+        # Standby copies follow the changelog in bulk-load mode; running tasks, the
+        # promoted ones included, read their stores with the default memtable.
+        assert not any(store.bulk_loading for task in thread.tasks.values()
+                       for store in task.stores.values())
 
 
 async def test_bad_records_go_to_the_dead_letter_topic(

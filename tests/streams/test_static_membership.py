@@ -4,7 +4,6 @@ gets its tasks back with no rebalance of the others and no state movement."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from streams.thread import FatalThreadError
 from tests.conftest import wait_until
 from tests.streams.harness import (
+    Launched,
     counting_app,
     create_topics,
     latest,
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.broker
 
 
 async def test_a_static_restart_moves_nothing(
-    tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched
 ) -> None:
     app_id = unique("static")
     source, sink = f"{app_id}-in", f"{app_id}-out"
@@ -35,65 +35,53 @@ async def test_a_static_restart_moves_nothing(
     dirs = {"node-a": tmp_path / "a", "node-b": tmp_path / "b"}
     apps = {name: counting_app(app_id, bootstrap, d, source, sink, name)
             for name, d in dirs.items()}
-    runs = {name: asyncio.create_task(app.run_async()) for name, app in apps.items()}
+    for app in apps.values():
+        launched.app(app)
 
     async def counted(total: int) -> bool:
         counts = latest(await read_all(bootstrap, sink, 1))
         return sum(counts.values()) == total and len(counts) == 9
 
-    try:
-        await wait_until(
-            lambda: all(a.threads and len(a.threads[0].tasks) == 2 for a in apps.values()),
-            timeout_s=150, message="both static members to run two tasks",
-        )
-        await wait_until(lambda: counted(900), timeout_s=90, message="first counts")
-        # Restart a follower: a static *leader* that rejoins starts a rebalance by design
-        # (KIP-345: the leader must see every member's metadata again).
-        name = next(n for n, a in apps.items() if not a.threads[0].assignor.is_leader)
-        other = next(a for n, a in apps.items() if n != name)
-        tasks_before = sorted(apps[name].threads[0].tasks)
-        generation = other.threads[0].status.generation
-        rebalances = other.threads[0].status.rebalances
-        apps[name].stop()  # static: no LeaveGroup, the group keeps its place
-        await asyncio.wait_for(runs[name], 60)
+    await wait_until(
+        lambda: all(a.threads and len(a.threads[0].tasks) == 2 for a in apps.values()),
+        timeout_s=150, message="both static members to run two tasks",
+    )
+    await wait_until(lambda: counted(900), timeout_s=90, message="first counts")
+    # Restart a follower: a static *leader* that rejoins starts a rebalance by design
+    # (KIP-345: the leader must see every member's metadata again).
+    name = next(n for n, a in apps.items() if not a.threads[0].assignor.is_leader)
+    other = next(a for n, a in apps.items() if n != name)
+    tasks_before = sorted(apps[name].threads[0].tasks)
+    generation = other.threads[0].status.generation
+    rebalances = other.threads[0].status.rebalances
+    await launched.stop(apps[name])  # static: no LeaveGroup, the group keeps its place
 
-        await produce(bootstrap, source, [(f"k{i % 9}", i) for i in range(900, 1200)])
-        again = apps[name] = counting_app(app_id, bootstrap, dirs[name], source, sink, name)
-        runs[name] = asyncio.create_task(again.run_async())
-        await wait_until(lambda: bool(again.threads) and len(again.threads[0].tasks) == 2,
-                         timeout_s=60, message=f"{name} to run its tasks again")
-        assert sorted(again.threads[0].tasks) == tasks_before
-        await wait_until(lambda: counted(1200), timeout_s=60, message="counts after restart")
-        # Nothing moved: the other member saw no rebalance; the restarted one replayed no
-        # changelog (its checkpoints were current).
-        assert other.threads[0].status.generation == generation
-        assert other.threads[0].status.rebalances == rebalances
-        assert again.threads[0].restorer.stats.records == 0
-    finally:
-        for app in apps.values():
-            app.stop()
-        for run in runs.values():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(run, 60)
+    await produce(bootstrap, source, [(f"k{i % 9}", i) for i in range(900, 1200)])
+    again = apps[name] = counting_app(app_id, bootstrap, dirs[name], source, sink, name)
+    launched.app(again)
+    await wait_until(lambda: bool(again.threads) and len(again.threads[0].tasks) == 2,
+                     timeout_s=60, message=f"{name} to run its tasks again")
+    assert sorted(again.threads[0].tasks) == tasks_before
+    await wait_until(lambda: counted(1200), timeout_s=60, message="counts after restart")
+    # Nothing moved: the other member saw no rebalance; the restarted one replayed no
+    # changelog (its checkpoints were current).
+    assert other.threads[0].status.generation == generation
+    assert other.threads[0].status.rebalances == rebalances
+    assert again.threads[0].restorer.stats.records == 0
 
 
 async def test_duplicate_group_instance_id_fails_the_newcomer_fast(
-    tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched
 ) -> None:
     app_id = unique("dup")
     source, sink = f"{app_id}-in", f"{app_id}-out"
     await create_topics(bootstrap, {source: 2, sink: 1})
     first = counting_app(app_id, bootstrap, tmp_path / "a", source, sink, "node-a")
-    run_first = asyncio.create_task(first.run_async())
-    try:
-        await wait_until(lambda: bool(first.threads) and len(first.threads[0].tasks) == 2,
-                         timeout_s=120, message="the first member to run both tasks")
-        await published(bootstrap, app_id, {"node-a-thread-0": 2})
-        second = counting_app(app_id, bootstrap, tmp_path / "b", source, sink, "node-a")
-        with pytest.raises(FatalThreadError, match="duplicate group instance id node-a-thread-0"):
-            await asyncio.wait_for(second.run_async(), 60)
-        assert first.threads[0].tasks and not run_first.done()  # the first one runs on
-    finally:
-        first.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(run_first, 60)
+    run_first = launched.app(first)
+    await wait_until(lambda: bool(first.threads) and len(first.threads[0].tasks) == 2,
+                     timeout_s=120, message="the first member to run both tasks")
+    await published(bootstrap, app_id, {"node-a-thread-0": 2})
+    second = counting_app(app_id, bootstrap, tmp_path / "b", source, sink, "node-a")
+    with pytest.raises(FatalThreadError, match="duplicate group instance id node-a-thread-0"):
+        await asyncio.wait_for(second.run_async(), 60)
+    assert first.threads[0].tasks and not run_first.done()  # the first one runs on

@@ -5,8 +5,6 @@ scale-down timeout. Counts stay exact throughout: no record lost or counted twic
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +12,8 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.streams.harness import (
+    Launched,
+    Watch,
     counting_app,
     counting_topics,
     exact_counts,
@@ -25,13 +25,12 @@ from tests.streams.harness import (
 pytestmark = pytest.mark.broker
 
 
-
-
 async def test_scale_out_learns_first_then_moves(
-    tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched
 ) -> None:
     app_id = unique("scale-out")
     source, sink, traffic = await counting_topics(bootstrap, app_id, 3000)
+    launched.traffic_for(traffic)
     # Dynamic members (short sessions, quick rounds): static membership is not under test.
     old = counting_app(app_id, bootstrap, tmp_path / "old", source, sink, None,
                        session_timeout_ms=6000, heartbeat_interval_ms=1000)
@@ -41,66 +40,51 @@ async def test_scale_out_learns_first_then_moves(
         await wait_until(lambda: bool(old.threads) and len(old.threads[0].tasks) == 4,
                          timeout_s=90, message="the first member to run every task")
         traffic.start()
-        learned: set[str] = set()
-        async with running(new):
-            def watch() -> bool:
-                thread = new.threads[0] if new.threads else None
-                if thread is None:
-                    return False
-                learned.update(t for t, r in thread.copy_roles.items() if r.value == "learner")
-                return len(thread.tasks) == 2 and len(old.threads[0].tasks) == 2
-            await wait_until(watch, timeout_s=180, interval_s=0.05,
-                             message="the new member to learn and take over two tasks")
+        async with running(new), Watch(new) as watch:
+            await wait_until(
+                lambda: bool(new.threads) and len(new.threads[0].tasks) == 2
+                and len(old.threads[0].tasks) == 2,
+                timeout_s=180, interval_s=0.05,
+                message="the new member to learn and take over two tasks")
             moved = set(new.threads[0].tasks)
             # Every task it took over, it learned first.
-            assert moved <= learned
+            assert moved <= watch.learned[id(new)]
             await traffic.stop()
             await exact_counts(bootstrap, sink, traffic.produced)
-    await traffic.stop()
 
 
 @pytest.mark.parametrize("timeout_ms", [None, 1])
 async def test_a_member_marked_leaving_hands_over_and_shuts_down(
-    tmp_path: Path, bootstrap: str, unique: Callable[[str], str], timeout_ms: int | None
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str], timeout_ms: int | None,
+    launched: Launched,
 ) -> None:
     app_id = unique("scale-down")
     source, sink, traffic = await counting_topics(bootstrap, app_id)
+    launched.traffic_for(traffic)
     stays = counting_app(app_id, bootstrap, tmp_path / "a", source, sink, "node-a")
     leaves = counting_app(app_id, bootstrap, tmp_path / "b", source, sink, "node-b")
-    async with running(stays):
-        leaving_run = asyncio.create_task(leaves.run_async())
-        try:
-            await wait_until(
-                lambda: bool(stays.threads and leaves.threads)
-                and len(stays.threads[0].tasks) == 2 and len(leaves.threads[0].tasks) == 2,
-                timeout_s=150, message="the two members to share the tasks",
-            )
-            traffic.start()
-            await published(bootstrap, app_id, {"node-a-thread-0": 2, "node-b-thread-0": 2})
-            args = ["mark-leaving", app_id, "node-b"]
-            if timeout_ms is not None:
-                args += ["--timeout-ms", str(timeout_ms)]
-            code, out = await run_relay(*args, bootstrap=bootstrap)
-            assert code == 0, out
-            learned: set[str] = set()
-
-            def watch() -> bool:
-                thread = stays.threads[0]
-                learned.update(t for t, r in thread.copy_roles.items() if r.value == "learner")
-                return leaving_run.done()
-
-            await wait_until(watch, timeout_s=180, interval_s=0.05,
-                             message="node-b to hand over and shut down")
-            leaving_run.result()  # ended cleanly, not with an error
-            assert leaves.threads[0].shutdown_requested
-            await wait_until(lambda: len(stays.threads[0].tasks) == 4, timeout_s=90,
-                             message="node-a to run every task")
-            if timeout_ms is None:
-                assert learned, "node-a should have learned node-b's tasks first"
-            await traffic.stop()
-            await exact_counts(bootstrap, sink, traffic.produced)
-        finally:
-            await traffic.stop()
-            leaves.stop()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(leaving_run, 60)
+    launched.app(stays)
+    leaving_run = launched.app(leaves)
+    await wait_until(
+        lambda: bool(stays.threads and leaves.threads)
+        and len(stays.threads[0].tasks) == 2 and len(leaves.threads[0].tasks) == 2,
+        timeout_s=150, message="the two members to share the tasks",
+    )
+    traffic.start()
+    await published(bootstrap, app_id, {"node-a-thread-0": 2, "node-b-thread-0": 2})
+    args = ["mark-leaving", app_id, "node-b"]
+    if timeout_ms is not None:
+        args += ["--timeout-ms", str(timeout_ms)]
+    code, out = await run_relay(*args, bootstrap=bootstrap)
+    assert code == 0, out
+    async with Watch(stays) as watch:
+        await wait_until(leaving_run.done, timeout_s=180, interval_s=0.05,
+                         message="node-b to hand over and shut down")
+    leaving_run.result()  # ended cleanly, not with an error
+    assert leaves.threads[0].shutdown_requested
+    await wait_until(lambda: len(stays.threads[0].tasks) == 4, timeout_s=90,
+                     message="node-a to run every task")
+    if timeout_ms is None:
+        assert watch.learned[id(stays)], "node-a should have learned node-b's tasks first"
+    await traffic.stop()
+    await exact_counts(bootstrap, sink, traffic.produced)

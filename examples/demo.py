@@ -1,6 +1,6 @@
-"""``python -m streams.demo``: Relay end to end on the embedded broker.
+"""``python -m examples.demo`` (or ``make demo``): Relay end to end on the embedded broker.
 
-A producer writes click events; the demo app (:mod:`streams.demo_app`) runs in two worker
+A producer writes click events; the demo app (:mod:`examples.demo_app`) runs in two worker
 processes with one standby copy per task; the demo prints the group's tasks (from the status
 topic the members publish) and the results as they change. Midway it kills one worker
 (SIGKILL: no commit, no goodbye); the other takes over its tasks from its standby copies; then
@@ -27,11 +27,12 @@ from aiokafka.structs import TopicPartition
 from rich.console import Console
 from rich.table import Table
 
+from examples.demo_app import APP_ID, CLICKS, TOTALS, WINDOWED
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
-from streams.broker import EmbeddedBroker
-from streams.demo_app import APP_ID, CLICKS, TOTALS, WINDOWED
+from streams.embedded_broker import EmbeddedBroker
 from streams.status import status_topic_name
 
+ROOT = Path(__file__).resolve().parents[1]
 USERS = [f"user-{i:02d}" for i in range(12)]
 console = Console()
 
@@ -39,6 +40,7 @@ console = Console()
 def start_worker(name: str, bootstrap: str, state_root: Path) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
         "RELAY_BOOTSTRAP_SERVERS": bootstrap,
         "RELAY_STATE_DIR": str(state_root / name),
         "RELAY_NUM_STANDBYS": "1",
@@ -47,8 +49,8 @@ def start_worker(name: str, bootstrap: str, state_root: Path) -> subprocess.Pope
         "RELAY_COMMIT_INTERVAL_MS": "500",
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "streams", "run", "streams.demo_app:app", "--log-level", "ERROR"],
-        env=env,
+        [sys.executable, "-m", "streams", "run", "examples.demo_app:app", "--log-level", "ERROR"],
+        env=env, cwd=ROOT,
     )
 
 

@@ -1,6 +1,6 @@
 """The demo's stream app: clicks per user in 10-second tumbling windows, and totals per user.
 
-Run by ``python -m streams.demo`` as two worker processes; settings come from RELAY_*.
+Run by ``python -m examples.demo`` as two worker processes; settings come from RELAY_*.
 """
 
 from __future__ import annotations

@@ -1,0 +1,75 @@
+"""The record collector: ships a thread's output, dead-letter and changelog records through
+its producer and tracks their acknowledgements.
+
+A send waits while the producer's buffer is full. Cancelled there (a thread stopping), the
+records not handed over yet stay queued (outputs in the task, changelog records in their
+store), so the final commit ships them instead of dropping them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from statestore.changelog import ChangelogWriter
+from streams.task import RecordError, StreamTask
+
+log = logging.getLogger(__name__)
+
+
+class RecordCollector:
+    def __init__(self, producer: Any, dead_letter_topic: str) -> None:
+        self.producer = producer
+        self.changelog = ChangelogWriter(producer)
+        self._dead_letter_topic = dead_letter_topic
+        self._output_futures: list[asyncio.Future[Any]] = []
+        self.dead_lettered = 0
+
+    async def ship(self, tasks: Iterable[StreamTask]) -> None:
+        """Hand every queued output and changelog record of ``tasks`` to the producer, with
+        each task's input position written into its stores first."""
+        for task in tasks:
+            task.record_input_position()
+            outputs = task.take_outputs()
+            handed = 0
+            try:
+                for output in outputs:
+                    future = await self.producer.send(
+                        output.topic, value=output.value, key=output.key,
+                        timestamp_ms=output.timestamp_ms,
+                    )
+                    self._output_futures.append(future)
+                    handed += 1
+            finally:
+                task.context.outputs[:0] = outputs[handed:]
+            await self.changelog.send_pending(task.stores.values())
+
+    async def send_changelogs(self, tasks: Iterable[StreamTask]) -> None:
+        for task in tasks:
+            await self.changelog.send_pending(task.stores.values())
+
+    async def dead_letter(self, error: RecordError) -> None:
+        record = error.record
+        log.warning("%s; sent to %s", error, self._dead_letter_topic)
+        headers = [
+            ("relay.error", f"{type(error.cause).__name__}: {error.cause}".encode()),
+            ("relay.stage", error.stage.encode()),
+            ("relay.topic", record.topic.encode()),
+            ("relay.partition", str(record.partition).encode()),
+            ("relay.offset", str(record.offset).encode()),
+        ]
+        future = await self.producer.send(
+            self._dead_letter_topic, value=record.value, key=record.key, headers=headers
+        )
+        self._output_futures.append(future)
+        self.dead_lettered += 1
+
+    async def wait_acknowledged(self) -> None:
+        """Every output, dead letter and changelog record sent so far is acknowledged (the
+        stores' changelog positions move on); raises the first send error."""
+        futures, self._output_futures = self._output_futures, []
+        if futures:
+            await asyncio.gather(*futures)
+        await self.changelog.wait_acknowledged()

@@ -1,0 +1,117 @@
+"""The factory of stream threads: builds a thread and its parts, with real clients or with
+the fakes a test hands it.
+
+The parts are wired here and nowhere else: the assignor reports the thread's subscription
+and hands it the assignment; the state updater tells it when a restored task may run and when
+learners are ready; the committer commits the thread's running tasks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from statestore.restore import ChangelogReader
+from statestore.snapshot import SnapshotSettings
+from statestore.store import KeyValueStore
+from streams.commit import Committer
+from streams.config import AppConfig
+from streams.driver import GroupConsumer, new_group_consumer, new_producer
+from streams.rebalance import RelayAssignor, TaskLayout
+from streams.record_collector import RecordCollector
+from streams.state_updater import StateUpdater
+from streams.static_followers import ControlSender, StaticFollowers
+from streams.store_handover import ProcessStores
+from streams.task import open_task_stores
+from streams.task_manager import TaskManager
+from streams.tasks import Tasks
+from streams.thread import StreamThread, ThreadIdentity
+from streams.topology import SubTopology
+
+
+@dataclass
+class ThreadClients:
+    """The clients a thread talks to the broker with. Each one left out is built for real
+    from ``bootstrap_servers``."""
+
+    consumer: GroupConsumer | None = None
+    producer: Any = None
+    #: Restores new actives' stores.
+    restorer: Any = None
+    #: Follows standby and learner copies.
+    follower: Any = None
+
+
+def build_stream_thread(
+    config: AppConfig,
+    index: int,
+    subs: list[SubTopology],
+    *,
+    bootstrap_servers: str | None = None,
+    clients: ThreadClients | None = None,
+    instance_id: str | None = None,
+    incarnation: str = "",
+    static_followers: StaticFollowers | None = None,
+    control: ControlSender | None = None,
+    process_stores: ProcessStores | None = None,
+    leaving: Callable[[], tuple[bool, int | None, int | None]] = lambda: (False, None, None),
+) -> StreamThread:
+    clients = clients or ThreadClients()
+    if bootstrap_servers is None and None in (clients.consumer, clients.producer,
+                                               clients.restorer, clients.follower):
+        raise ValueError("bootstrap_servers is needed for the clients not given")
+    layout = TaskLayout(tuple(subs))
+    static_id = f"{config.group_instance_id}-thread-{index}" if config.group_instance_id else None
+    instance = instance_id or config.group_instance_id or f"pid-{os.getpid()}-{index}"
+    identity = ThreadIdentity(index, instance, static_id, incarnation)
+    static_followers = static_followers or StaticFollowers(enabled=False)
+    process_stores = process_stores or ProcessStores()
+    thread: StreamThread  # bound below; the callbacks run only once the thread runs
+
+    assignor = RelayAssignor(
+        layout, config.assignor_config(),
+        subscription=lambda: thread.subscription(),
+        on_assigned=lambda assignment: thread.assignment_received(assignment),
+        cooperative=config.cooperative,
+        fresh_subscription=static_followers.fresh_subscription,
+    )
+    consumer = clients.consumer or new_group_consumer(
+        config, bootstrap_servers, static_id, index, assignor)  # type: ignore[arg-type]
+    producer = clients.producer or new_producer(bootstrap_servers)  # type: ignore[arg-type]
+    restorer = clients.restorer or ChangelogReader(
+        bootstrap_servers, client_id=f"{instance}-restore")  # type: ignore[arg-type]
+    follower = clients.follower or ChangelogReader(
+        bootstrap_servers, client_id=f"{instance}-copies")  # type: ignore[arg-type]
+
+    tasks = Tasks()
+    updater = StateUpdater(
+        restorer, follower, tasks,
+        commit_interval_ms=config.commit_interval_ms,
+        acceptable_lag=config.acceptable_lag,
+        learner_rejoin=config.learner_rejoin,
+        on_restored=lambda task_id, stores: thread.on_restored(task_id, stores),
+        on_learners_ready=lambda task_ids: thread.learners_ready(task_ids),
+    )
+    snapshots = (SnapshotSettings(config.snapshot_dir, bootstrap_servers or "")
+                 if config.snapshot_dir is not None else None)
+
+    def open_stores(task_id: str) -> dict[str, KeyValueStore]:
+        # Every store a thread opens is restored or followed before anything reads it.
+        return open_task_stores(layout.sub_of(task_id), task_id, config.application_id,
+                                config.state_dir, snapshots, bulk_load=True)
+
+    name = static_id or f"thread {index}"
+    manager = TaskManager(name, layout, tasks, consumer, updater, process_stores, open_stores)
+    collector = RecordCollector(producer, config.dead_letters)
+    committer = Committer(collector, consumer, lambda: list(tasks.active.values()), name)
+    thread = StreamThread(
+        config, identity, layout,
+        assignor=assignor, consumer=consumer, producer=producer, tasks=tasks,
+        task_manager=manager, state_updater=updater, collector=collector,
+        committer=committer, static_followers=static_followers, control=control,
+        leaving=leaving,
+    )
+    static_followers.add_member(thread)
+    return thread

@@ -1,0 +1,278 @@
+"""Fake clients for the stream thread's unit tests: a group consumer, a producer, changelog
+readers and a control channel that keep what they were asked in memory. Handed to
+:func:`streams.thread_factory.build_stream_thread`, they let a test drive a real thread (real
+topology, tasks and RocksDB stores) through assignments, records and commits, without a
+broker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+from aiokafka.structs import ConsumerRecord, RecordMetadata, TopicPartition
+
+from assignor import MemberAssignment, parse_task_id
+from assignor.protocol import encode_assignment
+from streams.app import App
+from streams.config import AppConfig
+from streams.static_followers import StaticFollowers
+from streams.store_handover import ProcessStores
+from streams.thread import StreamThread
+from streams.thread_factory import ThreadClients, build_stream_thread
+from streams.topology import SubTopology
+
+SOURCE, SINK = "in", "out"
+
+
+class FakeConsumer:
+    """The :class:`streams.driver.GroupConsumer` interface, in memory."""
+
+    def __init__(self, events: list[str] | None = None) -> None:
+        self.events = events if events is not None else []
+        self.assigned: set[TopicPartition] = set()
+        self.committed_offsets: dict[TopicPartition, int] = {}
+        self.commits: list[dict[TopicPartition, int]] = []
+        self.seeks: dict[TopicPartition, int] = {}
+        self.paused: set[TopicPartition] = set()
+        self.rejoins = 0
+        self.rebalancing = False
+        self.rebalancing_since: float | None = None
+        self.rejoin_pending = False
+        self.member_id = "member-1"
+        self.generation = 1
+        self.listener: Any = None
+        self._batches: asyncio.Queue[dict[TopicPartition, list[Any]]] = asyncio.Queue()
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def subscribe(self, topics: list[str], listener: Any) -> None:
+        self.listener = listener
+
+    def feed(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        self._batches.put_nowait(batch)
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Any]]:
+        try:
+            return await asyncio.wait_for(self._batches.get(), timeout_ms / 1000)
+        except TimeoutError:
+            return {}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks[tp] = offset
+
+    async def seek_to_beginning(self, tp: TopicPartition) -> None:
+        self.seeks[tp] = 0
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.paused.update(tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self.paused.difference_update(tps)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return self.committed_offsets.get(tp)
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.events.append("offsets")
+        self.commits.append(dict(offsets))
+        self.committed_offsets.update(offsets)
+
+    def rebalancing_for_s(self, now: float | None = None) -> float:
+        if not self.rebalancing or self.rebalancing_since is None:
+            return 0.0
+        return (time.monotonic() if now is None else now) - self.rebalancing_since
+
+    def request_rejoin(self) -> None:
+        self.rejoins += 1
+
+
+@dataclass
+class Sent:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    partition: int | None
+    headers: Any = None
+
+
+class FakeProducer:
+    """Sends land in ``sent``; acknowledgements come at once, or when the test calls
+    :meth:`ack` (``auto_ack=False``)."""
+
+    def __init__(self, events: list[str] | None = None, auto_ack: bool = True) -> None:
+        self.events = events if events is not None else []
+        self.auto_ack = auto_ack
+        self.sent: list[Sent] = []
+        self._unacked: list[tuple[asyncio.Future[RecordMetadata], Sent]] = []
+        self._offsets: dict[tuple[str, int], int] = {}
+        self.client = None
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                   partition: int | None = None, timestamp_ms: int | None = None,
+                   headers: Any = None) -> asyncio.Future[RecordMetadata]:
+        record = Sent(topic, key, value, partition, headers)
+        self.sent.append(record)
+        future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        self._unacked.append((future, record))
+        if self.auto_ack:
+            self.ack()
+        return future
+
+    async def send_and_wait(self, topic: str, value: bytes | None = None,
+                            key: bytes | None = None, **kwargs: Any) -> RecordMetadata:
+        return await (await self.send(topic, value=value, key=key, **kwargs))
+
+    def ack(self) -> None:
+        unacked, self._unacked = self._unacked, []
+        if unacked:
+            self.events.append("ack")
+        for future, record in unacked:
+            partition = record.partition or 0
+            offset = self._offsets.get((record.topic, partition), 0)
+            self._offsets[(record.topic, partition)] = offset + 1
+            future.set_result(RecordMetadata(
+                topic=record.topic, partition=partition,
+                topic_partition=TopicPartition(record.topic, partition), offset=offset,
+                timestamp=None, timestamp_type=0, log_start_offset=0))
+
+    def to(self, topic: str) -> list[Sent]:
+        return [s for s in self.sent if s.topic == topic]
+
+
+@dataclass
+class _Stats:
+    records: int = 0
+
+
+class FakeChangelogReader:
+    """Restores at once; copies have the lag the test sets (0 by default)."""
+
+    def __init__(self) -> None:
+        self.registered: list[Any] = []
+        self.lags: dict[str, int | None] = {}
+        self.stats = _Stats()
+        self.restored: list[str] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def register(self, store: Any) -> None:
+        self.registered.append(store)
+
+    def unregister(self, store: Any) -> None:
+        if store in self.registered:
+            self.registered.remove(store)
+
+    def lag(self, store: Any) -> int | None:
+        return self.lags.get(f"{store.partition}", 0)
+
+    async def poll(self, timeout_ms: int = 200) -> int:
+        await asyncio.sleep(timeout_ms / 1000)
+        return 0
+
+    async def restore(self, stores: list[Any], **kwargs: Any) -> None:
+        self.restored.extend(f"{s.name}/{s.partition}" for s in stores)
+
+
+@dataclass
+class FakeControl:
+    rebalance_requests: list[str] = field(default_factory=list)
+    subscriptions: list[str] = field(default_factory=list)
+    fetch_requests: list[dict[str, str]] = field(default_factory=list)
+
+    def request_rebalance(self, reason: str) -> None:
+        self.rebalance_requests.append(reason)
+
+    def publish_subscription(self, static_id: str, data: bytes) -> None:
+        self.subscriptions.append(static_id)
+
+    def request_fetch(self, digests: dict[str, str]) -> None:
+        self.fetch_requests.append(digests)
+
+
+@dataclass
+class Rig:
+    """A thread built by the factory with fake clients, and those clients."""
+
+    thread: StreamThread
+    consumer: FakeConsumer
+    producer: FakeProducer
+    restorer: FakeChangelogReader
+    follower: FakeChangelogReader
+    control: FakeControl
+
+
+def counting_subs(partitions: int = 4) -> list[SubTopology]:
+    """The counting app's topology (count per key into ``counts``), sized."""
+    app = App("unit", bootstrap_servers="127.0.0.1:1")
+    app.stream(SOURCE).group_by_key().count(store="counts").to_stream().to(SINK)
+    subs = app.topology.sub_topologies()
+    app.topology.assign_partitions(subs, {SOURCE: partitions}, partitions)
+    return subs
+
+
+def config(state_dir: Path, **settings: Any) -> AppConfig:
+    return AppConfig(application_id="unit", bootstrap_servers="127.0.0.1:1",
+                     state_dir=state_dir, **settings)
+
+
+def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
+        process_stores: ProcessStores | None = None,
+        static_followers: StaticFollowers | None = None,
+        subs: list[SubTopology] | None = None, **settings: Any) -> Rig:
+    events = events if events is not None else []
+    clients = ThreadClients(FakeConsumer(events), FakeProducer(events),
+                            FakeChangelogReader(), FakeChangelogReader())
+    control = FakeControl()
+    thread = build_stream_thread(
+        config(state_dir, **settings), index, subs or counting_subs(), clients=clients,
+        instance_id="unit-instance", control=control, process_stores=process_stores,
+        static_followers=static_followers,
+    )
+    return Rig(thread, clients.consumer, clients.producer, clients.restorer,  # type: ignore[arg-type]
+               clients.follower, control)
+
+
+def partitions_of(*task_ids: str) -> set[TopicPartition]:
+    return {TopicPartition(SOURCE, parse_task_id(t)[1]) for t in task_ids}
+
+
+async def assign(rig: Rig, active: tuple[str, ...] = (), *, standbys: tuple[str, ...] = (),
+                 learners: tuple[str, ...] = (), restore: bool = True, **extra: Any) -> None:
+    """Deliver an assignment the way the coordinator does (the assignor first, then the
+    listener), and let the restored actives start."""
+    assignment = MemberAssignment(active=active, standbys=standbys, learners=learners, **extra)
+    rig.consumer.assigned = partitions_of(*active)
+    by_topic = sorted({(SOURCE, tuple(sorted(tp.partition for tp in rig.consumer.assigned)))})
+    rig.thread.assignor.on_assignment(ConsumerProtocolMemberAssignment(
+        0, [(t, list(ps)) for t, ps in by_topic if ps], encode_assignment(assignment)))
+    await rig.thread.listener.on_partitions_assigned(rig.consumer.assigned)
+    if restore:
+        await rig.thread.state_updater.restore_pending()
+
+
+def record(partition: int, offset: int, key: str, value: Any = 1,
+           timestamp: int = 1_000) -> ConsumerRecord[bytes, bytes]:
+    k, v = msgpack.packb(key), msgpack.packb(value)
+    return ConsumerRecord(SOURCE, partition, offset, timestamp, 0, k, v, None, len(k), len(v), [])

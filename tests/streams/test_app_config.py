@@ -1,0 +1,59 @@
+"""The app's one configuration: validated when the App is built (the assignor's settings
+included), an explicit keyword signature, and a warning for misspelt environment variables."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import fields
+
+import pytest
+
+from streams.app import App
+from streams.config import AppConfig, ConfigError
+
+
+def test_an_assignor_setting_is_a_config_error_when_the_app_is_built() -> None:
+    with pytest.raises(ConfigError, match="imbalance_tolerance must be >= 1"):
+        App("a", bootstrap_servers="127.0.0.1:1", imbalance_tolerance=0)
+    with pytest.raises(ConfigError, match="imbalance_tolerance"):
+        AppConfig.from_env({"RELAY_IMBALANCE_TOLERANCE": "0"}, application_id="a")
+
+
+def test_the_assignor_config_is_derived_from_the_app_config() -> None:
+    config = AppConfig("a", num_standbys=1, acceptable_lag=5, max_learners=3,
+                       lost_task_delay_ms=7, initial_delay_ms=8, scale_down_timeout_ms=9,
+                       imbalance_tolerance=2)
+    derived = config.assignor_config()
+    assert (derived.num_standbys, derived.acceptable_lag, derived.max_learners,
+            derived.lost_task_delay_ms, derived.initial_delay_ms,
+            derived.scale_down_timeout_ms, derived.imbalance_tolerance) == (1, 5, 3, 7, 8, 9, 2)
+
+
+def test_app_takes_every_setting_as_a_keyword() -> None:
+    parameters = inspect.signature(App).parameters
+    assert set(parameters) == {f.name for f in fields(AppConfig)}
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY
+               for name, p in parameters.items() if name != "application_id")
+    with pytest.raises(TypeError):
+        App("a", num_thread=2)  # type: ignore[call-arg]
+
+
+def test_a_misspelt_variable_gets_a_warning_naming_the_closest_setting(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="streams.config"):
+        config = AppConfig.from_env({"RELAY_NUM_THREAD": "4", "RELAY_TANSU_BIN": "/x"},
+                                    application_id="a")
+    assert config.num_threads == 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1
+    assert "RELAY_NUM_THREAD" in messages[0] and "RELAY_NUM_THREADS" in messages[0]
+
+
+def test_static_follower_digests_reads_booleans() -> None:
+    assert AppConfig.from_env({"RELAY_STATIC_FOLLOWER_DIGESTS": "off"},
+                              application_id="a").static_follower_digests is False
+    assert AppConfig("a").static_follower_digests is None
+    with pytest.raises(ConfigError, match="static_follower_digests must be bool"):
+        AppConfig.from_env({"RELAY_STATIC_FOLLOWER_DIGESTS": "maybe"}, application_id="a")

@@ -1,0 +1,83 @@
+"""The static-follower digest protocol behind its one setting (no broker)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from streams.static_followers import StaticFollowers, needs_digests, protocol_enabled
+from tests.streams.fakes import FakeControl
+
+
+@dataclass
+class Member:
+    static_id: str | None
+    is_leader: bool = False
+    received_digest: str | None = "d1"
+    rejoins: list[str] = field(default_factory=list)
+
+    def request_rejoin(self, reason: str, broadcast: bool = True) -> None:
+        self.rejoins.append(reason)
+
+
+def test_a_follower_that_missed_its_assignment_rejoins() -> None:
+    control = FakeControl()
+    protocol = StaticFollowers(enabled=True, control=control)
+    follower, leader = Member("a-thread-0"), Member("b-thread-0", is_leader=True)
+    protocol.add_member(follower)
+    protocol.add_member(leader)
+    protocol.on_fetch_request({"a-thread-0": "d1", "b-thread-0": "other"})
+    assert follower.rejoins == [] and leader.rejoins == []  # holds it; the leader never
+    protocol.on_fetch_request({"a-thread-0": "d2"})
+    assert follower.rejoins == ["missed the leader's last assignment"]
+
+
+def test_the_leader_tells_its_followers_and_followers_ask_the_leader() -> None:
+    control = FakeControl()
+    protocol = StaticFollowers(enabled=True, control=control)
+    leader, follower = Member("b-thread-0", is_leader=True), Member("a-thread-0")
+    protocol.tell_followers(leader, {"a-thread-0": "x", "b-thread-0": "y"})
+    assert control.fetch_requests == [{"a-thread-0": "x"}]
+    protocol.tell_followers(follower, {"a-thread-0": "x"})  # only the leader tells
+    assert len(control.fetch_requests) == 1
+    protocol.ask_leader(follower, "learners ready")
+    protocol.ask_leader(leader, "learners ready")
+    assert control.rebalance_requests == ["a-thread-0: learners ready"]
+    protocol.publish_subscription(follower, b"sub")
+    protocol.on_subscription("a-thread-0", b"sub")
+    assert control.subscriptions == ["a-thread-0"]
+    assert protocol.fresh_subscription("a-thread-0") == b"sub"
+
+
+def test_off_it_sends_nothing_and_ignores_what_it_reads() -> None:
+    control = FakeControl()
+    protocol = StaticFollowers(enabled=False, control=control)
+    follower, leader = Member("a-thread-0"), Member("b-thread-0", is_leader=True)
+    protocol.add_member(follower)
+    protocol.ask_leader(follower, "r")
+    protocol.tell_followers(leader, {"a-thread-0": "x"})
+    protocol.publish_subscription(follower, b"s")
+    protocol.on_subscription("a-thread-0", b"s")
+    protocol.on_fetch_request({"a-thread-0": "d2"})
+    assert control == FakeControl() and follower.rejoins == []
+    assert protocol.fresh_subscription("a-thread-0") is None
+
+
+def test_dynamic_members_take_no_part() -> None:
+    control = FakeControl()
+    protocol = StaticFollowers(enabled=True, control=control)
+    protocol.ask_leader(Member(None), "r")
+    protocol.publish_subscription(Member(None), b"s")
+    assert control == FakeControl()
+
+
+def test_brokers_that_need_it_are_detected_by_cluster_id() -> None:
+    assert needs_digests("tansu_cluster")
+    assert not needs_digests("MkU3OEVBNTcwNTJENDM2Qk")  # an Apache Kafka cluster id
+    assert not needs_digests(None)
+
+
+async def test_the_setting_wins_and_the_embedded_broker_needs_no_question() -> None:
+    unreachable = "127.0.0.1:1"  # never asked: these answers need no broker
+    assert await protocol_enabled(None, unreachable, embedded=True)
+    assert not await protocol_enabled(False, unreachable, embedded=True)
+    assert await protocol_enabled(True, unreachable, embedded=False)

@@ -1,0 +1,237 @@
+"""The stream thread's own logic with fake clients (no broker): assignments applied to its
+tasks, records processed and committed in order, rebalance callbacks that fail, a join that
+takes too long, and stores handed between threads of one process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import msgpack
+import pytest
+from aiokafka.structs import TopicPartition
+
+from assignor import parse_task_id
+from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
+from streams.store_handover import ProcessStores
+from streams.thread import MAX_REBALANCE_FAILURES, FatalThreadError, ThreadState
+from tests.conftest import wait_until
+from tests.streams.fakes import SINK, SOURCE, Rig, assign, record, rig
+
+pytestmark = pytest.mark.asyncio
+
+
+@contextlib.asynccontextmanager
+async def closing(*rigs: Rig):
+    """Close every task the rigs' threads opened (their stores hold file locks)."""
+    try:
+        yield rigs
+    finally:
+        for r in rigs:
+            r.thread.task_manager.close_all()
+
+
+async def test_an_assignment_starts_demotes_and_closes_tasks(tmp_path: Path) -> None:
+    r = rig(tmp_path)
+    async with closing(r):
+        assert r.thread.state is ThreadState.CREATED
+        await assign(r, ("0_0", "0_1"), standbys=("0_2",))
+        assert sorted(r.thread.tasks) == ["0_0", "0_1"]
+        assert r.thread.standbys == {"0_2": 0} and r.thread.learners == {}
+        assert r.thread.state is ThreadState.RUNNING
+        # New actives restore first, then resume where nothing was committed: the beginning.
+        assert sorted(r.restorer.restored) == ["counts/0", "counts/1"]
+        assert r.consumer.seeks == {TopicPartition(SOURCE, 0): 0, TopicPartition(SOURCE, 1): 0}
+        standby_stores = dict(r.thread.registry.copies["0_2"])
+        closed = r.thread.tasks["0_0"].stores
+
+        # 0_0 goes, the standby 0_2 becomes active, 0_3 is learned, 0_1 stays.
+        r.consumer.seeks.clear()
+        r.thread.tasks["0_1"].processed[TopicPartition(SOURCE, 1)] = 7
+        await assign(r, ("0_1", "0_2"), learners=("0_3",), restore=False)
+        assert sorted(r.thread.tasks) == ["0_1"] and r.thread.restoring == ["0_2"]
+        assert r.thread.registry.restoring["0_2"] == standby_stores  # promoted, not reopened
+        assert r.thread.learners == {"0_3": 0} and r.thread.standbys == {}
+        assert r.consumer.seeks[TopicPartition(SOURCE, 1)] == 7  # kept: where it stopped
+        assert TopicPartition(SOURCE, 2) in r.consumer.paused  # restoring: paused
+        assert not any(store.is_open for store in closed.values())  # 0_0: closed
+        await r.thread.on_restored("0_2", r.thread.registry.restoring["0_2"])
+        assert sorted(r.thread.tasks) == ["0_1", "0_2"]
+        assert TopicPartition(SOURCE, 2) not in r.consumer.paused
+
+        # 0_1 becomes a standby here: its stores stay open and are followed.
+        kept = r.thread.tasks["0_1"].stores
+        await assign(r, ("0_2",), standbys=("0_1",))
+        assert sorted(r.thread.tasks) == ["0_2"]
+        assert r.thread.registry.copies["0_1"] is kept
+        assert r.thread.standbys == {"0_1": 0}
+        assert r.thread.subscription().active == ("0_2",)
+
+
+async def test_records_are_processed_and_committed_acks_then_offsets_then_checkpoints(
+    tmp_path: Path,
+) -> None:
+    events: list[str] = []
+    r = rig(tmp_path, events=events, commit_interval_ms=60_000)
+    r.producer.auto_ack = False
+    run = asyncio.create_task(r.thread.run([SOURCE]))
+    try:
+        await assign(r, ("0_0",))
+        for store in r.thread.tasks["0_0"].stores.values():
+            original = store.commit
+
+            def checkpoint(original=original) -> None:  # type: ignore[no-untyped-def]
+                events.append("checkpoint")
+                original()
+
+            store.commit = checkpoint  # type: ignore[method-assign]
+        tp = TopicPartition(SOURCE, 0)
+        r.consumer.feed({tp: [record(0, 0, "a"), record(0, 1, "b"), record(0, 2, "a")]})
+        await wait_until(lambda: len(r.producer.to(SINK)) == 3, timeout_s=5,
+                         message="three outputs")
+        assert [msgpack.unpackb(s.value) for s in r.producer.to(SINK)] == [1, 1, 2]
+        commit = asyncio.create_task(r.thread.committer.commit())
+        await asyncio.sleep(0.05)
+        assert not commit.done() and "offsets" not in events  # waits for the broker's acks
+        r.producer.ack()
+        await wait_until(lambda: "offsets" in events, timeout_s=5, message="the offsets")
+        while not commit.done():
+            r.producer.ack()
+            await asyncio.sleep(0.01)
+        await commit
+        order = [e for e in events if e in ("ack", "offsets", "checkpoint")]
+        assert order.index("ack") < order.index("offsets") < order.index("checkpoint")
+        assert r.consumer.commits[-1] == {tp: 3}
+    finally:
+        r.producer.auto_ack = True
+        r.producer.ack()
+        r.thread.stop()
+        await asyncio.wait_for(run, 15)
+    assert r.thread.state is ThreadState.DEAD
+
+
+async def test_records_already_processed_are_not_processed_again(tmp_path: Path) -> None:
+    """A batch fetched before a rebalance sought the partition back holds records the task
+    already processed: they are dropped."""
+    r = rig(tmp_path, commit_interval_ms=60_000)
+    run = asyncio.create_task(r.thread.run([SOURCE]))
+    try:
+        await assign(r, ("0_0",))
+        tp = TopicPartition(SOURCE, 0)
+        r.consumer.feed({tp: [record(0, 0, "a"), record(0, 1, "a")]})
+        r.consumer.feed({tp: [record(0, 1, "a"), record(0, 2, "a")]})
+        await wait_until(lambda: len(r.producer.to(SINK)) == 3, timeout_s=5,
+                         message="three outputs")
+        await asyncio.sleep(0.2)
+        assert [msgpack.unpackb(s.value) for s in r.producer.to(SINK)] == [1, 2, 3]
+    finally:
+        r.thread.stop()
+        await asyncio.wait_for(run, 15)
+
+
+def _hold_lock(state_dir: Path, task_id: str) -> KeyValueStore:
+    """Open a store of ``task_id`` outside the thread, so the thread's open clashes."""
+    partition = parse_task_id(task_id)[1]
+    return KeyValueStore(StoreSpec("counts"), store_directory(state_dir, "unit", task_id,
+                                                              "counts"),
+                         changelog_topic_name("unit", "counts"), partition).open()
+
+
+async def test_a_failing_rebalance_callback_is_retried_through_a_rejoin(tmp_path: Path) -> None:
+    r = rig(tmp_path)
+    blocker = _hold_lock(tmp_path, "0_1")
+    async with closing(r):
+        try:
+            await assign(r, ("0_0", "0_1"))
+            # Not swallowed: the thread starts over (drops its tasks) and rejoins.
+            assert r.consumer.rejoins == 1
+            assert r.thread.tasks == {} and r.thread.restoring == []
+            assert r.thread.failure is None
+        finally:
+            blocker.close()
+        await assign(r, ("0_0", "0_1"))
+        assert sorted(r.thread.tasks) == ["0_0", "0_1"]
+
+
+async def test_a_rebalance_callback_that_keeps_failing_fails_the_thread(tmp_path: Path) -> None:
+    r = rig(tmp_path)
+    blocker = _hold_lock(tmp_path, "0_1")
+    async with closing(r):
+        try:
+            for _ in range(MAX_REBALANCE_FAILURES):
+                await assign(r, ("0_0", "0_1"))
+        finally:
+            blocker.close()
+        assert isinstance(r.thread.failure, FatalThreadError)
+        assert "on_partitions_assigned failed 3 times" in str(r.thread.failure)
+        assert "StoreLockedError" in str(r.thread.failure)
+
+
+async def test_an_assignment_with_an_error_fails_the_thread(tmp_path: Path) -> None:
+    r = rig(tmp_path)
+    await assign(r, (), error="duplicate group instance id x-thread-0")
+    assert isinstance(r.thread.failure, FatalThreadError)
+
+
+async def test_a_member_joining_for_too_long_asks_the_leader_to_rejoin(tmp_path: Path) -> None:
+    r = rig(tmp_path, session_timeout_ms=10_000, heartbeat_interval_ms=1_000)
+    stall = r.thread.join_stall_s
+    assert stall == 16.0  # about two join rounds with a 10 s session
+    now = 1_000.0
+    assert not r.thread.check_join_stall(now)  # not joining
+    r.consumer.rebalancing, r.consumer.rebalancing_since = True, now
+    assert not r.thread.check_join_stall(now + stall - 1)  # a round or so: fine
+    assert r.thread.check_join_stall(now + stall)
+    assert len(r.control.rebalance_requests) == 1
+    assert not r.thread.check_join_stall(now + stall + 1)  # not again at once
+    assert r.thread.check_join_stall(now + 2 * stall)  # still stuck: again
+    assert len(r.control.rebalance_requests) == 2
+    r.consumer.rebalancing = False
+    assert not r.thread.check_join_stall(now + 10 * stall)
+
+
+async def test_a_copy_is_handed_to_another_thread_of_the_process(tmp_path: Path) -> None:
+    """Thread 1 is told to run 0_0 while thread 0 of the same process still holds a learner
+    copy of it (its own new assignment comes a moment later): no lock clash, the copy's
+    stores are handed over."""
+    shared = ProcessStores()
+    first = rig(tmp_path, index=0, process_stores=shared)
+    second = rig(tmp_path, index=1, process_stores=shared)
+    async with closing(first, second):
+        await assign(first, (), learners=("0_0",))
+        copy = dict(first.thread.registry.copies["0_0"])
+        await assign(second, ("0_0",), restore=False)
+        assert second.consumer.rejoins == 0 and second.thread.failure is None
+        assert second.thread.registry.restoring["0_0"] == copy
+        assert first.thread.learners == {} and first.thread.subscription().learners == {}
+        assert not [s for s in first.follower.registered if s in copy.values()]
+        await assign(first, ())  # thread 0's own assignment: nothing left to close
+        assert all(store.is_open for store in copy.values())
+        await second.thread.state_updater.restore_pending()
+        assert list(second.thread.tasks) == ["0_0"]
+
+
+async def test_an_active_task_is_never_taken_from_another_thread(tmp_path: Path) -> None:
+    shared = ProcessStores()
+    first = rig(tmp_path, index=0, process_stores=shared)
+    second = rig(tmp_path, index=1, process_stores=shared)
+    async with closing(first, second):
+        await assign(first, ("0_0",))
+        await assign(second, ("0_0",))
+        assert list(first.thread.tasks) == ["0_0"]
+        assert second.thread.tasks == {} and second.consumer.rejoins == 1
+
+
+async def test_a_copy_of_a_task_another_thread_runs_is_not_kept(tmp_path: Path) -> None:
+    """An assignment that gives a thread a copy of a task another thread of the same process
+    runs (a copy on the same instance adds nothing): skipped, not a lock clash."""
+    shared = ProcessStores()
+    first = rig(tmp_path, index=0, process_stores=shared)
+    second = rig(tmp_path, index=1, process_stores=shared)
+    async with closing(first, second):
+        await assign(first, ("0_0",))
+        await assign(second, ("0_1",), standbys=("0_0",))
+        assert list(second.thread.tasks) == ["0_1"] and second.thread.standbys == {}
+        assert second.consumer.rejoins == 0 and second.thread.failure is None
+        assert list(first.thread.tasks) == ["0_0"]

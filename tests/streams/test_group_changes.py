@@ -40,7 +40,7 @@ def holds_back(thread: StreamThread, after: int, lost: set[str]) -> bool:
 
 async def test_online_host_swap(tmp_path: Path, bootstrap: str,
                                 unique: Callable[[str], str], launched: Launched) -> None:
-    """Seed 003, online host swapping: double the group with new instances, mark the old ones
+    """Online host swapping: double the group with new instances, mark the old ones
     leaving; the new ones learn every task, take them over, and the old ones shut down."""
     app_id = unique("swap")
     source, sink, traffic = await counting_topics(bootstrap, app_id, 2000)
@@ -79,7 +79,7 @@ async def test_online_host_swap(tmp_path: Path, bootstrap: str,
 async def test_the_leader_crashes_while_the_group_scales(
     tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched
 ) -> None:
-    """Seed 003, leader crash during scaling: a new member is learning when the leader dies
+    """Leader crash during scaling: a new member is learning when the leader dies
     (SIGKILL: no commit, no leave). A survivor becomes leader (rebuilding the memory from the
     notes members echo), and the group settles with every task running, counts exact."""
     app_id = unique("leader-crash")

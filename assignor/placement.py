@@ -43,6 +43,7 @@ from assignor.model import (
     MemberAssignment,
     MemberKey,
     Task,
+    task_sort_key,
 )
 from assignor.notes import build_notes, memory_from_notes
 
@@ -223,7 +224,7 @@ def assign(
     Returns the assignment of every member id and the leader's new memory.
     """
     # Task ids were checked when the tasks were built: split them without checking again.
-    ordered = sorted(tasks, key=lambda t: tuple(map(int, t.task_id.split("_"))))
+    ordered = sorted(tasks, key=lambda t: task_sort_key(t.task_id))
     stateful = {t.task_id: t.stateful for t in ordered}
     order = {task: n for n, task in enumerate(stateful)}
 

@@ -58,7 +58,6 @@ class Subscription:
     leaving_since_ms: int | None = None
     scale_down_timeout_ms: int | None = None
     rejoin_token: int = 0
-    topology_hash: str = ""
     #: A static member (group.instance.id); the leader tells those to fetch new assignments.
     static: bool = False
     #: The leader's notes from the last assignment this member received (echoed).
@@ -274,7 +273,7 @@ def encode_subscription(sub: Subscription) -> bytes:
         "i": sub.instance_id, "t": sub.thread, "p": sub.pid,
         "a": _pack_tasks(sub.active), "s": _pack_lags(sub.standbys),
         "l": _pack_lags(sub.learners), "L": sub.leaving, "ls": sub.leaving_since_ms,
-        "st": sub.scale_down_timeout_ms, "r": sub.rejoin_token, "h": sub.topology_hash,
+        "st": sub.scale_down_timeout_ms, "r": sub.rejoin_token,
         "S": sub.static, "n": _pack_notes(sub.notes),
     })
 
@@ -293,7 +292,6 @@ def decode_subscription(data: bytes | None) -> Subscription:
         leaving_since_ms=_field(payload, "ls", int, what, optional=True),
         scale_down_timeout_ms=_field(payload, "st", int, what, optional=True),
         rejoin_token=_field(payload, "r", int, what),
-        topology_hash=_field(payload, "h", str, what),
         static=bool(payload.get("S", False)),
         notes=_notes_or_none(payload.get("n"), what),
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from assignor import AssignorConfig
+from assignor.model import AssignorConfigError
 
 log = logging.getLogger(__name__)
 
@@ -112,24 +113,12 @@ class AppConfig:
             raise ConfigError(f"on_error must be 'dead_letter' or 'stop', not {self.on_error!r}")
         try:
             self.assignor_config()
-        except ValueError as exc:
-            setting = getattr(exc, "setting", None)
-            message = str(exc)
-            if setting and setting not in message:
-                message = f"{setting}: {message}"
-            raise ConfigError(message) from None
+        except AssignorConfigError as exc:
+            raise ConfigError(str(exc)) from None
 
     def assignor_config(self) -> AssignorConfig:
-        """The leader's assignor settings, derived from these."""
-        return AssignorConfig(
-            num_standbys=self.num_standbys,
-            acceptable_lag=self.acceptable_lag,
-            max_learners=self.max_learners,
-            lost_task_delay_ms=self.lost_task_delay_ms,
-            initial_delay_ms=self.initial_delay_ms,
-            scale_down_timeout_ms=self.scale_down_timeout_ms,
-            imbalance_tolerance=self.imbalance_tolerance,
-        )
+        """The leader's assignor settings, derived from these (and validated by the assignor)."""
+        return AssignorConfig.from_settings(self)
 
     @property
     def cooperative(self) -> bool:

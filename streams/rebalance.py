@@ -172,6 +172,10 @@ class RelayAssignor(AbstractPartitionAssignor):
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:  # type: ignore[override]
         self.is_leader, self._assigned_this_round = self._assigned_this_round, False
+        if not self.is_leader:
+            # Another member leads now: should this one lead again later, it rebuilds the
+            # memory from the notes members echo, not from what it knew rounds ago.
+            self.memory = None
         self.received_digest = assignment_digest(assignment.user_data or b"")
         self._on_assigned(decode_assignment(assignment.user_data))
 

@@ -34,7 +34,7 @@ import msgpack
 from aiokafka.structs import TopicPartition
 
 from assignor import MemberAssignment
-from assignor.protocol import Subscription, encode_subscription
+from assignor.protocol import Subscription, encode_subscription, with_echo
 from statestore.store import KeyValueStore
 from streams.commit import Committer
 from streams.config import AppConfig
@@ -143,6 +143,8 @@ class StreamThread:
         #: (kept partitions are sought back to their processed offset after the rebalance).
         self._awaiting_assignment = False
         self._pending_assignment: MemberAssignment | None = None
+        #: The last assignment received, whose leader notes the subscription echoes.
+        self._last_assignment: MemberAssignment | None = None
         self._rejoin_token = 0
         self._stop = asyncio.Event()
         self._fatal: BaseException | None = None
@@ -204,7 +206,9 @@ class StreamThread:
 
     def subscription(self) -> Subscription:
         leaving, since, timeout = self._leaving()
-        return Subscription(
+        # Echoing the leader's notes of the last assignment lets any new leader rebuild the
+        # memory (held lost tasks, moves under way) the previous one kept.
+        return with_echo(Subscription(
             instance_id=self.instance_id,
             thread=self.index,
             pid=os.getpid(),
@@ -216,10 +220,11 @@ class StreamThread:
             scale_down_timeout_ms=timeout,
             rejoin_token=self._rejoin_token,
             static=self.static_id is not None,
-        )
+        ), self._last_assignment)
 
     def assignment_received(self, assignment: MemberAssignment) -> None:
         self._pending_assignment = assignment
+        self._last_assignment = assignment
 
     def request_rejoin(self, reason: str, broadcast: bool = True) -> None:
         """Ask for a rebalance: rejoin with a changed token in the metadata (and, with the

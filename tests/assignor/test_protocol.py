@@ -18,6 +18,7 @@ from assignor import (
     MemberAssignment,
     MemberNotes,
 )
+from assignor.model import task_sort_key
 from assignor.protocol import (
     ProtocolError,
     Subscription,
@@ -39,15 +40,14 @@ subscriptions = st.builds(
     instance_id=st.text(min_size=1, max_size=30), thread=st.integers(0, 64),
     pid=st.integers(1, 2**22),
     active=st.lists(task_ids, max_size=30, unique=True).map(
-        lambda ts: tuple(sorted(ts, key=lambda t: tuple(map(int, t.split("_")))))),
+        lambda ts: tuple(sorted(ts, key=task_sort_key))),
     standbys=lags, learners=lags, leaving=st.booleans(), leaving_since_ms=optional_ms,
     scale_down_timeout_ms=optional_ms, rejoin_token=st.integers(0, 2**31),
-    topology_hash=st.text(max_size=12),
 )
 
 
 def sorted_tasks(tasks: list[str]) -> tuple[str, ...]:
-    return tuple(sorted(set(tasks), key=lambda t: tuple(map(int, t.split("_")))))
+    return tuple(sorted(set(tasks), key=task_sort_key))
 
 
 assignments = st.builds(

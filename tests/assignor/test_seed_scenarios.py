@@ -1,4 +1,4 @@
-"""Every scenario of seed 003 (learner-task-migration), replayed round by round.
+"""Every scenario of learner-based task migration, replayed round by round.
 
 T1..T5 are tasks ``0_1``..``0_5``. Where the seed assigns a moved task to its new owner in
 the same round it is revoked from the old one, Relay's cooperative protocol takes two rounds

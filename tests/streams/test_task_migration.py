@@ -1,4 +1,4 @@
-"""Smooth task migration end to end on the real broker (seed 003): a new member first learns
+"""Smooth task migration end to end on the real broker (learners): a new member first learns
 tasks in the background while their owner keeps processing, then takes them over; a member
 marked as leaving hands its tasks to learners and shuts down, or is cut short by the
 scale-down timeout. Counts stay exact throughout: no record lost or counted twice."""

@@ -9,7 +9,7 @@ import random
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
@@ -27,22 +27,6 @@ from tests.conftest import wait_until
 
 pytestmark = pytest.mark.broker
 PARTITIONS = 2
-
-
-@pytest.fixture
-async def admin(bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
-    client = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await client.start()
-    yield client
-    await client.close()
-
-
-@pytest.fixture
-async def producer(bootstrap: str) -> AsyncIterator[AIOKafkaProducer]:
-    client = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-    await client.start()
-    yield client
-    await client.stop()
 
 
 @pytest.fixture

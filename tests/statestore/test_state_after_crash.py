@@ -21,35 +21,14 @@ from tests.streams.harness import (
     Traffic,
     counting_topics,
     create_topics,
-    latest,
+    exact_counts,
     make_app,
     produce,
-    read_all,
     running,
     spawn_worker,
 )
 
 pytestmark = pytest.mark.broker
-
-
-async def exact_counts(bootstrap: str, sink: str, produced: dict[str, int]) -> None:
-    """Wait until the sink's latest count per key is what was produced; else say how many
-    keys came out over and under, and by how much."""
-
-    async def exact() -> bool:
-        return latest(await read_all(bootstrap, sink, 1)) == produced
-
-    try:
-        await wait_until(exact, timeout_s=120, message="exact counts")
-    except AssertionError:
-        counted = latest(await read_all(bootstrap, sink, 1))
-        over = {k: counted[k] - n for k, n in produced.items() if counted.get(k, 0) > n}
-        under = {k: n - counted.get(k, 0) for k, n in produced.items() if counted.get(k, 0) < n}
-        raise AssertionError(
-            f"{len(over)} keys counted over (by {sum(over.values())} in all) and "
-            f"{len(under)} under (by {sum(under.values())}) of {len(produced)}; e.g. over "
-            f"{dict(list(over.items())[:5])}, under {dict(list(under.items())[:5])}"
-        ) from None
 
 
 @contextlib.asynccontextmanager

@@ -15,7 +15,7 @@ import logging
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -149,23 +149,9 @@ def test_a_full_disk_during_a_commit_is_a_store_write_error(tmp_path: Path) -> N
 
 
 @pytest.fixture
-async def producer(bootstrap: str) -> AsyncIterator[AIOKafkaProducer]:
-    client = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-    await client.start()
-    yield client
-    await client.stop()
-
-
-@pytest.fixture
-async def app_id(bootstrap: str, unique: Callable[[str], str]) -> str:
+async def app_id(admin: AIOKafkaAdminClient, unique: Callable[[str], str]) -> str:
     app = unique("recover")
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await ensure_topics(admin, [TopicSpec(changelog_topic_name(app, "counts"), 1,
-                                              COMPACTED)])
-    finally:
-        await admin.close()
+    await ensure_topics(admin, [TopicSpec(changelog_topic_name(app, "counts"), 1, COMPACTED)])
     return app
 
 

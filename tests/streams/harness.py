@@ -230,17 +230,24 @@ async def counting_topics(bootstrap: str, app_id: str, records: int = 0,
 
 
 async def exact_counts(bootstrap: str, sink: str, produced: dict[str, int]) -> None:
-    """Wait until the sink's latest count per key is exactly what was produced."""
+    """Wait until the sink's latest count per key is what was produced; else say how many
+    keys came out over and under, and by how much."""
 
     async def exact() -> bool:
         return latest(await read_all(bootstrap, sink, 1)) == produced
 
     try:
-        await wait_until(exact, timeout_s=90, message="exact counts")
+        await wait_until(exact, timeout_s=120, message="exact counts")
     except AssertionError:
         counted = latest(await read_all(bootstrap, sink, 1))
-        wrong = {k: (counted.get(k), n) for k, n in produced.items() if counted.get(k) != n}
-        raise AssertionError(f"counts differ (counted, produced) for {wrong}") from None
+        over = {k: counted[k] - n for k, n in produced.items() if counted.get(k, 0) > n}
+        under = {k: n - counted.get(k, 0) for k, n in produced.items() if counted.get(k, 0) < n}
+        raise AssertionError(
+            f"{len(over)} keys counted over (by {sum(over.values())} in all) and "
+            f"{len(under)} under (by {sum(under.values())}) of {len(produced)}; e.g. over "
+            f"{dict(list(over.items())[:5])}, under {dict(list(under.items())[:5])}"
+        ) from None
+
 
 
 async def published(bootstrap: str, app_id: str, active: dict[str, int]) -> None:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from statestore.store import KeyValueStore
@@ -24,6 +25,15 @@ from streams.transitions import Role
 UNKNOWN_LAG = 2**31 - 1
 #: How often the copies' lag and restoration rate are recorded.
 COPY_METRICS_INTERVAL_S = 1.0
+
+
+@dataclass
+class _CatchUp:
+    """A copy on its way to its changelog's end: since when, and what it read so far."""
+
+    started: float
+    records: int = 0
+    size_bytes: float = 0.0
 
 
 class StateUpdater:
@@ -55,6 +65,8 @@ class StateUpdater:
         self._label = metrics_label
         #: Per copy: changelog records it had read at the last sample, and when.
         self._read_at: dict[str, tuple[int, float]] = {}
+        #: Copies that have not reached their changelog's end yet since they were placed.
+        self._catching_up: dict[str, _CatchUp] = {}
 
     async def start(self) -> None:
         await self.follower.start()
@@ -71,12 +83,15 @@ class StateUpdater:
 
     # -- copies ----------------------------------------------------------------------------
 
-    def follow(self, stores: dict[str, KeyValueStore]) -> None:
+    def follow(self, stores: dict[str, KeyValueStore], task_id: str | None = None) -> None:
         for store in stores.values():
             self.follower.register(store)
+        if task_id is not None and self._metrics is not None:
+            self._catching_up[task_id] = _CatchUp(time.monotonic())
 
     def unfollow(self, task_id: str, stores: dict[str, KeyValueStore]) -> None:
         self._ready_reported.discard(task_id)
+        self._catching_up.pop(task_id, None)
         for store in stores.values():
             self.follower.unregister(store)
 
@@ -169,7 +184,9 @@ class StateUpdater:
             if not self._tasks.copies:
                 await asyncio.sleep(0.1)
                 continue
+            before = self._catch_up_positions()
             await self.follower.poll(timeout_ms=200)
+            self._caught_up(before)
             self.check_learners_ready()
             if time.monotonic() - last_sample >= COPY_METRICS_INTERVAL_S:
                 last_sample = time.monotonic()
@@ -180,6 +197,39 @@ class StateUpdater:
                     for store in stores.values():
                         store.commit()
             on_poll()
+
+    def _read(self, task_id: str) -> int:
+        return sum(self.follower.read_position(store)
+                   for store in self._tasks.copies.get(task_id, {}).values())
+
+    def _catch_up_positions(self) -> tuple[int, dict[str, int]]:
+        """Before a poll: the follower's bytes read, and each catching-up copy's position."""
+        if not self._catching_up:
+            return 0, {}
+        return int(self.follower.stats.bytes), {t: self._read(t) for t in self._catching_up}
+
+    def _caught_up(self, before: tuple[int, dict[str, int]]) -> None:
+        """After a poll: add what each catching-up copy read, and record the restorations of
+        those that reached their changelog's end. The reader counts bytes per fetch, not per
+        store: a fetch's bytes are shared among the copies it served by their records."""
+        bytes_before, positions = before
+        if not positions or self._metrics is None:
+            return
+        read = {t: max(0, self._read(t) - p) for t, p in positions.items()
+                if t in self._catching_up}
+        fetched = max(0, int(self.follower.stats.bytes) - bytes_before)
+        records = sum(read.values())
+        now = time.monotonic()
+        for task_id, n in read.items():
+            catch_up = self._catching_up[task_id]
+            catch_up.records += n
+            if records:
+                catch_up.size_bytes += fetched * n / records
+            if self.copy_lag(task_id) == 0:
+                del self._catching_up[task_id]
+                self._metrics.finished_restoration(
+                    self._label, task_id, catch_up.records, now - catch_up.started,
+                    round(catch_up.size_bytes))
 
     def stopping(self) -> None:
         self._wakeup.set()

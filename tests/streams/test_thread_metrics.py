@@ -89,6 +89,36 @@ async def test_the_thread_records_its_figures_at_the_runtime_hooks(tmp_path: Pat
         await asyncio.wait_for(run, 15)
 
 
+@pytest.mark.asyncio
+async def test_copies_record_their_lag_and_their_catching_up(tmp_path: Path) -> None:
+    r = rig(tmp_path)
+    run = asyncio.create_task(r.thread.run([SOURCE]))
+    try:
+        r.follower.lags = {"3": 120, "2": 0}
+        await assign(r, ("0_0",), learners=("0_3",), standbys=("0_2",))
+        await wait_until(
+            lambda: value(r, "relay_copy_changelog_lag_records", task="0_3",
+                          role="learner") == 120, timeout_s=10, message="the learner's lag")
+        assert value(r, "relay_copy_changelog_lag_records", task="0_2", role="standby") == 0
+        # The standby was at its end at once; the learner is still catching up.
+        assert value(r, "relay_restorations_total", task="0_2") == 1
+        assert value(r, "relay_restorations_total", task="0_3") is None
+        await wait_until(
+            lambda: value(r, "relay_copy_restore_rate_records_per_second", task="0_3",
+                          role="learner") is not None, timeout_s=10, message="a rate")
+
+        r.follower.lags["3"] = 0
+        await wait_until(lambda: value(r, "relay_restorations_total", task="0_3") == 1,
+                         timeout_s=10, message="the learner's catching up recorded")
+        # Promoted: the copy's series go.
+        await assign(r, ("0_0", "0_3"))
+        assert value(r, "relay_copy_changelog_lag_records", task="0_3", role="learner") is None
+        assert value(r, "relay_assigned_tasks", role="learner") == 0
+    finally:
+        r.thread.stop()
+        await asyncio.wait_for(run, 15)
+
+
 def member(member_id: str, instance: str, active: tuple[str, ...] = (),
            learners: dict[str, int] | None = None, leaving: bool = False) -> Member:
     return Member(member_id, instance, 0, frozenset(active), {}, learners or {}, leaving)

@@ -28,6 +28,7 @@ from statestore.topics import COMPACTED, TopicSpec, ensure_topics, existing_part
 from streams.config import AppConfig
 from streams.control import ControlChannel, ControlListener, LeavingMark, control_topic_name
 from streams.dsl import Stream, Table, stream_from_topic, table_from_topic
+from streams.metrics import Metrics, MetricsServer, serve_metrics
 from streams.static_followers import StaticFollowers, protocol_enabled
 from streams.status import read_status, status_topic_name
 from streams.store_handover import ProcessStores
@@ -79,6 +80,8 @@ class App:
         dead_letter_topic: str | None = None,
         default_partitions: int | None = None,
         static_follower_digests: bool | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str | None = None,
     ) -> None:
         self.config = AppConfig.from_env(
             application_id=application_id, bootstrap_servers=bootstrap_servers,
@@ -93,6 +96,7 @@ class App:
             imbalance_tolerance=imbalance_tolerance, on_error=on_error,
             dead_letter_topic=dead_letter_topic, default_partitions=default_partitions,
             static_follower_digests=static_follower_digests,
+            metrics_port=metrics_port, metrics_host=metrics_host,
         )
         self.topology = Topology(self.config.application_id)
         self.threads: list[StreamThread] = []
@@ -107,6 +111,10 @@ class App:
         self.instance_id = self.config.group_instance_id or (
             f"{socket.gethostname()}-{os.getpid()}-{next(_APP_COUNTER)}")
         self.static_followers = StaticFollowers(enabled=False)
+        #: The app's Prometheus metrics, recorded by its threads (one registry per app).
+        self.metrics = Metrics()
+        #: Serving them while the app runs with ``metrics_port`` set.
+        self.metrics_server: MetricsServer | None = None
 
     # -- the DSL's entry points -----------------------------------------------------------
 
@@ -186,6 +194,10 @@ class App:
             self.bootstrap_servers = self._start_embedded_broker()
         bootstrap = str(self.bootstrap_servers)
         try:
+            self.metrics_server = serve_metrics(self.metrics, self.config.metrics_port,
+                                                self.config.metrics_host)
+            if self.metrics_server is not None:
+                log.info("serving metrics at %s", self.metrics_server.url)
             admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
             await admin.start()
             try:
@@ -210,6 +222,7 @@ class App:
                     instance_id=self.instance_id, incarnation=self.incarnation,
                     static_followers=self.static_followers, control=control,
                     process_stores=process_stores, leaving=lambda: self.leaving,
+                    metrics=self.metrics,
                 )
                 for i in range(self.config.num_threads)
             ]
@@ -244,6 +257,9 @@ class App:
             if error is not None:
                 raise error
         finally:
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+                self.metrics_server = None
             if self._broker is not None:
                 self._broker.stop()
                 self._broker = None

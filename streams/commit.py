@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from aiokafka.structs import TopicPartition
 
 from streams.driver import COMMIT_DEFERRED_ERRORS, GroupConsumer
+from streams.metrics import Metrics
 from streams.record_collector import RecordCollector
 from streams.task import StreamTask
 
@@ -30,16 +32,22 @@ OFFSET_COMMIT_TIMEOUT_S = 15.0
 
 class Committer:
     def __init__(self, collector: RecordCollector, consumer: GroupConsumer,
-                 tasks: Callable[[], list[StreamTask]], name: str) -> None:
+                 tasks: Callable[[], list[StreamTask]], name: str,
+                 metrics: Metrics | None = None, metrics_label: str = "") -> None:
         self._collector = collector
         self._consumer = consumer
         self._tasks = tasks
         self._name = name
+        self._metrics = metrics
+        self._label = metrics_label or name
+        #: The offsets this thread committed last, per partition.
+        self.committed: dict[TopicPartition, int] = {}
 
     async def commit(self, force: bool = False) -> None:
         """Acknowledgements, then input offsets, then checkpoints. ``force``: commit the
         offsets even while the group rebalances (from a rebalance callback, which the join
         waits for anyway)."""
+        started = time.perf_counter()
         tasks = self._tasks()
         await self._collector.ship(tasks)
         await self._collector.wait_acknowledged()
@@ -53,6 +61,7 @@ class Committer:
         elif offsets:
             try:
                 await asyncio.wait_for(self._consumer.commit(offsets), OFFSET_COMMIT_TIMEOUT_S)
+                self.committed.update(offsets)
             except COMMIT_DEFERRED_ERRORS as exc:
                 # A rebalance is under way (cooperative members keep processing through it);
                 # the next commit carries these offsets, and the stores' input position keeps
@@ -65,3 +74,22 @@ class Committer:
         for task in tasks:
             for store in task.stores.values():
                 store.commit()
+        if self._metrics is not None:
+            self._metrics.observe_commit(self._label, time.perf_counter() - started)
+            self._record_input_lag(tasks)
+
+    def _record_input_lag(self, tasks: list[StreamTask]) -> None:
+        """Per task: its input's end (the fetch high watermark) minus its committed
+        position, summed over its partitions; a partition not fetched yet has no known end
+        and is left out, a task with no known end gets no figure."""
+        assert self._metrics is not None
+        for task in tasks:
+            lag: int | None = None
+            for tp in task.partitions:
+                end = self._consumer.highwater(tp)
+                position = self.committed.get(tp, task.processed.get(tp))
+                if end is None or position is None:
+                    continue
+                lag = (lag or 0) + max(0, end - position)
+            if lag is not None:
+                self._metrics.set_input_lag(self._label, task.task_id, lag)

@@ -70,6 +70,10 @@ class AppConfig:
     #: that answer a static follower's rejoin with its cached assignment (Tansu). None:
     #: detected (on for the embedded broker and brokers that identify as Tansu).
     static_follower_digests: bool | None = None
+    #: Serve Prometheus metrics at ``/metrics`` on this port (0: any free port); None: off.
+    metrics_port: int | None = None
+    #: The address the metrics server listens on.
+    metrics_host: str = "0.0.0.0"
 
     def __post_init__(self) -> None:
         hints = get_type_hints(AppConfig)
@@ -109,6 +113,11 @@ class AppConfig:
                 f"rebalance_protocol must be 'cooperative' or 'eager', not "
                 f"{self.rebalance_protocol!r}"
             )
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be a port number (0 to 65535, 0: any free "
+                              f"port), not {self.metrics_port}")
+        if not self.metrics_host:
+            raise ConfigError("metrics_host must name an address to listen on")
         if self.on_error not in ("dead_letter", "stop"):
             raise ConfigError(f"on_error must be 'dead_letter' or 'stop', not {self.on_error!r}")
         try:

@@ -40,13 +40,16 @@ class CooperativeGroupCoordinator(GroupCoordinator):
     rebalancing = False
     #: When (monotonic seconds) the member entered the current round.
     rebalancing_since: float | None = None
+    #: When (monotonic seconds) the member entered its latest round; kept after it ends, so
+    #: that the round's duration can be measured once its assignment is applied.
+    round_started: float | None = None
 
     def _cooperative(self) -> bool:
         return any(getattr(a, "cooperative", False) for a in self._assignors)
 
     async def _on_join_prepare(self, previous_assignment: Any) -> None:
         self.rebalancing = True
-        self.rebalancing_since = time.monotonic()
+        self.rebalancing_since = self.round_started = time.monotonic()
         if not self._cooperative():
             await super()._on_join_prepare(previous_assignment)
             return

@@ -69,6 +69,13 @@ class GroupConsumer:
     def assignment(self) -> set[TopicPartition]:
         return set(self._consumer.assignment())
 
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """The partition's high watermark from the last fetch (None before one): its end.
+        ListOffsets latest is not trusted for that (see the broker notes)."""
+        if tp not in self._consumer.assignment():
+            return None  # aiokafka asserts the partition is assigned
+        return self._consumer.highwater(tp)
+
     async def committed(self, tp: TopicPartition) -> int | None:
         return await self._consumer.committed(tp)
 
@@ -100,6 +107,11 @@ class GroupConsumer:
         if not self.rebalancing or since is None:
             return 0.0
         return (time.monotonic() if now is None else now) - since
+
+    @property
+    def round_started(self) -> float | None:
+        """When (monotonic seconds) the member entered its latest round, if it did."""
+        return getattr(self._coordinator, "round_started", None)
 
     @property
     def rejoin_pending(self) -> bool:

@@ -40,11 +40,56 @@ from assignor.protocol import (
     encode_subscription,
     member_from_subscription,
 )
+from streams.metrics import Metrics
 from streams.topology import SubTopology
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_NAME = "relay-learner"
+
+MemberKey = tuple[str, int]
+
+
+def moves_by_cause(
+    previous_owners: Mapping[str, MemberKey],
+    members: Iterable[Member],
+    assignments: Mapping[str, MemberAssignment],
+    acceptable_lag: int,
+) -> dict[str, int]:
+    """How many tasks a round moved to another member, by cause: each task's new active
+    compared with its previous owner (instance and thread, so a static member that restarts
+    and gets its tasks back has moved nothing). A task nobody runs after the round (revoked
+    now, placed in the next round) has not moved yet."""
+    by_id = {m.member_id: m for m in members}
+    present = {m.key: m for m in by_id.values()}
+    counts: dict[str, int] = {}
+    for member_id, assignment in assignments.items():
+        member = by_id.get(member_id)
+        if member is None:
+            continue
+        for task_id in assignment.active:
+            before = previous_owners.get(task_id)
+            if before is None or before == member.key:
+                continue
+            owner = present.get(before)
+            ready = member.learners.get(task_id, acceptable_lag + 1) <= acceptable_lag
+            if owner is None:
+                cause = "lost"
+            elif owner.leaving:
+                cause = "leaving" if ready else "scale_down_timeout"
+            elif ready:
+                cause = "learner_ready"
+            else:
+                cause = "balance"
+            counts[cause] = counts.get(cause, 0) + 1
+    return counts
+
+
+def hold_deadlines(memory: LeaderMemory | None, lost_task_delay_ms: int) -> dict[str, int]:
+    """Per lost task the leader holds for its owner's return: when it is placed elsewhere."""
+    if memory is None:
+        return {}
+    return {task: since + lost_task_delay_ms for task, (_key, since) in memory.lost.items()}
 
 
 @dataclass(frozen=True)
@@ -88,6 +133,8 @@ class RelayAssignor(AbstractPartitionAssignor):
         cooperative: bool = True,
         fresh_subscription: Callable[[str], bytes | None] = lambda static_id: None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        metrics: Metrics | None = None,
+        metrics_label: str = "",
     ) -> None:
         self._layout = layout
         self._config = config
@@ -96,6 +143,11 @@ class RelayAssignor(AbstractPartitionAssignor):
         self._fresh_subscription = fresh_subscription
         self._clock_ms = clock_ms
         self.memory: LeaderMemory | None = None
+        self._metrics = metrics
+        self._label = metrics_label
+        #: task -> the member (instance, thread) this leader last placed it on: the previous
+        #: owner of a task whose owner vanished without leaving a note.
+        self._placed: dict[str, MemberKey] = {}
         #: Read by :class:`streams.cooperative.CooperativeGroupCoordinator`.
         self.cooperative = cooperative
         #: Whether this member computed the last assignment (was the group's leader).
@@ -137,11 +189,13 @@ class RelayAssignor(AbstractPartitionAssignor):
                 decoded.append(member_from_subscription(member_id, subscription))
         log.debug("leader sees %s", [
             (m.member_id[:24], sorted(m.active), m.leaving, dict(m.learners)) for m in decoded])
+        previous_memory = self.memory
         assignments, self.memory = assign(
             self._layout.tasks(), decoded, self._config, self._clock_ms(), self.memory,
             use_learners=self.cooperative,
         )
         self._assigned_this_round = True
+        self._record_round(decoded, assignments, previous_memory)
         result: dict[str, ConsumerProtocolMemberAssignment] = {}
         self.static_digests = {}
         for member_id, member_assignment in assignments.items():
@@ -157,6 +211,28 @@ class RelayAssignor(AbstractPartitionAssignor):
                 self.static_digests[static_ids[member_id]] = assignment_digest(user_data)
         log.info("leader assigned %d tasks to %d members", len(self._layout.tasks()), len(result))
         return result
+
+    def _record_round(self, members: list[Member], assignments: Mapping[str, MemberAssignment],
+                      previous_memory: LeaderMemory | None) -> None:
+        """The leader's figures: tasks moved by cause, and the hold timers of lost tasks."""
+        previous: dict[str, MemberKey] = dict(self._placed)
+        if previous_memory is not None:
+            previous.update(previous_memory.owners)
+        for member in members:
+            for task_id in member.active:
+                previous[task_id] = member.key
+        keys = {m.member_id: m.key for m in members}
+        for member_id, assignment in assignments.items():
+            for task_id in assignment.active:
+                if member_id in keys:
+                    self._placed[task_id] = keys[member_id]
+        if self._metrics is None:
+            return
+        moved = moves_by_cause(previous, members, assignments, self._config.acceptable_lag)
+        for cause, n in sorted(moved.items()):
+            self._metrics.record_moved(self._label, cause, n)
+        self._metrics.set_hold_deadlines(
+            self._label, hold_deadlines(self.memory, self._config.lost_task_delay_ms))
 
     def _freshest(self, static_id: str, broker_copy: Subscription) -> Subscription:
         """The broker's copy of a static member's subscription, or the one it published

@@ -14,14 +14,18 @@ from collections.abc import Iterable
 from typing import Any
 
 from statestore.changelog import ChangelogWriter
+from streams.metrics import Metrics
 from streams.task import RecordError, StreamTask
 
 log = logging.getLogger(__name__)
 
 
 class RecordCollector:
-    def __init__(self, producer: Any, dead_letter_topic: str) -> None:
+    def __init__(self, producer: Any, dead_letter_topic: str, metrics: Metrics | None = None,
+                 metrics_label: str = "") -> None:
         self.producer = producer
+        self._metrics = metrics
+        self._label = metrics_label
         self.changelog = ChangelogWriter(producer)
         self._dead_letter_topic = dead_letter_topic
         self._output_futures: list[asyncio.Future[Any]] = []
@@ -50,7 +54,7 @@ class RecordCollector:
         for task in tasks:
             await self.changelog.send_pending(task.stores.values())
 
-    async def dead_letter(self, error: RecordError) -> None:
+    async def dead_letter(self, error: RecordError, task_id: str = "") -> None:
         record = error.record
         log.warning("%s; sent to %s", error, self._dead_letter_topic)
         headers = [
@@ -65,6 +69,8 @@ class RecordCollector:
         )
         self._output_futures.append(future)
         self.dead_lettered += 1
+        if self._metrics is not None:
+            self._metrics.record_dead_letters(self._label, task_id)
 
     async def wait_acknowledged(self) -> None:
         """Every output, dead letter and changelog record sent so far is acknowledged (the

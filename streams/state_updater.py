@@ -13,14 +13,27 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from statestore.store import KeyValueStore
+from streams.metrics import Metrics
 from streams.tasks import Tasks
 from streams.transitions import Role
 
 #: The lag reported for a copy whose changelog end is not known yet.
 UNKNOWN_LAG = 2**31 - 1
+#: How often the copies' lag and restoration rate are recorded.
+COPY_METRICS_INTERVAL_S = 1.0
+
+
+@dataclass
+class _CatchUp:
+    """A copy on its way to its changelog's end: since when, and what it read so far."""
+
+    started: float
+    records: int = 0
+    size_bytes: float = 0.0
 
 
 class StateUpdater:
@@ -35,6 +48,8 @@ class StateUpdater:
         learner_rejoin: str,
         on_restored: Callable[[str, dict[str, KeyValueStore]], Awaitable[None]],
         on_learners_ready: Callable[[list[str]], None],
+        metrics: Metrics | None = None,
+        metrics_label: str = "",
     ) -> None:
         self.restorer = restorer
         self.follower = follower
@@ -46,6 +61,12 @@ class StateUpdater:
         self._on_learners_ready = on_learners_ready
         self._wakeup = asyncio.Event()
         self._ready_reported: set[str] = set()
+        self._metrics = metrics
+        self._label = metrics_label
+        #: Per copy: changelog records it had read at the last sample, and when.
+        self._read_at: dict[str, tuple[int, float]] = {}
+        #: Copies that have not reached their changelog's end yet since they were placed.
+        self._catching_up: dict[str, _CatchUp] = {}
 
     async def start(self) -> None:
         await self.follower.start()
@@ -62,12 +83,15 @@ class StateUpdater:
 
     # -- copies ----------------------------------------------------------------------------
 
-    def follow(self, stores: dict[str, KeyValueStore]) -> None:
+    def follow(self, stores: dict[str, KeyValueStore], task_id: str | None = None) -> None:
         for store in stores.values():
             self.follower.register(store)
+        if task_id is not None and self._metrics is not None:
+            self._catching_up[task_id] = _CatchUp(time.monotonic())
 
     def unfollow(self, task_id: str, stores: dict[str, KeyValueStore]) -> None:
         self._ready_reported.discard(task_id)
+        self._catching_up.pop(task_id, None)
         for store in stores.values():
             self.follower.unregister(store)
 
@@ -84,6 +108,37 @@ class StateUpdater:
 
     def lags(self, role: Role) -> dict[str, int]:
         return {t: self.copy_lag(t) for t in self._tasks.copies_with(role)}
+
+    def restoring_lags(self) -> dict[str, int]:
+        """Per restoring active whose changelog ends are known: the records it has left to
+        restore (the ends come from the fetch high watermark). A task queued behind another
+        one's restoration has no known end yet and is left out."""
+        lags: dict[str, int] = {}
+        for task_id, stores in self._tasks.restoring.items():
+            each = [self.restorer.lag(store) for store in stores.values()
+                    if store.changelog_topic is not None]
+            if all(lag is not None for lag in each):
+                lags[task_id] = sum(lag for lag in each if lag is not None)
+        return lags
+
+    def record_copies(self, now: float | None = None) -> None:
+        """Each copy's changelog lag and the pace it restores at since the last sample."""
+        if self._metrics is None:
+            return
+        now = time.monotonic() if now is None else now
+        read_at: dict[str, tuple[int, float]] = {}
+        for task_id, role in self._tasks.copy_roles.items():
+            lag = self.copy_lag(task_id)
+            if lag != UNKNOWN_LAG:
+                self._metrics.set_copy_lag(self._label, task_id, role.value, lag)
+            read = sum(self.follower.read_position(store)
+                       for store in self._tasks.copies[task_id].values())
+            read_at[task_id] = (read, now)
+            before = self._read_at.get(task_id)
+            if before is not None and now > before[1]:
+                rate = max(0, read - before[0]) / (now - before[1])
+                self._metrics.set_restore_rate(self._label, task_id, role.value, rate)
+        self._read_at = read_at
 
     def assignment_changed(self) -> None:
         """Forget ready reports of copies that are gone, and look for new actives."""
@@ -114,25 +169,67 @@ class StateUpdater:
         while self._tasks.restoring and not (stop is not None and stop.is_set()):
             task_id = sorted(self._tasks.restoring)[0]
             stores = self._tasks.restoring[task_id]
-            await self.restorer.restore(list(stores.values()))
+            result = await self.restorer.restore(list(stores.values()))
+            if self._metrics is not None and result is not None:
+                self._metrics.finished_restoration(
+                    self._label, task_id, int(result.records), float(result.seconds),
+                    int(result.bytes))
             # The callback checks the task is still restoring these very stores: it may have
             # been revoked meanwhile.
             await self._on_restored(task_id, stores)
 
     async def follow_loop(self, stop: asyncio.Event, on_poll: Callable[[], None]) -> None:
-        last_checkpoint = time.monotonic()
+        last_checkpoint = last_sample = time.monotonic()
         while not stop.is_set():
             if not self._tasks.copies:
                 await asyncio.sleep(0.1)
                 continue
+            before = self._catch_up_positions()
             await self.follower.poll(timeout_ms=200)
+            self._caught_up(before)
             self.check_learners_ready()
+            if time.monotonic() - last_sample >= COPY_METRICS_INTERVAL_S:
+                last_sample = time.monotonic()
+                self.record_copies(last_sample)
             if time.monotonic() - last_checkpoint > self._commit_interval_s:
                 last_checkpoint = time.monotonic()
                 for stores in self._tasks.copies.values():
                     for store in stores.values():
                         store.commit()
             on_poll()
+
+    def _read(self, task_id: str) -> int:
+        return sum(self.follower.read_position(store)
+                   for store in self._tasks.copies.get(task_id, {}).values())
+
+    def _catch_up_positions(self) -> tuple[int, dict[str, int]]:
+        """Before a poll: the follower's bytes read, and each catching-up copy's position."""
+        if not self._catching_up:
+            return 0, {}
+        return int(self.follower.stats.bytes), {t: self._read(t) for t in self._catching_up}
+
+    def _caught_up(self, before: tuple[int, dict[str, int]]) -> None:
+        """After a poll: add what each catching-up copy read, and record the restorations of
+        those that reached their changelog's end. The reader counts bytes per fetch, not per
+        store: a fetch's bytes are shared among the copies it served by their records."""
+        bytes_before, positions = before
+        if not positions or self._metrics is None:
+            return
+        read = {t: max(0, self._read(t) - p) for t, p in positions.items()
+                if t in self._catching_up}
+        fetched = max(0, int(self.follower.stats.bytes) - bytes_before)
+        records = sum(read.values())
+        now = time.monotonic()
+        for task_id, n in read.items():
+            catch_up = self._catching_up[task_id]
+            catch_up.records += n
+            if records:
+                catch_up.size_bytes += fetched * n / records
+            if self.copy_lag(task_id) == 0:
+                del self._catching_up[task_id]
+                self._metrics.finished_restoration(
+                    self._label, task_id, catch_up.records, now - catch_up.started,
+                    round(catch_up.size_bytes))
 
     def stopping(self) -> None:
         self._wakeup.set()

@@ -148,7 +148,7 @@ class TaskManager:
 
     def _add_copy(self, task_id: str, role: Role, stores: dict[str, KeyValueStore]) -> None:
         self.tasks.add_copy(task_id, role, stores)
-        self._updater.follow(stores)
+        self._updater.follow(stores, task_id)
 
     def _remove_copy(self, task_id: str) -> dict[str, KeyValueStore] | None:
         stores = self.tasks.remove_copy(task_id)

@@ -40,6 +40,7 @@ from streams.commit import Committer
 from streams.config import AppConfig
 from streams.driver import GroupConsumer, producer_client
 from streams.membership import leave_as_static_member
+from streams.metrics import Metrics
 from streams.rebalance import RelayAssignor, TaskLayout
 from streams.rebalance_listener import RebalanceListener
 from streams.record_collector import RecordCollector
@@ -112,6 +113,7 @@ class StreamThread:
         static_followers: StaticFollowers,
         control: ControlSender | None,
         leaving: Callable[[], tuple[bool, int | None, int | None]],
+        metrics: Metrics | None = None,
     ) -> None:
         self.config = config
         self.index = identity.index
@@ -151,6 +153,12 @@ class StreamThread:
         self._rejoin_timer: asyncio.TimerHandle | None = None
         self._rebalance_failures = 0
         self._last_stall_request = 0.0
+        self.metrics = metrics if metrics is not None else Metrics()
+        self._label = self.status_key.decode()
+        #: When (monotonic) the thread stopped processing for the current round, if it did.
+        self._revoked_at: float | None = None
+        #: Tasks of this member that learners elsewhere follow (from the last assignment).
+        self._being_learned: tuple[str, ...] = ()
 
     # -- views -----------------------------------------------------------------------------
 
@@ -254,6 +262,8 @@ class StreamThread:
         async with self._lock:
             self._set_state(ThreadState.REBALANCING)
             self._awaiting_assignment = True
+            if self._revoked_at is None:
+                self._revoked_at = time.monotonic()
             if self.registry.active:
                 try:
                     await self.committer.commit(force=True)
@@ -276,6 +286,7 @@ class StreamThread:
                 self._fail(FatalThreadError(assignment.error))
                 return
             self._apply(assignment)
+            self._record_round()
             self._rebalance_failures = 0
             self._set_state(ThreadState.RUNNING)
             self._publish_subscription()
@@ -305,6 +316,7 @@ class StreamThread:
 
     def _apply(self, assignment: MemberAssignment) -> None:
         self.task_manager.handle_assignment(assignment)
+        self._being_learned = tuple(assignment.being_learned)
         self._schedule_rejoin(assignment.rejoin_after_ms)
         if assignment.shutdown:
             log.info("%s: told to shut down (nothing left to run)", self.name)
@@ -316,6 +328,31 @@ class StreamThread:
             sorted(self.registry.active), self.restoring,
             {t: r.value for t, r in self.registry.copy_roles.items()}, list(assignment.revoked),
         )
+
+    def _record_round(self) -> None:
+        """The round's figures, once its assignment is applied: its duration, the time the
+        thread processed nothing in it, and what the thread holds now."""
+        now = time.monotonic()
+        started = self.consumer.round_started
+        revoked_at, self._revoked_at = self._revoked_at, None
+        round_s = now - started if started is not None and started <= now else 0.0
+        revoked_s = now - revoked_at if revoked_at is not None else 0.0
+        self.metrics.rebalance_done(self._label, max(round_s, revoked_s), revoked_s)
+        self.metrics.set_assignment(
+            self._label, [*self.registry.active, *self.registry.restoring],
+            self.registry.copies_with(Role.LEARNER), self.registry.copies_with(Role.STANDBY))
+        if not self.assignor.is_leader:
+            self.metrics.set_hold_deadlines(self._label, {})
+        self.metrics.set_scale_down_deadline(self._label, self.leaving_deadline_ms())
+
+    def leaving_deadline_ms(self) -> int | None:
+        """When this leaving member hands its tasks over whether learners are ready or not
+        (the mark's time plus its timeout, else the app's scale_down_timeout_ms); None when
+        it is not leaving."""
+        leaving, since, timeout = self._leaving()
+        if not leaving or since is None:
+            return None
+        return since + (self.config.scale_down_timeout_ms if timeout is None else timeout)
 
     def _schedule_rejoin(self, delay_ms: int | None) -> None:
         if self._rejoin_timer is not None:
@@ -387,9 +424,14 @@ class StreamThread:
             "acceptable_lag": self.config.acceptable_lag,
             "leaving": leaving,
             "leaving_since_ms": since,
+            "leaving_deadline_ms": self.leaving_deadline_ms(),
             "rebalances": self.status.rebalances,
             "processed": sum(t.records_processed for t in self.registry.active.values()),
             "restored_records": self.state_updater.restored_records,
+            #: Restoring actives whose changelog end is known: records left to restore.
+            "restoring_lag": self.state_updater.restoring_lags(),
+            "stateful_tasks": [t.task_id for t in self.layout.tasks() if t.stateful],
+            "being_learned": list(self._being_learned),
             #: Every task of the app, so that tools can tell which ones nobody runs.
             "app_tasks": self.layout.task_ids(),
             "updated_ms": int(time.time() * 1000),
@@ -401,6 +443,8 @@ class StreamThread:
         key = self.status_key
         while not self._stop.is_set():
             self.check_join_stall()
+            # A leaving mark arrives between rounds.
+            self.metrics.set_scale_down_deadline(self._label, self.leaving_deadline_ms())
             with contextlib.suppress(Exception):
                 await self.producer.send(
                     topic, key=key, value=msgpack.packb(self.status_record())
@@ -413,6 +457,7 @@ class StreamThread:
     async def _process_loop(self) -> None:
         last_commit = time.monotonic()
         while not self._stop.is_set():
+            started = time.perf_counter()
             batches = await self.consumer.getmany(timeout_ms=100, max_records=2000)
             async with self._lock:
                 if self._awaiting_assignment:
@@ -422,6 +467,9 @@ class StreamThread:
                 if time.monotonic() - last_commit >= self.config.commit_interval_ms / 1000:
                     await self.committer.commit()
                     last_commit = time.monotonic()
+            if batches:
+                # Passes that fetched nothing only measure the fetch's wait.
+                self.metrics.observe_loop(self._label, time.perf_counter() - started)
 
     async def _process(self, batches: dict[TopicPartition, list[Any]]) -> None:
         by_task: dict[str, list[list[Any]]] = {}
@@ -438,11 +486,16 @@ class StreamThread:
                 self.records_during_rebalance += sum(len(i) for i in inputs)
             # Across a task's input partitions, older records first; within one partition,
             # always in offset order.
-            for record in heapq.merge(*inputs, key=lambda r: r.timestamp):
-                try:
-                    task.process(record)
-                except RecordError as error:
-                    await self._bad_record(task, error)
+            before = task.records_processed
+            try:
+                for record in heapq.merge(*inputs, key=lambda r: r.timestamp):
+                    try:
+                        task.process(record)
+                    except RecordError as error:
+                        await self._bad_record(task, error)
+            finally:
+                self.metrics.record_processed(self._label, task_id,
+                                              task.records_processed - before)
             self.late_records_dropped += task.context.late_records_dropped
             task.context.late_records_dropped = 0
 
@@ -453,7 +506,7 @@ class StreamThread:
             # Not processed after all: it is neither committed nor skipped.
             task.processed[TopicPartition(record.topic, record.partition)] = record.offset
             raise error
-        await self.collector.dead_letter(error)
+        await self.collector.dead_letter(error, task.task_id)
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from statestore.store import KeyValueStore
 from streams.commit import Committer
 from streams.config import AppConfig
 from streams.driver import GroupConsumer, new_group_consumer, new_producer
+from streams.metrics import Metrics
 from streams.rebalance import RelayAssignor, TaskLayout
 from streams.record_collector import RecordCollector
 from streams.state_updater import StateUpdater
@@ -57,6 +58,7 @@ def build_stream_thread(
     control: ControlSender | None = None,
     process_stores: ProcessStores | None = None,
     leaving: Callable[[], tuple[bool, int | None, int | None]] = lambda: (False, None, None),
+    metrics: Metrics | None = None,
 ) -> StreamThread:
     clients = clients or ThreadClients()
     if bootstrap_servers is None and None in (clients.consumer, clients.producer,
@@ -66,6 +68,9 @@ def build_stream_thread(
     static_id = f"{config.group_instance_id}-thread-{index}" if config.group_instance_id else None
     instance = instance_id or config.group_instance_id or f"pid-{os.getpid()}-{index}"
     identity = ThreadIdentity(index, instance, static_id, incarnation)
+    # Each thread records under its status key: its static id, else one unique in the process.
+    label = static_id or f"{instance}-thread-{index}"
+    metrics = metrics if metrics is not None else Metrics()
     static_followers = static_followers or StaticFollowers(enabled=False)
     process_stores = process_stores or ProcessStores()
     thread: StreamThread  # bound below; the callbacks run only once the thread runs
@@ -76,6 +81,7 @@ def build_stream_thread(
         on_assigned=lambda assignment: thread.assignment_received(assignment),
         cooperative=config.cooperative,
         fresh_subscription=static_followers.fresh_subscription,
+        metrics=metrics, metrics_label=label,
     )
     consumer = clients.consumer or new_group_consumer(
         config, bootstrap_servers, static_id, index, assignor)  # type: ignore[arg-type]
@@ -93,6 +99,7 @@ def build_stream_thread(
         learner_rejoin=config.learner_rejoin,
         on_restored=lambda task_id, stores: thread.on_restored(task_id, stores),
         on_learners_ready=lambda task_ids: thread.learners_ready(task_ids),
+        metrics=metrics, metrics_label=label,
     )
     snapshots = (SnapshotSettings(config.snapshot_dir, bootstrap_servers or "")
                  if config.snapshot_dir is not None else None)
@@ -104,14 +111,15 @@ def build_stream_thread(
 
     name = static_id or f"thread {index}"
     manager = TaskManager(name, layout, tasks, consumer, updater, process_stores, open_stores)
-    collector = RecordCollector(producer, config.dead_letters)
-    committer = Committer(collector, consumer, lambda: list(tasks.active.values()), name)
+    collector = RecordCollector(producer, config.dead_letters, metrics, label)
+    committer = Committer(collector, consumer, lambda: list(tasks.active.values()), name,
+                          metrics, label)
     thread = StreamThread(
         config, identity, layout,
         assignor=assignor, consumer=consumer, producer=producer, tasks=tasks,
         task_manager=manager, state_updater=updater, collector=collector,
         committer=committer, static_followers=static_followers, control=control,
-        leaving=leaving,
+        leaving=leaving, metrics=metrics,
     )
     static_followers.add_member(thread)
     return thread

@@ -42,6 +42,9 @@ class FakeConsumer:
         self.rejoins = 0
         self.rebalancing = False
         self.rebalancing_since: float | None = None
+        self.round_started: float | None = None
+        #: Partition ends (high watermarks) as the last fetch would report them.
+        self.highwaters: dict[TopicPartition, int] = {}
         self.rejoin_pending = False
         self.member_id = "member-1"
         self.generation = 1
@@ -80,6 +83,9 @@ class FakeConsumer:
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self.highwaters.get(tp)
 
     async def committed(self, tp: TopicPartition) -> int | None:
         return self.committed_offsets.get(tp)
@@ -160,6 +166,8 @@ class FakeProducer:
 @dataclass
 class _Stats:
     records: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
 
 
 class FakeChangelogReader:
@@ -187,12 +195,16 @@ class FakeChangelogReader:
     def lag(self, store: Any) -> int | None:
         return self.lags.get(f"{store.partition}", 0)
 
+    def read_position(self, store: Any) -> int:
+        return int(store.position)
+
     async def poll(self, timeout_ms: int = 200) -> int:
         await asyncio.sleep(timeout_ms / 1000)
         return 0
 
-    async def restore(self, stores: list[Any], **kwargs: Any) -> None:
+    async def restore(self, stores: list[Any], **kwargs: Any) -> _Stats:
         self.restored.extend(f"{s.name}/{s.partition}" for s in stores)
+        return _Stats()
 
 
 @dataclass

@@ -49,6 +49,12 @@ async def test_scale_out_learns_first_then_moves(
             moved = set(new.threads[0].tasks)
             # Every task it took over, it learned first.
             assert moved <= watch.learned[id(new)]
+            # The group's leader counted each move, with its cause.
+            counted = sum(app.metrics.registry.get_sample_value(
+                "relay_tasks_moved_total", {"thread": t.status_key.decode(),
+                                            "cause": "learner_ready"}) or 0
+                for app in (old, new) for t in app.threads)
+            assert counted == len(moved)
             await traffic.stop()
             await exact_counts(bootstrap, sink, traffic.produced)
 
@@ -86,5 +92,14 @@ async def test_a_member_marked_leaving_hands_over_and_shuts_down(
                      message="node-a to run every task")
     if timeout_ms is None:
         assert watch.learned[id(stays)], "node-a should have learned node-b's tasks first"
+    # The leader counted node-b's two tasks as moved for its leaving (with ready learners,
+    # or when the scale-down deadline passed first).
+    moved = {cause: sum(app.metrics.registry.get_sample_value(
+        "relay_tasks_moved_total", {"thread": t.status_key.decode(), "cause": cause}) or 0
+        for app in (stays, leaves) for t in app.threads)
+        for cause in ("leaving", "scale_down_timeout", "lost", "balance", "learner_ready")}
+    assert moved["leaving"] + moved["scale_down_timeout"] == 2, moved
+    if timeout_ms is None:
+        assert moved["leaving"] == 2, moved
     await traffic.stop()
     await exact_counts(bootstrap, sink, traffic.produced)

@@ -17,9 +17,16 @@ from collections.abc import Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
-from aiokafka.client import AIOKafkaClient
+from aiokafka.client import AIOKafkaClient, ConnectionGroup
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
-from aiokafka.errors import CommitFailedError, IllegalStateError, RebalanceInProgressError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaError,
+    RebalanceInProgressError,
+    for_code,
+)
+from aiokafka.protocol.group import HeartbeatRequest
 from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
@@ -124,6 +131,31 @@ class GroupConsumer:
         coordinator = self._coordinator
         if coordinator is not None:
             coordinator.request_rejoin()
+
+    async def heartbeat(self) -> str | None:
+        """Send one Heartbeat of this member's own and return the broker's error name (None
+        when answered without error, "NOT_A_MEMBER" when the member has no member id).
+
+        Broker quirk (Tansu 0.6, the leader wedge): in a forming group LeaveGroup removes the
+        member but keeps it as the group's leader, so a leader leaving mid-round wedges the
+        group. A member about to leave asks with this heartbeat whether the group is formed
+        (see :mod:`streams.formed_group`). On Apache Kafka it is one extra heartbeat.
+        """
+        coordinator = self._coordinator
+        if coordinator is None or not self.member_id:
+            return "NOT_A_MEMBER"
+        node = getattr(coordinator, "coordinator_id", None)
+        if node is None:
+            return "COORDINATOR_UNKNOWN"
+        request = HeartbeatRequest(coordinator.group_id, self.generation, self.member_id)
+        try:
+            response = await self._consumer._client.send(
+                node, request, group=ConnectionGroup.COORDINATION)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            return type(exc).__name__
+        if not response.error_code:
+            return None
+        return str(for_code(response.error_code).__name__)
 
 
 def new_group_consumer(

@@ -120,7 +120,9 @@ class EmbeddedBroker:
         storage: str = "memory://tansu/",
         env: dict[str, str] | None = None,
         startup_timeout_s: float = 20.0,
+        host: str = "127.0.0.1",
     ) -> None:
+        self.host = host
         self.port = port or free_loopback_port()
         self.storage = storage
         self.env = env or {}
@@ -130,7 +132,11 @@ class EmbeddedBroker:
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
 
     @property
     def log_path(self) -> Path | None:
@@ -140,7 +146,7 @@ class EmbeddedBroker:
         if self._process is not None:
             return self
         binary = find_tansu_binary()
-        url = f"tcp://127.0.0.1:{self.port}"
+        url = f"tcp://{self.host}:{self.port}"
         fd, log_name = tempfile.mkstemp(prefix="relay-tansu-", suffix=".log")
         self._log_file = Path(log_name)
         command = [
@@ -169,7 +175,7 @@ class EmbeddedBroker:
                 raise BrokerError(
                     f"the embedded broker exited at start with code {code}; its output:\n{output}"
                 )
-            if metadata_answers("127.0.0.1", self.port):
+            if metadata_answers(self.host, self.port):
                 return self
             time.sleep(0.05)
         self.stop()

@@ -39,6 +39,7 @@ from statestore.store import KeyValueStore
 from streams.commit import Committer
 from streams.config import AppConfig
 from streams.driver import GroupConsumer, producer_client
+from streams.formed_group import wait_for_formed_group
 from streams.membership import leave_as_static_member
 from streams.metrics import Metrics
 from streams.rebalance import RelayAssignor, TaskLayout
@@ -309,6 +310,11 @@ class StreamThread:
         self.task_manager.close_all()
         self._update_status()
         self.request_rejoin(f"{callback} failed; starting over")
+
+    def _sends_leave_group(self) -> bool:
+        """A dynamic member's consumer sends LeaveGroup on stop; a static one only when it
+        leaves explicitly."""
+        return self.static_id is None or self._leaves_explicitly()
 
     def _leaves_explicitly(self) -> bool:
         """A static member told to shut down sends LeaveGroup itself when it closes."""
@@ -582,6 +588,13 @@ class StreamThread:
             await self._static_followers.settle(
                 self.consumer, self.config.session_timeout_ms,
                 self.config.heartbeat_interval_ms)
+        if self._sends_leave_group():
+            # Leave only from a formed group (the leader wedge, see streams.formed_group); a
+            # round joined meanwhile may have handed tasks back, so close again.
+            with contextlib.suppress(Exception):
+                await wait_for_formed_group(
+                    self.consumer, self.config.session_timeout_ms / 1000, self.name)
+            self.task_manager.close_all()
         member_id = self.consumer.member_id
         with contextlib.suppress(Exception):
             await self.consumer.stop()

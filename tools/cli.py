@@ -1,9 +1,10 @@
 """``relay``: the command-line tool for running Relay apps.
 
-Subcommands: ``describe`` (the group as Relay sees it), ``web`` (a live web view of the
-group, see :mod:`tools.web`), ``mark-leaving`` (announce a scale-down), ``remove-members``
-(remove static members for good) and ``snapshot build|list`` (store snapshots built with
-Spark, see :mod:`tools.snapshot`). Exit codes: 0 done,
+Subcommands: ``broker`` (an embedded broker on a fixed port, for development),
+``describe`` (the group as Relay sees it), ``web`` (a live web view of the group, see
+:mod:`tools.web`), ``mark-leaving`` (announce a scale-down), ``remove-members`` (remove static
+members for good) and ``snapshot build|list`` (store snapshots built with Spark, see
+:mod:`tools.snapshot`). Exit codes: 0 done,
 1 failed, 2 bad arguments or unknown app/instance, 3 broker unreachable.
 """
 
@@ -225,6 +226,48 @@ def web(app: str, bootstrap: str | None, host: str, port: int, window_minutes: f
             raise ToolError(str(exc)) from None
 
     run(bootstrap, work)
+
+
+@cli.command()
+@click.option("--port", type=click.IntRange(1, 65535), default=9092, show_default=True,
+              help="Port to listen on.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+def broker(port: int, host: str) -> None:
+    """Run an embedded broker in the foreground until Ctrl-C, so that several processes of an
+    app can share it during development (memory storage: it forgets everything on exit)."""
+    import signal
+    import socket
+
+    from streams.embedded_broker import BrokerError
+
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ToolError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+                            "(another broker running? pick another --port)") from None
+    stop = False
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with EmbeddedBroker(port=port, host=host) as running:
+            click.echo(f"embedded broker at {running.bootstrap_servers} (Ctrl-C to stop); "
+                       f"RELAY_BOOTSTRAP_SERVERS={running.bootstrap_servers}")
+            sys.stdout.flush()
+            while not stop:
+                if not running.running:
+                    raise ToolError("the embedded broker exited")
+                time.sleep(0.2)
+    except BrokerError as exc:
+        raise ToolError(str(exc)) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    click.echo("embedded broker stopped")
 
 
 @cli.command("mark-leaving")

@@ -57,6 +57,10 @@ class FakeConsumer:
     async def stop(self) -> None:
         pass
 
+    async def heartbeat(self) -> str | None:
+        """Answered without error: a formed group."""
+        return None
+
     def subscribe(self, topics: list[str], listener: Any) -> None:
         self.listener = listener
 

@@ -117,3 +117,21 @@ def test_the_driver_reads_the_coordinator() -> None:
     idle = GroupConsumer(SimpleNamespace())  # type: ignore[arg-type]
     assert (idle.member_id, idle.generation, idle.rebalancing) == ("", -1, False)
     idle.request_rejoin()
+
+
+def test_the_driver_sends_a_heartbeat_of_its_own_to_the_coordinator() -> None:
+    sent: list[tuple[int, Any]] = []
+    codes = [27, 0]  # REBALANCE_IN_PROGRESS, then none
+
+    async def send(node: int, request: Any, group: Any = None) -> Any:
+        sent.append((node, request))
+        return SimpleNamespace(error_code=codes.pop(0))
+
+    coordinator = SimpleNamespace(member_id="m-1", generation=7, group_id="g",
+                                  coordinator_id=3)
+    consumer = GroupConsumer(SimpleNamespace(  # type: ignore[arg-type]
+        _coordinator=coordinator, _client=SimpleNamespace(send=send)))
+    assert asyncio.run(consumer.heartbeat()) == "RebalanceInProgressError"
+    assert asyncio.run(consumer.heartbeat()) is None
+    assert [node for node, _ in sent] == [3, 3]
+    assert asyncio.run(GroupConsumer(SimpleNamespace()).heartbeat()) == "NOT_A_MEMBER"  # type: ignore[arg-type]

@@ -235,3 +235,31 @@ async def test_a_copy_of_a_task_another_thread_runs_is_not_kept(tmp_path: Path) 
         assert list(second.thread.tasks) == ["0_1"] and second.thread.standbys == {}
         assert second.consumer.rejoins == 0 and second.thread.failure is None
         assert list(first.thread.tasks) == ["0_0"]
+
+
+async def test_a_stopping_member_leaves_only_after_its_own_heartbeat_finds_the_group_formed(
+    tmp_path: Path,
+) -> None:
+    # A dynamic member's consumer sends LeaveGroup on stop: first a round under way (the
+    # heartbeat answered REBALANCE_IN_PROGRESS) is taken part in, then it stops.
+    events: list[str] = []
+    r = rig(tmp_path, events=events)
+    answers: list[str | None] = ["RebalanceInProgressError", None]
+
+    async def heartbeat() -> str | None:
+        events.append("heartbeat")
+        return answers.pop(0)
+
+    async def stop() -> None:
+        events.append("consumer stop")
+
+    r.consumer.heartbeat = heartbeat  # type: ignore[method-assign]
+    r.consumer.stop = stop  # type: ignore[method-assign]
+    run = asyncio.create_task(r.thread.run([SOURCE]))
+    await assign(r, ("0_0",))
+    r.thread.stop()
+    await asyncio.wait_for(run, 10)
+    order = [e for e in events if e in ("heartbeat", "consumer stop")]
+    assert order == ["heartbeat", "heartbeat", "consumer stop"]
+    assert r.consumer.rejoins == 1
+    assert not r.thread.tasks

@@ -67,8 +67,10 @@ async def test_a_member_marked_leaving_hands_over_and_shuts_down(
     app_id = unique("scale-down")
     source, sink, traffic = await counting_topics(bootstrap, app_id)
     launched.traffic_for(traffic)
-    stays = counting_app(app_id, bootstrap, tmp_path / "a", source, sink, "node-a")
-    leaves = counting_app(app_id, bootstrap, tmp_path / "b", source, sink, "node-b")
+    # Nobody restarts here, so a static session shorter than a restart needs keeps rounds short.
+    short = {"session_timeout_ms": 12_000}
+    stays = counting_app(app_id, bootstrap, tmp_path / "a", source, sink, "node-a", **short)
+    leaves = counting_app(app_id, bootstrap, tmp_path / "b", source, sink, "node-b", **short)
     launched.app(stays)
     leaving_run = launched.app(leaves)
     await wait_until(

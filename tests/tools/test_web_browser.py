@@ -120,14 +120,15 @@ async def test_the_page_shows_a_learner_catch_up_and_take_over(
 ) -> None:
     app_id = unique("web")
     source, sink, traffic = await counting_topics(bootstrap, app_id, 2000)
+    # Nobody restarts here, so a static session shorter than a restart needs keeps rounds short.
     workers = [
         spawn_worker(app_id, bootstrap, tmp_path / name, source, sink,
-                     group_instance_id=name, **STATIC)
+                     group_instance_id=name, **{**STATIC, "session_timeout_ms": 12_000})
         for name in ("node-a", "node-b")
     ]
     try:
         # Both start at once, but one may take every task first and hand two over through
-        # learners: several join rounds of static members (tens of seconds each here).
+        # learners: several join rounds of static members (about ten seconds each here).
         async def sharing() -> bool:
             status = await read_status(bootstrap, app_id)
             return all(len(status.get(m, {}).get("active", [])) == 2 for m in (STAYS, LEAVES))

@@ -818,17 +818,34 @@ def _copies_per_member(
     tasks_by_instance: dict[str, list[str]],
     kind: str,
 ) -> dict[str, list[str]]:
-    """Copies of each instance over its threads, sticky to the thread that holds one."""
+    """Copies of each instance over its threads. A copy stays on the thread that holds it,
+    whatever the counts: moving it to another thread would start its restore over (a learner
+    that restarts makes its move wait, and the rounds of a big move no longer line up). A new
+    copy goes to the thread with the fewest copies."""
     result: dict[str, list[str]] = defaultdict(list)
     for inst_id, tasks in tasks_by_instance.items():
         inst = instances[inst_id]
-        holders = {t: m.member_id for m in inst.members for t in getattr(m, kind)}
-        holders.update({t: m.member_id for m in inst.members for t in m.learners
-                        if t not in holders})
-        holders.update({t: m.member_id for m in inst.members for t in m.standbys
-                        if t not in holders})
-        for task, member_id in _distribute(inst.members, tasks, holders).items():
-            result[member_id].append(task)
+        holders: dict[str, str] = {}
+        for attribute in (kind, "learners", "standbys"):
+            for m in inst.members:
+                for t in getattr(m, attribute):
+                    holders.setdefault(t, m.member_id)
+        counts = {m.member_id: 0 for m in inst.members}
+        fresh = []
+        for task in tasks:
+            holder = holders.get(task)
+            if holder is None:
+                fresh.append(task)
+            else:
+                result[holder].append(task)
+                counts[holder] += 1
+        if fresh:
+            heap = [(counts[m.member_id], m.thread, m.member_id) for m in inst.members]
+            heapq.heapify(heap)
+            for task in fresh:
+                count, thread, member_id = heapq.heappop(heap)
+                result[member_id].append(task)
+                heapq.heappush(heap, (count + 1, thread, member_id))
     return result
 
 

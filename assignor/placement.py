@@ -200,9 +200,18 @@ class _Load:
                 and self.count[(destination, kind)] < self.share(destination, kind) - 1e-9
                 and self.improves(source, destination, kind))
 
-    def has_room(self, inst: str, kind: bool) -> bool:
-        """Whether one more task keeps ``inst`` at or under its share."""
-        return self.count[(inst, kind)] + 1 <= math.ceil(self.share(inst, kind) - 1e-9)
+    def has_room(self, inst: str, kind: bool, tolerance: int) -> bool:
+        """Whether one more task keeps ``inst`` at or under its share, and within the
+        tolerance of the lightest instance (per thread), so that balance does not have to
+        move a task off it again."""
+        count = self.count[(inst, kind)] + 1
+        if count > math.ceil(self.share(inst, kind) - 1e-9):
+            return False
+        light = self.lightest(kind, exclude=(inst,))
+        if light is None:
+            return True
+        cap_i, cap_l = self.cap[inst], self.cap[light]
+        return count * cap_l - self.count[(light, kind)] * cap_i <= tolerance * cap_i * cap_l
 
 
 def assign(
@@ -611,7 +620,7 @@ def _place_learners(
                 continue
             holders = sorted(
                 (lag, i) for i, lag in standby_lags.get(task, {}).items()
-                if not instances[i].leaving and load.has_room(i, True))
+                if not instances[i].leaving and load.has_room(i, True, config.tolerance))
             destination = holders[0][1] if holders else load.lightest(True)
             if destination is None:
                 return

@@ -179,6 +179,32 @@ def test_a_host_swap_puts_learners_where_the_tasks_stay() -> None:
     assert moves(before, placement(group)) == least
 
 
+def test_a_leaving_instances_task_goes_to_a_copy_holder_only_where_balance_keeps_it() -> None:
+    # L leaves. 0_2 has standbys on the one-thread instances A and C: one more stateful task
+    # would leave A at two per thread while E runs two on three threads, and balance would
+    # then move a task off A again. Its learner goes where the task can stay.
+    config = AssignorConfig(num_standbys=2, max_learners=2)
+    group = Group([Task(f"0_{n}", stateful=n % 3 != 0) for n in range(14)], config)
+    layout = {"A": [{"0_0", "0_1"}], "L": [{"0_2", "0_3"}, {"0_11"}],
+              "B": [{"0_4", "0_6"}, {"0_8"}, {"0_13"}], "C": [{"0_5", "0_9"}],
+              "E": [{"0_7", "0_12"}, {"0_10"}, set()]}
+    copies = {"A": ["0_2", "0_7"], "L": ["0_1", "0_4", "0_10", "0_13"],
+              "B": ["0_1", "0_5", "0_7", "0_10", "0_11"], "C": ["0_2", "0_8"],
+              "E": ["0_4", "0_5", "0_8", "0_11", "0_13"]}
+    for instance, threads in layout.items():
+        for thread, active in enumerate(threads):
+            group.members[f"{instance}-{thread}"] = SimMember(
+                f"{instance}-{thread}", instance, thread, active)
+        group.members[f"{instance}-0"].standbys = dict.fromkeys(copies[instance], 0)
+    out = group.round()
+    assert balanced(group) and not any(a.learners or a.revoked for a in out.values())
+    before = placement(group)
+    group.mark_leaving("L")
+    least = fewest_moves(group, before)
+    settle(group)
+    assert moves(before, placement(group)) == least == 3
+
+
 def host_swap_rounds(rounds_to_ready: dict[str, int]) -> int:
     """Rounds a host swap of 20 stateful tasks (two old instances for two new ones,
     ``max_learners=4``) takes when new copies catch up in the given rounds per instance."""

@@ -9,8 +9,9 @@ rounds and then stays there.
 Single changes to a settled group, with new copies that take one to four rounds to catch up
 (uneven between instances): the group settles within K * ceil(moves / max_learners) + 3 rounds,
 K the most rounds a new copy takes (so within 2 * ceil(moves / max_learners) + 3 when copies
-catch up within two rounds), a new leader (even a restarting one) moves nothing, and over many
-groups each kind of change moves at most 1.1 times the fewest tasks that balance needs.
+catch up within two rounds), a new leader (even a restarting one) moves nothing, a join or a
+leave moves exactly the fewest tasks that balance needs, and over many groups each kind of
+change moves at most 1.1 times that.
 
 Why the bound must name K: a member asks for a round as soon as one of its learners is ready,
 and the leader cannot know beforehand when a copy will catch up. With copies that become ready
@@ -270,6 +271,7 @@ def test_one_change_settles_in_bounded_rounds_and_a_new_leader_moves_nothing(
     before = placement(group)
     steady = group.active_by_member()
     apply(group, change, which, count, new_threads)
+    least = fewest_moves(group, before)
     rounds = settle(group, catch_up=False)
     moved = moves(before, placement(group))
     stateful_moved = sum(1 for t, i in before.items()
@@ -282,6 +284,11 @@ def test_one_change_settles_in_bounded_rounds_and_a_new_leader_moves_nothing(
     assert balanced(group)
     if change in ("leader", "bounce"):
         assert group.active_by_member() == steady
+    if change in ("join", "leave"):
+        # A crash may take one move more (a lost task goes to its warm copy first, and
+        # balance may then move a task on), a host swap more (its join moves tasks before the
+        # old instances are marked leaving); the aggregate test below bounds those.
+        assert moved == least, (moved, least)
 
 
 def test_each_kind_of_change_moves_at_most_a_tenth_more_than_balance_needs() -> None:

@@ -849,12 +849,18 @@ def _copies_per_member(
                 result[holder].append(task)
                 counts[holder] += 1
         if fresh:
+            # How many new copies each thread takes, fewest first; then handed out in task
+            # order, a run of neighbouring tasks per thread (fewer topics per thread's list).
             heap = [(counts[m.member_id], m.thread, m.member_id) for m in inst.members]
             heapq.heapify(heap)
-            for task in fresh:
+            takes: dict[str, int] = defaultdict(int)
+            for _ in fresh:
                 count, thread, member_id = heapq.heappop(heap)
-                result[member_id].append(task)
+                takes[member_id] += 1
                 heapq.heappush(heap, (count + 1, thread, member_id))
+            queue = iter(fresh)
+            for m in inst.members:
+                result[m.member_id].extend(next(queue) for _ in range(takes[m.member_id]))
     return result
 
 

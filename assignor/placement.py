@@ -783,6 +783,7 @@ def _per_thread(
         member_of_key = {m.key: m.member_id for m in inst.members}
         thread_of = {m.member_id: m.thread for m in inst.members}
         got_extra: set[str] = set()
+        copy_holders: dict[str, str] | None = None
         for kind in (True, False):
             tasks = by_instance.get((inst_id, kind), [])
             if not tasks:
@@ -797,6 +798,17 @@ def _per_thread(
                     if key is not None and key in member_of_key:
                         preferred[task] = member_of_key[key]
                         break
+                else:
+                    # A task arriving on the instance: the thread that holds its copy (the
+                    # promoted learner's store is there).
+                    if copy_holders is None:
+                        copy_holders = {}
+                        for attribute in ("learners", "standbys"):
+                            for m in inst.members:
+                                for t in getattr(m, attribute):
+                                    copy_holders.setdefault(t, m.member_id)
+                    if task in copy_holders:
+                        preferred[task] = copy_holders[task]
             if inst.leaving:
                 # A leaving instance only hands tasks over: no moves between its threads.
                 placed = {t: preferred[t] for t in tasks if t in preferred}

@@ -102,6 +102,18 @@ def test_threads_of_an_instance_are_balanced_per_kind() -> None:
     assert balanced(group)
 
 
+def test_a_promoted_learners_task_runs_on_the_thread_that_learned_it() -> None:
+    tasks = [Task("0_0"), Task("0_1")]
+    group = Group(tasks, AssignorConfig())
+    group.members["A-0"] = SimMember("A-0", "A", 0, {"0_0", "0_1"})
+    group.members["N-0"] = SimMember("N-0", "N", 0)
+    group.members["N-1"] = SimMember("N-1", "N", 1, learners={"0_1": 0})
+    revoke = group.round()
+    assert revoke["A-0"].revoked == ("0_1",)
+    group.round()
+    assert group.active_by_member() == {"A-0": ["0_0"], "N-0": [], "N-1": ["0_1"]}
+
+
 # -- warm placement --------------------------------------------------------------------------
 
 

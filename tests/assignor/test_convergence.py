@@ -16,7 +16,7 @@ change moves at most 1.1 times that.
 Why the bound must name K: a member asks for a round as soon as one of its learners is ready,
 and the leader cannot know beforehand when a copy will catch up. With copies that become ready
 one round apart, each of the m moves brings its own round, m + 1 in all, which exceeds
-2 * ceil(m / max_learners) + 3 for max_learners >= 3 and m >= 7: no assignor can keep that
+2 * ceil(m / max_learners) + 3 once m > 10 with max_learners >= 3: no assignor can keep that
 bound whatever the lags. Filling every freed learner slot in the round that promotes, and
 promoting every ready learner at once, keeps each slot busy, so a slot finishes at least one
 move every K rounds."""

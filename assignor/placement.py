@@ -73,6 +73,8 @@ class _Plan:
     standbys: dict[str, list[str]] = field(default_factory=dict)
     #: task -> (the static member it is held for, since when)
     held: dict[str, tuple[MemberKey, int]] = field(default_factory=dict)
+    #: tasks held last round that go back to their member this round (balance leaves them)
+    returning: set[str] = field(default_factory=set)
     revoke: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     #: task -> the member it was revoked for
     moving: dict[str, MemberKey] = field(default_factory=dict)
@@ -530,6 +532,9 @@ def _place_actives(
         if destination is None:
             cold.append(task)
             continue
+        held = memory.lost.get(task)
+        if held is not None and held[0][0] == destination and task not in moving:
+            plan.returning.add(task)
         plan.target[task] = destination
         load.add(destination, task, kind)
     for task in cold:
@@ -568,7 +573,10 @@ def _balance_directly(
         if heavy is None or light is None or not load.unbalanced(heavy, light, kind,
                                                                  config.tolerance):
             return
-        movable = [t for t in load.tasks[(heavy, kind)] if plan.target[t] == heavy]
+        # A member that returns within the delay gets all its tasks back: balance moves
+        # them, if it must, from the next round on.
+        movable = [t for t in load.tasks[(heavy, kind)]
+                   if plan.target[t] == heavy and t not in plan.returning]
         if not movable:
             return
         # A task that is not running anywhere yet first (no revoke), then the highest id.

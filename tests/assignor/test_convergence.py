@@ -146,11 +146,11 @@ def test_random_histories_stay_safe_and_converge(
         elif kind == "bounce" and instance in present:
             group.bounce(instance)
             group.memory = None  # it was the leader
-            for task, (mid, _) in list(holds.items()):
-                # The notes of a hold live on two other instances where there are two: with
-                # only the restarting one besides the vanished member's, the hold is lost.
-                others = present - {mid.rsplit("-", 1)[0]}
-                if others <= {instance}:
+            for task in list(holds):
+                # The notes of a hold live on two members of two instances where there are
+                # two (the vanished member's sibling threads count): only when every member
+                # left is on the restarting instance is the hold lost.
+                if present <= {instance}:
                     del holds[task]
         elif kind == "ready":
             group.catch_up(instance)

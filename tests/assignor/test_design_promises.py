@@ -84,6 +84,27 @@ def test_a_restarting_thread_gets_its_own_tasks_back_while_its_siblings_run_on()
     assert group.active_by_member() == before
 
 
+def test_a_returning_member_gets_its_stateless_tasks_back_too() -> None:
+    # Balance moves an unowned stateless task at once, with no revoke: it must not take one
+    # of a returning member's tasks in the round it returns.
+    tasks = [Task(f"0_{n}", stateful=n % 2 == 1) for n in range(5)]
+    group = Group(tasks, AssignorConfig(lost_task_delay_ms=60_000, max_learners=1))
+    group.join("A", active=tuple(t.task_id for t in tasks))
+    group.round()
+    group.join("B")
+    group.round()
+    owned = sorted(group.members["A-0"].active)
+    group.crash("A")
+    group.now_ms = 1_000
+    group.round()
+    group.join("C")
+    group.round()
+    group.now_ms = 10_000
+    group.join("A")
+    group.round()
+    assert group.active_by_instance()["A"] == owned
+
+
 # -- threads ---------------------------------------------------------------------------------
 
 
@@ -283,6 +304,31 @@ def test_a_new_leader_keeps_the_hold_of_the_old_one() -> None:
     group.now_ms = 3_000
     group.round()
     assert group.active_by_instance()["B"] == ["0_1"]
+
+
+def test_a_new_leader_keeps_the_hold_of_a_thread_whose_siblings_are_all_that_is_left() -> None:
+    # The notes of a thread's hold go to other instances first and then to its sibling
+    # threads: with no other instance left, the siblings carry them to a new leader.
+    group = Group([Task(f"0_{n}") for n in range(4)], AssignorConfig(lost_task_delay_ms=60_000))
+    group.join("A")
+    group.join("B", threads=2)
+    settle(group)
+    group.crash("A")
+    group.now_ms = 1_000
+    group.round()
+    held = sorted(group.members["B-1"].active)
+    assert held
+    group.crash_thread("B", 1)
+    group.now_ms = 2_000
+    group.round()
+    group.memory = None  # a new leader, from the notes B-0 echoes
+    group.now_ms = 3_000
+    group.round()
+    assert not set(held) & running(group), "the held tasks went to the sibling"
+    group.join_thread("B", 1)
+    group.now_ms = 4_000
+    group.round()
+    assert sorted(group.members["B-1"].active) == held
 
 
 def test_a_rolling_bounce_that_restarts_the_leader_moves_nothing() -> None:

@@ -105,6 +105,22 @@ def test_a_returning_member_gets_its_stateless_tasks_back_too() -> None:
     assert group.active_by_instance()["A"] == owned
 
 
+def test_nothing_is_held_for_a_thread_of_an_instance_marked_leaving() -> None:
+    group = Group([Task(f"0_{n}") for n in range(4)], AssignorConfig(lost_task_delay_ms=60_000))
+    group.join("A", threads=2)
+    group.join("B")
+    settle(group)
+    lost = sorted(group.members["A-1"].active)
+    group.crash_thread("A", 1)
+    group.now_ms = 1_000
+    group.round()
+    assert not set(lost) & running(group)
+    group.mark_leaving("A")
+    group.now_ms = 2_000
+    group.round()
+    assert set(lost) <= set(group.active_by_instance()["B"])
+
+
 # -- threads ---------------------------------------------------------------------------------
 
 

@@ -6,7 +6,8 @@ Order of work (the learner design, with the cooperative and deferred-imbalance d
    instances, note leaving instances and their scale-down deadlines; a new leader rebuilds
    the previous leader's memory from the notes the members echo;
 2. lost tasks: a vanished static member's tasks are held back for ``lost_task_delay_ms``
-   (per member: a restarting thread gets its own tasks back), and keep their standbys;
+   (per member: a restarting thread gets its own tasks back, all of them), and keep their
+   standbys; nothing is held for an instance marked leaving;
 3. actives: every running task stays where it runs unless a ready learner elsewhere takes it
    (or the scale-down timeout of a leaving owner passed), and all of them are counted before
    any unowned task is placed; an unowned task goes to a ready learner, the member it was
@@ -17,8 +18,9 @@ Order of work (the learner design, with the cooperative and deferred-imbalance d
    instances, then from the most to the least loaded instance, each move only while it is
    needed;
 5. cooperative safety: a task whose owner changes is revoked this round and assigned next;
-6. standbys; then threads within each instance, balanced per kind and sticky; then the
-   leader's notes for each member, shutdowns and rejoin timers.
+6. standbys; then threads within each instance, balanced per kind and sticky (copies stay on
+   the thread that holds them); then the leader's notes for each member, shutdowns and
+   rejoin timers.
 
 Balanced means: per kind (stateful, stateless), the tasks per thread of any two instances
 that stay differ by at most ``imbalance_tolerance`` (one by default); within an instance, the

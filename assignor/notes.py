@@ -3,11 +3,12 @@
 Each assignment carries notes, and each member echoes its copy in its next subscription. A
 member's notes hold what it is about to receive (tasks revoked elsewhere for it) and, for one
 member on another instance (its buddy), what that member runs and is about to receive; the
-tasks held back for a vanished member are noted on two members of other instances. So a
-leader that crashes or restarts, or any one instance restarting with it, loses no note: what
-it carried is also carried elsewhere. Each member's own running tasks are not repeated in its
-own notes (its subscription lists them), which keeps the group's metadata to about two copies
-of the task list beyond what the protocol already carries.
+tasks held back for a vanished member are noted on two members of two other instances (a
+vanished thread's sibling threads count when fewer other instances are left). So a leader
+that crashes or restarts, or any one instance restarting with it, loses no note where two
+instances are left: what it carried is also carried elsewhere. Each member's own running
+tasks are not repeated in its own notes (its subscription lists them), which keeps the group's
+metadata to about two copies of the task list beyond what the protocol already carries.
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ from assignor.model import LeaderMemory, LeaderNotes, Member, MemberKey, MemberN
 
 
 def _carriers(keys: Sequence[MemberKey], about: MemberKey, count: int) -> list[MemberKey]:
-    """``count`` members, on instances other than ``about``'s (and than each other's where
-    possible), half way round the sorted list of members from ``about``."""
+    """``count`` members other than ``about``, half way round the sorted list of members from
+    it: on other instances than ``about``'s and than each other's first, then ``about``'s
+    sibling threads (so that a thread's notes survive where its instance is the only other
+    one, or a restart of another instance), then any."""
     n = len(keys)
     if not n:
         return []
     start = (bisect_left(keys, about) + n // 2) % n
     chosen: list[MemberKey] = []
-    for distinct in (True, False):
+    for sibling, distinct in ((False, True), (True, True), (True, False)):
         for step in range(n):
             key = keys[(start + step) % n]
-            if key[0] == about[0] or key in chosen:
+            if key == about or key in chosen or (key[0] == about[0] and not sibling):
                 continue
             if distinct and any(key[0] == c[0] for c in chosen):
                 continue

@@ -6,7 +6,8 @@ Order of work (the learner design, with the cooperative and deferred-imbalance d
    instances, note leaving instances and their scale-down deadlines; a new leader rebuilds
    the previous leader's memory from the notes the members echo;
 2. lost tasks: a vanished static member's tasks are held back for ``lost_task_delay_ms``
-   (per member: a restarting thread gets its own tasks back), and keep their standbys;
+   (per member: a restarting thread gets its own tasks back, all of them), and keep their
+   standbys; nothing is held for an instance marked leaving;
 3. actives: every running task stays where it runs unless a ready learner elsewhere takes it
    (or the scale-down timeout of a leaving owner passed), and all of them are counted before
    any unowned task is placed; an unowned task goes to a ready learner, the member it was
@@ -17,8 +18,9 @@ Order of work (the learner design, with the cooperative and deferred-imbalance d
    instances, then from the most to the least loaded instance, each move only while it is
    needed;
 5. cooperative safety: a task whose owner changes is revoked this round and assigned next;
-6. standbys; then threads within each instance, balanced per kind and sticky; then the
-   leader's notes for each member, shutdowns and rejoin timers.
+6. standbys; then threads within each instance, balanced per kind and sticky (copies stay on
+   the thread that holds them); then the leader's notes for each member, shutdowns and
+   rejoin timers.
 
 Balanced means: per kind (stateful, stateless), the tasks per thread of any two instances
 that stay differ by at most ``imbalance_tolerance`` (one by default); within an instance, the
@@ -73,6 +75,8 @@ class _Plan:
     standbys: dict[str, list[str]] = field(default_factory=dict)
     #: task -> (the static member it is held for, since when)
     held: dict[str, tuple[MemberKey, int]] = field(default_factory=dict)
+    #: tasks held last round that go back to their member this round (balance leaves them)
+    returning: set[str] = field(default_factory=set)
     revoke: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     #: task -> the member it was revoked for
     moving: dict[str, MemberKey] = field(default_factory=dict)
@@ -200,9 +204,18 @@ class _Load:
                 and self.count[(destination, kind)] < self.share(destination, kind) - 1e-9
                 and self.improves(source, destination, kind))
 
-    def has_room(self, inst: str, kind: bool) -> bool:
-        """Whether one more task keeps ``inst`` at or under its share."""
-        return self.count[(inst, kind)] + 1 <= math.ceil(self.share(inst, kind) - 1e-9)
+    def has_room(self, inst: str, kind: bool, tolerance: int) -> bool:
+        """Whether one more task keeps ``inst`` at or under its share, and within the
+        tolerance of the lightest instance (per thread), so that balance does not have to
+        move a task off it again."""
+        count = self.count[(inst, kind)] + 1
+        if count > math.ceil(self.share(inst, kind) - 1e-9):
+            return False
+        light = self.lightest(kind, exclude=(inst,))
+        if light is None:
+            return True
+        cap_i, cap_l = self.cap[inst], self.cap[light]
+        return count * cap_l - self.count[(light, kind)] * cap_i <= tolerance * cap_i * cap_l
 
 
 def assign(
@@ -521,6 +534,9 @@ def _place_actives(
         if destination is None:
             cold.append(task)
             continue
+        held = memory.lost.get(task)
+        if held is not None and held[0][0] == destination and task not in moving:
+            plan.returning.add(task)
         plan.target[task] = destination
         load.add(destination, task, kind)
     for task in cold:
@@ -559,7 +575,10 @@ def _balance_directly(
         if heavy is None or light is None or not load.unbalanced(heavy, light, kind,
                                                                  config.tolerance):
             return
-        movable = [t for t in load.tasks[(heavy, kind)] if plan.target[t] == heavy]
+        # A member that returns within the delay gets all its tasks back: balance moves
+        # them, if it must, from the next round on.
+        movable = [t for t in load.tasks[(heavy, kind)]
+                   if plan.target[t] == heavy and t not in plan.returning]
         if not movable:
             return
         # A task that is not running anywhere yet first (no revoke), then the highest id.
@@ -611,7 +630,7 @@ def _place_learners(
                 continue
             holders = sorted(
                 (lag, i) for i, lag in standby_lags.get(task, {}).items()
-                if not instances[i].leaving and load.has_room(i, True))
+                if not instances[i].leaving and load.has_room(i, True, config.tolerance))
             destination = holders[0][1] if holders else load.lightest(True)
             if destination is None:
                 return
@@ -774,6 +793,7 @@ def _per_thread(
         member_of_key = {m.key: m.member_id for m in inst.members}
         thread_of = {m.member_id: m.thread for m in inst.members}
         got_extra: set[str] = set()
+        copy_holders: dict[str, str] | None = None
         for kind in (True, False):
             tasks = by_instance.get((inst_id, kind), [])
             if not tasks:
@@ -788,6 +808,17 @@ def _per_thread(
                     if key is not None and key in member_of_key:
                         preferred[task] = member_of_key[key]
                         break
+                else:
+                    # A task arriving on the instance: the thread that holds its copy (the
+                    # promoted learner's store is there).
+                    if copy_holders is None:
+                        copy_holders = {}
+                        for attribute in ("learners", "standbys"):
+                            for m in inst.members:
+                                for t in getattr(m, attribute):
+                                    copy_holders.setdefault(t, m.member_id)
+                    if task in copy_holders:
+                        preferred[task] = copy_holders[task]
             if inst.leaving:
                 # A leaving instance only hands tasks over: no moves between its threads.
                 placed = {t: preferred[t] for t in tasks if t in preferred}
@@ -818,17 +849,40 @@ def _copies_per_member(
     tasks_by_instance: dict[str, list[str]],
     kind: str,
 ) -> dict[str, list[str]]:
-    """Copies of each instance over its threads, sticky to the thread that holds one."""
+    """Copies of each instance over its threads. A copy stays on the thread that holds it,
+    whatever the counts: moving it to another thread would start its restore over (a learner
+    that restarts makes its move wait, and the rounds of a big move no longer line up). A new
+    copy goes to the thread with the fewest copies."""
     result: dict[str, list[str]] = defaultdict(list)
     for inst_id, tasks in tasks_by_instance.items():
         inst = instances[inst_id]
-        holders = {t: m.member_id for m in inst.members for t in getattr(m, kind)}
-        holders.update({t: m.member_id for m in inst.members for t in m.learners
-                        if t not in holders})
-        holders.update({t: m.member_id for m in inst.members for t in m.standbys
-                        if t not in holders})
-        for task, member_id in _distribute(inst.members, tasks, holders).items():
-            result[member_id].append(task)
+        holders: dict[str, str] = {}
+        for attribute in (kind, "learners", "standbys"):
+            for m in inst.members:
+                for t in getattr(m, attribute):
+                    holders.setdefault(t, m.member_id)
+        counts = {m.member_id: 0 for m in inst.members}
+        fresh = []
+        for task in tasks:
+            holder = holders.get(task)
+            if holder is None:
+                fresh.append(task)
+            else:
+                result[holder].append(task)
+                counts[holder] += 1
+        if fresh:
+            # How many new copies each thread takes, fewest first; then handed out in task
+            # order, a run of neighbouring tasks per thread (fewer topics per thread's list).
+            heap = [(counts[m.member_id], m.thread, m.member_id) for m in inst.members]
+            heapq.heapify(heap)
+            takes: dict[str, int] = defaultdict(int)
+            for _ in fresh:
+                count, thread, member_id = heapq.heappop(heap)
+                takes[member_id] += 1
+                heapq.heappush(heap, (count + 1, thread, member_id))
+            queue = iter(fresh)
+            for m in inst.members:
+                result[m.member_id].extend(next(queue) for _ in range(takes[m.member_id]))
     return result
 
 

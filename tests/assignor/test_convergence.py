@@ -6,17 +6,27 @@ unowned task goes to a copy when one exists; once the history stops changing, th
 settles on an assignment balanced across instances and threads within a bounded number of
 rounds and then stays there.
 
-Single changes to a settled group, with copies that take one or two rounds to catch up:
-the group settles within 2 * ceil(moves / max_learners) + 3 rounds, a new leader (even a
-restarting one) moves nothing, and over many groups each kind of change moves at most 1.1
-times the fewest tasks that balance needs."""
+Single changes to a settled group, with new copies that take one to four rounds to catch up
+(uneven between instances): the group settles within K * ceil(moves / max_learners) + 3 rounds,
+K the most rounds a new copy takes (so within 2 * ceil(moves / max_learners) + 3 when copies
+catch up within two rounds), a new leader (even a restarting one) moves nothing, a join or a
+leave moves exactly the fewest tasks that balance needs, and over many groups each kind of
+change moves at most 1.1 times that.
+
+Why the bound must name K: a member asks for a round as soon as one of its learners is ready,
+and the leader cannot know beforehand when a copy will catch up. With copies that become ready
+one round apart, each of the m moves brings its own round, m + 1 in all, which exceeds
+2 * ceil(m / max_learners) + 3 once m > 10 with max_learners >= 3: no assignor can keep that
+bound whatever the lags. Filling every freed learner slot in the round that promotes, and
+promoting every ready learner at once, keeps each slot busy, so a slot finishes at least one
+move every K rounds."""
 
 from __future__ import annotations
 
 import math
 import random
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from assignor import (
@@ -131,16 +141,21 @@ def test_random_histories_stay_safe_and_converge(
                               if m.instance_id == instance)[-1:]
         elif kind == "leave" and instance in present and len(present) > 1:
             group.mark_leaving(instance)
+            for task, (mid, _) in list(holds.items()):
+                # Nothing is held for a thread of a leaving instance: its tasks go to the
+                # instances that stay.
+                if mid.rsplit("-", 1)[0] == instance:
+                    del holds[task]
         elif kind == "leader":
             group.memory = None
         elif kind == "bounce" and instance in present:
             group.bounce(instance)
             group.memory = None  # it was the leader
-            for task, (mid, _) in list(holds.items()):
-                # The notes of a hold live on two other instances where there are two: with
-                # only the restarting one besides the vanished member's, the hold is lost.
-                others = present - {mid.rsplit("-", 1)[0]}
-                if others <= {instance}:
+            for task in list(holds):
+                # The notes of a hold live on two members of two instances where there are
+                # two (the vanished member's sibling threads count): only when every member
+                # left is on the restarting instance is the hold lost.
+                if present <= {instance}:
                     del holds[task]
         elif kind == "ready":
             group.catch_up(instance)
@@ -204,7 +219,7 @@ CHANGES = ("crash", "join", "swap", "leave", "leader", "bounce")
 def settled_group(rng: random.Random | None, instances: int, threads: list[int], n_tasks: int,
                   stateless_every: int, num_standbys: int, max_learners: int,
                   speeds: list[int]) -> Group:
-    """A settled group whose new copies catch up in one or two rounds (per instance)."""
+    """A settled group whose new copies catch up in ``speeds`` rounds (per instance)."""
     tasks = [Task(f"0_{p}", stateful=p % stateless_every != 0) for p in range(n_tasks)]
     config = AssignorConfig(num_standbys=num_standbys, max_learners=max_learners,
                             acceptable_lag=0)
@@ -245,7 +260,7 @@ def apply(group: Group, change: str, which: int, count: int, threads: int) -> No
     instances=st.integers(2, 5), threads=st.lists(st.integers(1, 3), min_size=1, max_size=5),
     n_tasks=st.integers(3, 16), stateless_every=st.integers(2, 6),
     num_standbys=st.integers(0, 2), max_learners=st.integers(1, 4),
-    speeds=st.lists(st.integers(1, 2), min_size=1, max_size=5),
+    speeds=st.lists(st.integers(1, 4), min_size=1, max_size=5),
     change=st.sampled_from(CHANGES), which=st.integers(0, 4), count=st.integers(1, 3),
     new_threads=st.integers(1, 3),
 )
@@ -254,20 +269,31 @@ def test_one_change_settles_in_bounded_rounds_and_a_new_leader_moves_nothing(
     num_standbys: int, max_learners: int, speeds: list[int], change: str, which: int,
     count: int, new_threads: int,
 ) -> None:
+    event(f"new copies catch up in up to {max(speeds)} rounds")
+    event("uneven lags" if len(set(speeds)) > 1 else "even lags")
     group = settled_group(None, instances, threads, n_tasks, stateless_every, num_standbys,
                           max_learners, speeds)
     before = placement(group)
     steady = group.active_by_member()
     apply(group, change, which, count, new_threads)
+    least = fewest_moves(group, before)
     rounds = settle(group, catch_up=False)
     moved = moves(before, placement(group))
     stateful_moved = sum(1 for t, i in before.items()
                          if placement(group).get(t) != i and t.endswith(tuple(
                              f"_{p}" for p in range(n_tasks) if p % stateless_every != 0)))
-    assert rounds <= 2 * math.ceil(stateful_moved / max_learners) + 3, (rounds, moved)
+    # K: the most rounds a new copy takes to catch up, on any instance (those joining too).
+    catch_up_rounds = max(speeds)
+    assert rounds <= catch_up_rounds * math.ceil(stateful_moved / max_learners) + 3, (
+        rounds, moved, speeds)
     assert balanced(group)
     if change in ("leader", "bounce"):
         assert group.active_by_member() == steady
+    if change in ("join", "leave"):
+        # A crash may take one move more (a lost task goes to its warm copy first, and
+        # balance may then move a task on), a host swap more (its join moves tasks before the
+        # old instances are marked leaving); the aggregate test below bounds those.
+        assert moved == least, (moved, least)
 
 
 def test_each_kind_of_change_moves_at_most_a_tenth_more_than_balance_needs() -> None:
@@ -282,7 +308,7 @@ def test_each_kind_of_change_moves_at_most_a_tenth_more_than_balance_needs() -> 
             group = settled_group(
                 rng, instances, [rng.randint(1, 3) for _ in range(instances)],
                 rng.randint(3, 16), rng.randint(2, 6), rng.randint(0, 2), rng.randint(1, 4),
-                [rng.randint(1, 2) for _ in range(instances)])
+                [rng.randint(1, 4) for _ in range(instances)])
             before = placement(group)
             apply(group, change, rng.randrange(instances), rng.randint(1, 3),
                   rng.randint(1, 3))

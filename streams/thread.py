@@ -171,6 +171,7 @@ class StreamThread:
         #: Why this member will ask for the next round once its round has its assignments.
         self._deferred_rejoins: list[str] = []
         self._deferred_rejoin: asyncio.Task[None] | None = None
+        self._reporting: set[asyncio.Task[None]] = set()
 
     # -- views -----------------------------------------------------------------------------
 
@@ -334,7 +335,7 @@ class StreamThread:
                 self._fail(FatalThreadError(assignment.error))
                 return
             self._apply(assignment)
-            await self._report_round()
+            self._report_round()
             self._record_round()
             self._rebalance_failures = 0
             self._set_state(ThreadState.RUNNING)
@@ -383,14 +384,21 @@ class StreamThread:
             {t: r.value for t, r in self.registry.copy_roles.items()}, list(assignment.revoked),
         )
 
-    async def _report_round(self) -> None:
-        """Tell the group this member has its assignment of its generation."""
+    def _report_round(self) -> None:
+        """Tell the group this member has its assignment of its generation (in the
+        background: a rebalance callback does not wait for the network)."""
         if self._round_reports is None or not self.config.cooperative:
             return
-        with contextlib.suppress(Exception):
-            await self.producer.send(
-                control_topic_name(self.config.application_id), key=ROUND_KEY,
-                value=encode_round_report(self.status.member_id, self.status.generation))
+        report = encode_round_report(self.status.member_id, self.status.generation)
+
+        async def send() -> None:
+            with contextlib.suppress(Exception):
+                await self.producer.send(control_topic_name(self.config.application_id),
+                                         key=ROUND_KEY, value=report)
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._reporting.add(task)
+        task.add_done_callback(self._reporting.discard)
 
     def _record_round(self) -> None:
         """The round's figures, once its assignment is applied: its duration, the time the

@@ -121,6 +121,7 @@ async def test_a_member_reports_its_round_once_it_applied_its_assignment(tmp_pat
     r = reporting_rig(tmp_path, RoundReports(), "member-a")
     try:
         await assign(r, ("0_0",), group_size=2)
+        await wait_until(lambda: bool(r.producer.to("unit-control")), timeout_s=5)
         sent = r.producer.to("unit-control")
         assert [(s.key, decode_round_report(s.value)) for s in sent] == [  # type: ignore[arg-type]
             (ROUND_KEY, ("member-a", 4))]
@@ -183,6 +184,7 @@ async def test_without_reports_a_member_asks_at_once(tmp_path: Path) -> None:
         await assign(r, (), learners=("0_2",), group_size=2)
         r.thread.learners_ready(["0_2"])
         assert r.consumer.rejoins == 1
+        await asyncio.sleep(0.1)
         assert not r.producer.to("unit-control")  # and reports nothing
     finally:
         r.thread.task_manager.close_all()

@@ -26,7 +26,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -49,7 +49,13 @@ from streams.record_collector import RecordCollector
 from streams.state_updater import StateUpdater
 from streams.static_followers import ControlSender, StaticFollowers
 from streams.status import status_topic_name
-from streams.synced_round import RoundReports, RoundView, may_rejoin, members_synced
+from streams.synced_round import (
+    SYNC_WAIT_LIMIT_S,
+    RoundReports,
+    RoundView,
+    may_rejoin,
+    members_synced,
+)
 from streams.task import RecordError, StreamTask
 from streams.task_manager import TaskManager
 from streams.tasks import Tasks
@@ -384,6 +390,21 @@ class StreamThread:
             {t: r.value for t, r in self.registry.copy_roles.items()}, list(assignment.revoked),
         )
 
+    async def _until_round_synced(self, limit_s: float = SYNC_WAIT_LIMIT_S) -> None:
+        """Before leaving: let every member of this member's round get its assignment (a
+        LeaveGroup starts a round too, and would stall them the way a rejoin does), for at
+        most ``limit_s``."""
+        if self._round_reports is None or not self.config.cooperative:
+            return
+        started = time.monotonic()
+        while time.monotonic() - started < limit_s:
+            # A round under way was just taken part in (or given up on, see _close): only
+            # the others' syncs are waited for here.
+            view = replace(self.round_view(time.monotonic() - started), rebalancing=False)
+            if may_rejoin(view, self._round_reports.generations, limit_s):
+                return
+            await asyncio.sleep(ROUND_CHECK_INTERVAL_S)
+
     def _report_round(self) -> None:
         """Tell the group this member has its assignment of its generation (in the
         background: a rebalance callback does not wait for the network)."""
@@ -661,6 +682,7 @@ class StreamThread:
             with contextlib.suppress(Exception):
                 await wait_for_formed_group(
                     self.consumer, self.config.session_timeout_ms / 1000, self.name)
+            await self._until_round_synced()
             self.task_manager.close_all()
         member_id = self.consumer.member_id
         with contextlib.suppress(Exception):

@@ -21,6 +21,7 @@ from streams.synced_round import (
 from streams.thread_factory import ThreadClients, build_stream_thread
 from tests.conftest import wait_until
 from tests.streams.fakes import (
+    SOURCE,
     FakeChangelogReader,
     FakeConsumer,
     FakeControl,
@@ -188,3 +189,36 @@ async def test_without_reports_a_member_asks_at_once(tmp_path: Path) -> None:
         assert not r.producer.to("unit-control")  # and reports nothing
     finally:
         r.thread.task_manager.close_all()
+
+
+async def test_a_stopping_member_leaves_once_its_round_has_its_assignments(
+        tmp_path: Path) -> None:
+    # A dynamic member's consumer sends LeaveGroup when it stops: that starts a round too.
+    reports = RoundReports()
+    r = reporting_rig(tmp_path, reports, "member-a")
+    stopped: list[float] = []
+
+    async def stop() -> None:
+        stopped.append(1.0)
+
+    r.consumer.stop = stop  # type: ignore[method-assign]
+    run = asyncio.create_task(r.thread.run([SOURCE]))
+    await assign(r, ("0_0",), group_size=2)
+    reports.record("member-a", 4)
+    r.thread.stop()
+    await asyncio.sleep(0.5)
+    assert not stopped and not run.done()  # member-b still waits for its SyncGroup answer
+    reports.record("member-b", 4)
+    await asyncio.wait_for(run, 10)
+    assert stopped
+
+
+async def test_a_stopping_member_waits_for_the_others_at_most_the_limit(
+        tmp_path: Path) -> None:
+    reports = RoundReports()
+    r = reporting_rig(tmp_path, reports, "member-a")
+    r.thread.task_manager.close_all()
+    await assign(r, (), group_size=2)
+    reports.record("member-a", 4)
+    # member-b never reports (it crashed, say): the wait ends anyway.
+    await asyncio.wait_for(r.thread._until_round_synced(limit_s=0.3), 5)

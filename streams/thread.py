@@ -272,7 +272,8 @@ class StreamThread:
         """Ask for a rebalance once every member of this member's round has its assignment
         (bounded; see :mod:`streams.synced_round`): a request right after this member's own
         SyncGroup answer can stall the members still waiting for theirs."""
-        if self._round_reports is None:
+        if self._round_reports is None or not self.config.cooperative:
+            # Stop-the-world members do not report their rounds (nor ask right after one).
             self.request_rejoin(reason)
             return
         self._deferred_rejoins.append(reason)

@@ -105,13 +105,15 @@ def test_round_reports_round_trip_and_malformed_ones_are_refused() -> None:
         decode_round_report(b"not msgpack at all \xc1")
 
 
-def reporting_rig(state_dir: Path, reports: RoundReports, member_id: str) -> Rig:
+def reporting_rig(state_dir: Path, reports: RoundReports, member_id: str,
+                  **settings: object) -> Rig:
     consumer = FakeConsumer()
     consumer.member_id, consumer.generation = member_id, 4
     clients = ThreadClients(consumer, FakeProducer(), FakeChangelogReader(),
                             FakeChangelogReader())
     control = FakeControl()
-    thread = build_stream_thread(config(state_dir), 0, counting_subs(), clients=clients,
+    thread = build_stream_thread(config(state_dir, **settings), 0, counting_subs(),
+                                 clients=clients,
                                  instance_id="unit-instance", control=control,
                                  round_reports=reports)
     return Rig(thread, consumer, clients.producer, clients.restorer,  # type: ignore[arg-type]
@@ -222,3 +224,15 @@ async def test_a_stopping_member_waits_for_the_others_at_most_the_limit(
     reports.record("member-a", 4)
     # member-b never reports (it crashed, say): the wait ends anyway.
     await asyncio.wait_for(r.thread._until_round_synced(limit_s=0.3), 5)
+
+
+async def test_a_stop_the_world_member_neither_reports_nor_waits(tmp_path: Path) -> None:
+    r = reporting_rig(tmp_path, RoundReports(), "member-a", rebalance_protocol="eager")
+    try:
+        await assign(r, (), group_size=3)
+        r.thread.request_rejoin_once_synced("follow-up rebalance")
+        assert r.consumer.rejoins == 1
+        await asyncio.sleep(0.1)
+        assert not r.producer.to("unit-control")
+    finally:
+        r.thread.task_manager.close_all()

@@ -159,6 +159,9 @@ class MemberAssignment:
     shutdown: bool = False
     error: str | None = None
     notes: LeaderNotes | None = None
+    #: How many members the round assigned (0: not told). A member that asks for the next
+    #: round waits until that many members report having their assignment.
+    group_size: int = 0
 
 
 @dataclass(frozen=True)

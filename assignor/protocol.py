@@ -331,6 +331,7 @@ def encode_assignment(assignment: MemberAssignment) -> bytes:
         "l": _pack_tasks(assignment.learners), "s": _pack_tasks(assignment.standbys),
         "r": _pack_tasks(assignment.revoked), "j": assignment.rejoin_after_ms,
         "x": assignment.shutdown, "e": assignment.error, "n": _pack_notes(assignment.notes),
+        "g": assignment.group_size,
     })
 
 
@@ -347,4 +348,6 @@ def decode_assignment(data: bytes | None) -> MemberAssignment:
         shutdown=bool(_field(payload, "x", bool, what)),
         error=_field(payload, "e", str, what, optional=True),
         notes=_notes_or_none(payload.get("n"), what),
+        # Absent in assignments of older leaders: unknown, nobody waits for it.
+        group_size=_field(payload, "g", int, what, optional=True) or 0,
     )

@@ -32,6 +32,7 @@ from streams.metrics import Metrics, MetricsServer, serve_metrics
 from streams.static_followers import StaticFollowers, protocol_enabled
 from streams.status import read_status, status_topic_name
 from streams.store_handover import ProcessStores
+from streams.synced_round import RoundReports
 from streams.thread import FatalThreadError, StreamThread
 from streams.thread_factory import build_stream_thread
 from streams.topology import SubTopology, TopicDecl, Topology
@@ -207,9 +208,13 @@ class App:
             await self._refuse_duplicate_instance()
             topics = sorted({t for s in subs for t in s.sources})
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
+            # Which round each member has its assignment of, for the threads' requests for the
+            # next round (see streams.synced_round).
+            round_reports = RoundReports()
             listener = ControlListener(
                 bootstrap, self.config.application_id, self.instance_id, self._on_mark,
                 self._on_rebalance_request, self._on_fetch_request, self._on_subscription,
+                round_reports.record,
             )
             control = ControlChannel(listener)
             self.static_followers = StaticFollowers(
@@ -222,7 +227,7 @@ class App:
                     instance_id=self.instance_id, incarnation=self.incarnation,
                     static_followers=self.static_followers, control=control,
                     process_stores=process_stores, leaving=lambda: self.leaving,
-                    metrics=self.metrics,
+                    metrics=self.metrics, round_reports=round_reports,
                 )
                 for i in range(self.config.num_threads)
             ]

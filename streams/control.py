@@ -38,6 +38,25 @@ FETCH_KEY = b"__fetch__"
 #: Key of the records in which a static member publishes its current subscription: a broker
 #: may keep a static follower's old metadata when it rejoins a stable group.
 SUBSCRIPTION_KEY = b"__subscription__"
+#: Key of the records in which a member reports that it has its assignment of a generation,
+#: so that a member about to ask for the next round can wait until the whole round has its
+#: assignments (see :mod:`streams.synced_round`).
+ROUND_KEY = b"__round__"
+
+
+def encode_round_report(member_id: str, generation: int) -> bytes:
+    return msgpack.packb([member_id, generation])
+
+
+def decode_round_report(raw: bytes) -> tuple[str, int]:
+    """``(member id, generation)``; raises ValueError for a malformed record."""
+    try:
+        member_id, generation = msgpack.unpackb(raw, raw=False)
+        if not isinstance(member_id, str) or not isinstance(generation, int):
+            raise TypeError(f"{member_id!r}, {generation!r}")
+        return member_id, generation
+    except Exception as exc:
+        raise ValueError(f"malformed round report ({len(raw)} bytes): {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -77,6 +96,7 @@ class ControlListener:
         on_rebalance_request: Callable[[str], None] = lambda reason: None,
         on_fetch_request: Callable[[dict[str, str]], None] = lambda digests: None,
         on_subscription: Callable[[str, bytes], None] = lambda static_id, data: None,
+        on_round_report: Callable[[str, int], None] = lambda member_id, generation: None,
     ) -> None:
         self._topic = control_topic_name(application_id)
         self._instance = instance_id.encode() if instance_id else None
@@ -84,6 +104,7 @@ class ControlListener:
         self._on_rebalance_request = on_rebalance_request
         self._on_fetch_request = on_fetch_request
         self._on_subscription = on_subscription
+        self._on_round_report = on_round_report
         self._started_ms = 0
         self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                           auto_offset_reset="earliest")
@@ -106,6 +127,14 @@ class ControlListener:
                                 with contextlib.suppress(Exception):
                                     static_id, data = msgpack.unpackb(record.value, raw=False)
                                     self._on_subscription(str(static_id), bytes(data))
+                            continue
+                        if record.key == ROUND_KEY:
+                            if record.timestamp >= self._started_ms and record.value:
+                                try:
+                                    self._on_round_report(*decode_round_report(record.value))
+                                except ValueError as exc:
+                                    log.warning("ignoring control record at offset %d: %s",
+                                                record.offset, exc)
                             continue
                         if record.key == FETCH_KEY:
                             if record.timestamp >= self._started_ms and record.value:

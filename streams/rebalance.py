@@ -14,7 +14,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
@@ -203,7 +203,9 @@ class RelayAssignor(AbstractPartitionAssignor):
             for task_id in member_assignment.active:
                 for topic, partition in self._layout.partitions_of(task_id):
                     by_topic.setdefault(topic, []).append(partition)
-            user_data = encode_assignment(member_assignment)
+            # Each member learns the round's size: one asking for the next round waits until
+            # that many have their assignment (see streams.synced_round).
+            user_data = encode_assignment(replace(member_assignment, group_size=len(members)))
             result[member_id] = ConsumerProtocolMemberAssignment(
                 0, sorted((t, sorted(ps)) for t, ps in by_topic.items()), user_data
             )

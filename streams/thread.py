@@ -26,7 +26,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -38,6 +38,7 @@ from assignor.protocol import Subscription, encode_subscription, with_echo
 from statestore.store import KeyValueStore
 from streams.commit import Committer
 from streams.config import AppConfig
+from streams.control import ROUND_KEY, control_topic_name, encode_round_report
 from streams.driver import GroupConsumer, producer_client
 from streams.formed_group import wait_for_formed_group
 from streams.membership import leave_as_static_member
@@ -48,6 +49,13 @@ from streams.record_collector import RecordCollector
 from streams.state_updater import StateUpdater
 from streams.static_followers import ControlSender, StaticFollowers
 from streams.status import status_topic_name
+from streams.synced_round import (
+    SYNC_WAIT_LIMIT_S,
+    RoundReports,
+    RoundView,
+    may_rejoin,
+    members_synced,
+)
 from streams.task import RecordError, StreamTask
 from streams.task_manager import TaskManager
 from streams.tasks import Tasks
@@ -59,6 +67,8 @@ log = logging.getLogger(__name__)
 PROCESS_LOOP_GRACE_S = 10.0
 #: Rebalance callbacks that may fail in a row before the thread gives up.
 MAX_REBALANCE_FAILURES = 3
+#: How often a member waiting to ask for the next round looks at the others' reports.
+ROUND_CHECK_INTERVAL_S = 0.05
 
 
 class FatalThreadError(RuntimeError):
@@ -115,6 +125,7 @@ class StreamThread:
         control: ControlSender | None,
         leaving: Callable[[], tuple[bool, int | None, int | None]],
         metrics: Metrics | None = None,
+        round_reports: RoundReports | None = None,
     ) -> None:
         self.config = config
         self.index = identity.index
@@ -160,6 +171,13 @@ class StreamThread:
         self._revoked_at: float | None = None
         #: Tasks of this member that learners elsewhere follow (from the last assignment).
         self._being_learned: tuple[str, ...] = ()
+        #: Which generation each member of the group has its assignment of (None: members
+        #: neither report nor wait; see streams.synced_round).
+        self._round_reports = round_reports
+        #: Why this member will ask for the next round once its round has its assignments.
+        self._deferred_rejoins: list[str] = []
+        self._deferred_rejoin: asyncio.Task[None] | None = None
+        self._reporting: set[asyncio.Task[None]] = set()
 
     # -- views -----------------------------------------------------------------------------
 
@@ -250,6 +268,43 @@ class StreamThread:
         if broadcast:
             self._static_followers.ask_leader(self, reason)
 
+    def request_rejoin_once_synced(self, reason: str) -> None:
+        """Ask for a rebalance once every member of this member's round has its assignment
+        (bounded; see :mod:`streams.synced_round`): a request right after this member's own
+        SyncGroup answer can stall the members still waiting for theirs."""
+        if self._round_reports is None or not self.config.cooperative:
+            # Stop-the-world members do not report their rounds (nor ask right after one).
+            self.request_rejoin(reason)
+            return
+        self._deferred_rejoins.append(reason)
+        if self._deferred_rejoin is None or self._deferred_rejoin.done():
+            self._deferred_rejoin = asyncio.get_running_loop().create_task(
+                self._rejoin_once_synced(), name=f"rejoin-{self.index}")
+
+    def round_view(self, waited_s: float) -> RoundView:
+        size = self._last_assignment.group_size if self._last_assignment is not None else 0
+        return RoundView(self.status.generation, size, self.consumer.rebalancing, waited_s)
+
+    async def _rejoin_once_synced(self) -> None:
+        assert self._round_reports is not None
+        asked = since = time.monotonic()
+        generation = self.status.generation
+        while True:
+            if self._stop.is_set():
+                return  # leaving rebalances the group anyway
+            now = time.monotonic()
+            if self.status.generation != generation:
+                generation, since = self.status.generation, now
+            view = self.round_view(now - since)
+            if may_rejoin(view, self._round_reports.generations):
+                break
+            await asyncio.sleep(ROUND_CHECK_INTERVAL_S)
+        reasons, self._deferred_rejoins = self._deferred_rejoins, []
+        synced = members_synced(view.generation, self._round_reports.generations)
+        self.request_rejoin(
+            f"{'; '.join(reasons)} (after {time.monotonic() - asked:.2f}s: {synced} of "
+            f"{view.group_size} members have their assignment of generation {view.generation})")
+
     def _publish_subscription(self) -> None:
         if self.static_id is not None:
             self._static_followers.publish_subscription(
@@ -287,6 +342,7 @@ class StreamThread:
                 self._fail(FatalThreadError(assignment.error))
                 return
             self._apply(assignment)
+            self._report_round()
             self._record_round()
             self._rebalance_failures = 0
             self._set_state(ThreadState.RUNNING)
@@ -335,6 +391,37 @@ class StreamThread:
             {t: r.value for t, r in self.registry.copy_roles.items()}, list(assignment.revoked),
         )
 
+    async def _until_round_synced(self, limit_s: float = SYNC_WAIT_LIMIT_S) -> None:
+        """Before leaving: let every member of this member's round get its assignment (a
+        LeaveGroup starts a round too, and would stall them the way a rejoin does), for at
+        most ``limit_s``."""
+        if self._round_reports is None or not self.config.cooperative:
+            return
+        started = time.monotonic()
+        while time.monotonic() - started < limit_s:
+            # A round under way was just taken part in (or given up on, see _close): only
+            # the others' syncs are waited for here.
+            view = replace(self.round_view(time.monotonic() - started), rebalancing=False)
+            if may_rejoin(view, self._round_reports.generations, limit_s):
+                return
+            await asyncio.sleep(ROUND_CHECK_INTERVAL_S)
+
+    def _report_round(self) -> None:
+        """Tell the group this member has its assignment of its generation (in the
+        background: a rebalance callback does not wait for the network)."""
+        if self._round_reports is None or not self.config.cooperative:
+            return
+        report = encode_round_report(self.status.member_id, self.status.generation)
+
+        async def send() -> None:
+            with contextlib.suppress(Exception):
+                await self.producer.send(control_topic_name(self.config.application_id),
+                                         key=ROUND_KEY, value=report)
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._reporting.add(task)
+        task.add_done_callback(self._reporting.discard)
+
     def _record_round(self) -> None:
         """The round's figures, once its assignment is applied: its duration, the time the
         thread processed nothing in it, and what the thread holds now."""
@@ -368,11 +455,11 @@ class StreamThread:
             return
         loop = asyncio.get_running_loop()
         self._rejoin_timer = loop.call_later(
-            max(0, delay_ms) / 1000, self.request_rejoin, "follow-up rebalance"
+            max(0, delay_ms) / 1000, self.request_rejoin_once_synced, "follow-up rebalance"
         )
 
     def learners_ready(self, task_ids: list[str]) -> None:
-        self.request_rejoin(f"learners ready: {task_ids}")
+        self.request_rejoin_once_synced(f"learners ready: {task_ids}")
 
     async def on_restored(self, task_id: str, stores: dict[str, KeyValueStore]) -> None:
         async with self._lock:
@@ -577,6 +664,8 @@ class StreamThread:
     async def _close(self) -> None:
         if self._rejoin_timer is not None:
             self._rejoin_timer.cancel()
+        if self._deferred_rejoin is not None:
+            self._deferred_rejoin.cancel()
         try:
             async with self._lock:
                 if self.registry.active and self._fatal is None:
@@ -594,6 +683,7 @@ class StreamThread:
             with contextlib.suppress(Exception):
                 await wait_for_formed_group(
                     self.consumer, self.config.session_timeout_ms / 1000, self.name)
+            await self._until_round_synced()
             self.task_manager.close_all()
         member_id = self.consumer.member_id
         with contextlib.suppress(Exception):

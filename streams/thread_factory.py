@@ -25,6 +25,7 @@ from streams.record_collector import RecordCollector
 from streams.state_updater import StateUpdater
 from streams.static_followers import ControlSender, StaticFollowers
 from streams.store_handover import ProcessStores
+from streams.synced_round import RoundReports
 from streams.task import open_task_stores
 from streams.task_manager import TaskManager
 from streams.tasks import Tasks
@@ -59,6 +60,7 @@ def build_stream_thread(
     process_stores: ProcessStores | None = None,
     leaving: Callable[[], tuple[bool, int | None, int | None]] = lambda: (False, None, None),
     metrics: Metrics | None = None,
+    round_reports: RoundReports | None = None,
 ) -> StreamThread:
     clients = clients or ThreadClients()
     if bootstrap_servers is None and None in (clients.consumer, clients.producer,
@@ -119,7 +121,7 @@ def build_stream_thread(
         assignor=assignor, consumer=consumer, producer=producer, tasks=tasks,
         task_manager=manager, state_updater=updater, collector=collector,
         committer=committer, static_followers=static_followers, control=control,
-        leaving=leaving, metrics=metrics,
+        leaving=leaving, metrics=metrics, round_reports=round_reports,
     )
     static_followers.add_member(thread)
     return thread

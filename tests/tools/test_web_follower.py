@@ -13,7 +13,14 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
-from streams.control import REBALANCE_KEY, LeavingMark, control_topic_name, encode_mark
+from streams.control import (
+    REBALANCE_KEY,
+    ROUND_KEY,
+    LeavingMark,
+    control_topic_name,
+    encode_mark,
+    encode_round_report,
+)
 from streams.status import status_topic_name
 from tests.conftest import wait_until
 from tests.streams.harness import produce
@@ -42,6 +49,7 @@ async def test_the_follower_feeds_the_model(bootstrap: str,
     ], raw=True)
     await produce(bootstrap, control_topic_name(app), [
         (REBALANCE_KEY, b"learners ready"),  # not a mark: ignored
+        (ROUND_KEY, encode_round_report("member-a", 3)),  # not a mark either
         (b"a", encode_mark(LeavingMark(now, 60_000))),
     ], raw=True)
 

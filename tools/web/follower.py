@@ -17,6 +17,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from streams.control import (
     FETCH_KEY,
     REBALANCE_KEY,
+    ROUND_KEY,
     SUBSCRIPTION_KEY,
     control_topic_name,
     decode_mark,
@@ -25,7 +26,7 @@ from streams.status import status_topic_name
 from tools.web.model import STALE_AFTER_MS, GroupModel, MarkRecord, StatusRecord
 
 log = logging.getLogger(__name__)
-_CONTROL_MESSAGES = (FETCH_KEY, REBALANCE_KEY, SUBSCRIPTION_KEY)
+_CONTROL_MESSAGES = (FETCH_KEY, REBALANCE_KEY, SUBSCRIPTION_KEY, ROUND_KEY)
 RETRY_S = 2.0
 
 

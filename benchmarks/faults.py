@@ -626,11 +626,24 @@ class Bench:
         # The restarted worker should say it wiped the store and restores it in full.
         log = latest_log(run.pool.settings.run_dir, worker)
         warned = await wait_for_text(log, "wiping it and restoring", 45)
-        entry.update(worker=worker, detail=(
+        entry.update(worker=worker, store=str(target.parent), detail=(
             f"stopped with SIGTERM (exit code {code}), {how} of "
             f"{target.relative_to(state)} corrupted, restarted; "
             + ("it warned and restored the store in full" if warned
-               else "no warning about the store within 45 s")), warned=warned)
+               else "no warning about the store within 45 s (it opens the store only when "
+                    "it gets that task or a copy of it again)")), warned=warned)
+
+    def check_corrupt_stores_later(self) -> None:
+        """A corrupted store the worker did not open at once: did it warn about it later in
+        the run (when it got that task or a copy again)?"""
+        for entry in self.timeline:
+            if not entry.get("fault", "").startswith("corrupt") or entry.get("warned") is not False:
+                continue
+            store = entry["store"]
+            logs = sorted(self.run_dir.glob(f"{entry['worker']}-*.log"))
+            entry["warned_later"] = any(
+                store in line and "cannot be opened" in line
+                for log in logs for line in log.read_text(errors="replace").splitlines())
 
     async def fault_corrupt_sst(self, entry: dict[str, Any]) -> None:
         await self._corrupt(entry, "sst")
@@ -765,6 +778,35 @@ async def count_records(bootstrap: str, topic: str) -> int | None:
             if done:
                 break
         return n
+    finally:
+        await consumer.stop()
+
+
+async def repartition_duplicates(bootstrap: str, app_id: str) -> int:
+    """Orders written more than once into the app's repartition topic (at-least-once: the
+    first stage processed them again after a crash): every stateful result downstream
+    counts them again."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        topics = [t for t in await consumer.topics()
+                  if t.startswith(f"{app_id}-") and "-repartition" in t]
+        tps = [TopicPartition(t, p) for t in topics
+               for p in consumer.partitions_for_topic(t) or set()]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        seen: Counter[int] = Counter()
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            batches = await consumer.getmany(timeout_ms=500, max_records=50_000)
+            for records in batches.values():
+                for record in records:
+                    seen[msgpack.unpackb(record.value, raw=False)["id"]] += 1
+            positions = [await consumer.position(tp) for tp in tps]
+            if all(consumer.highwater(tp) is not None and pos >= consumer.highwater(tp)
+                   for tp, pos in zip(tps, positions, strict=True)):
+                break
+        return sum(n - 1 for n in seen.values())
     finally:
         await consumer.stop()
 
@@ -933,6 +975,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             subprocess.run(["umount", str(bench.disk)], check=False, capture_output=True)
         if broker is not None:
             broker.stop()
+        with contextlib.suppress(OSError):
+            bench.check_corrupt_stores_later()
         report["timeline"] = bench.timeline
         report["load_average_end"] = os.getloadavg()
     return report
@@ -970,6 +1014,11 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
     with contextlib.suppress(Exception):
         result["dead_letters"] = await count_records(bench.bootstrap,
                                                      f"{run.app_id}-dead-letters")
+    if run.name == "orders":
+        result["repartition_duplicates"] = None
+        with contextlib.suppress(Exception):
+            result["repartition_duplicates"] = await repartition_duplicates(
+                bench.bootstrap, run.app_id)
     outs = result["outputs"].values()
     result["verdict"] = {
         "nothing_under": all(o["under"] == 0 for o in outs),
@@ -1063,7 +1112,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
              else f" ({report['processing_guarantee']['requested']} requested, not "
                   f"supported by this build)"))
     for name, app in report["apps"].items():
-        print(f"{name}: {app['verdict']}; dead letters {app['dead_letters']}; "
+        dups = (f"; orders repeated in the repartition topic {app['repartition_duplicates']}"
+                if "repartition_duplicates" in app else "")
+        print(f"{name}: {app['verdict']}; dead letters {app['dead_letters']}{dups}; "
               f"worker exits {len(app['worker_exits'])}; stalls over the limit: "
               + (", ".join(f"{s['task']} {s['gap_s']:.1f}s at {s['from_s']:.0f}-"
                            f"{s['to_s']:.0f}s" for s in app["stalls_over_limit"][:6])

@@ -13,7 +13,8 @@ user, a running total, 1-minute windowed counts, a stream-table join with ``user
 - ``kill``: SIGKILL a random worker, restart it 1 to 5 s later;
 - ``stop``: SIGSTOP a worker for 1.5 session timeouts, then SIGCONT;
 - ``kill-restoring``: a worker loses its state directory and restarts; the first member
-  seen restoring an active task is SIGKILLed and restarted;
+  seen restoring an active task, or that worker as soon as it holds any copy (each one
+  rebuilt from its changelog in full), is SIGKILLed and restarted;
 - ``kill-handover``: a worker is killed and restarted (so tasks move back to it through
   learners); the first member seen with a learner, or the owner of the learned task, is
   SIGKILLed and restarted;
@@ -25,6 +26,9 @@ user, a running total, 1-minute windowed counts, a stream-table join with ``user
   the start; root only) filled for 20 s and freed; a worker that exits is restarted then;
 - ``broker-restart``: not run (the embedded broker's memory engine loses every topic; the
   report says so).
+
+Faults other than kills come first in that order, each followed by a kill; one that cannot
+run here is noted at once, one the input ended before is noted as not reached.
 
 After the input stops, every worker runs again and the outputs are drained (until exact, or
 nothing new for 20 s with nothing under, or ``--drain`` seconds). Reported per app and

@@ -1,0 +1,119 @@
+"""What the fault benchmark concludes from what it produced and what the apps wrote: pure
+functions over plain data.
+
+Exactness compares each output case (a key's latest value, or how often an input record came
+out) with an independent computation from the input the benchmark produced. Stalls are the
+longest gaps in a task's outputs while input flowed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Exactness:
+    """Cases of one output: exact, over (counted too much), under (too little or missing)."""
+
+    cases: int = 0
+    exact: int = 0
+    over: int = 0
+    under: int = 0
+    #: By how much, summed over the cases that are over or under.
+    over_by: int = 0
+    under_by: int = 0
+    #: Output keys no input led to, and outputs whose content is wrong (not a count).
+    unexpected: int = 0
+    wrong: int = 0
+    examples: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_exact(self) -> bool:
+        return self.exact == self.cases and not (self.unexpected or self.wrong)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "is_exact": self.is_exact}
+
+
+def compare_latest(expected: Mapping[Hashable, int],
+                   latest: Mapping[Hashable, int]) -> Exactness:
+    """A running figure per key (a count, a total): the latest output against what the
+    input says it must be; a key with no output is under by all of it."""
+    result = Exactness(cases=len(expected))
+    over: dict[str, int] = {}
+    under: dict[str, int] = {}
+    for key, want in expected.items():
+        got = latest.get(key, 0)
+        if got == want:
+            result.exact += 1
+        elif got > want:
+            result.over += 1
+            result.over_by += got - want
+            over[str(key)] = got - want
+        else:
+            result.under += 1
+            result.under_by += want - got
+            under[str(key)] = want - got
+    result.unexpected = sum(1 for key in latest if key not in expected)
+    result.examples = {"over": dict(list(over.items())[:5]),
+                       "under": dict(list(under.items())[:5])}
+    return result
+
+
+def compare_occurrences(expected: Iterable[Hashable], seen: Counter[Hashable],
+                        wrong: int = 0) -> Exactness:
+    """One output per input record (a join's result): once is exact, more is over, none is
+    under."""
+    wanted = set(expected)
+    result = Exactness(cases=len(wanted), wrong=wrong)
+    missing: list[str] = []
+    for case in wanted:
+        n = seen.get(case, 0)
+        if n == 1:
+            result.exact += 1
+        elif n > 1:
+            result.over += 1
+            result.over_by += n - 1
+        else:
+            result.under += 1
+            result.under_by += 1
+            if len(missing) < 5:
+                missing.append(str(case))
+    result.unexpected = sum(1 for case in seen if case not in wanted)
+    result.examples = {"missing": missing}
+    return result
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A task's longest gap between outputs (or from the start, or until the end)."""
+
+    task: str
+    gap_s: float
+    from_s: float
+    to_s: float
+
+
+def longest_stalls(times: Mapping[str, Iterable[float]], start: float,
+                   end: float) -> dict[str, Stall]:
+    """Per task, the longest span within ``[start, end]`` without an output of it. Times
+    are seconds on one clock; the spans are reported relative to ``start``."""
+    stalls: dict[str, Stall] = {}
+    for task, task_times in times.items():
+        inside = sorted(t for t in task_times if start <= t <= end)
+        edges = [start, *inside, end]
+        best = Stall(task, 0.0, 0.0, 0.0)
+        for a, b in itertools.pairwise(edges):
+            if b - a > best.gap_s:
+                best = Stall(task, b - a, a - start, b - start)
+        stalls[task] = best
+    return stalls
+
+
+def rebalances(generations: Iterable[int]) -> int:
+    """Rebalances seen: the distinct generations the members published, less the first."""
+    return max(0, len(set(generations)) - 1)

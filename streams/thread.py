@@ -512,7 +512,14 @@ class StreamThread:
             # Not processed after all: it is neither committed nor skipped.
             task.processed[TopicPartition(record.topic, record.partition)] = record.offset
             raise error
-        await self.collector.dead_letter(error, task.task_id)
+        try:
+            await self.collector.dead_letter(error, task.task_id)
+        except BaseException as exc:
+            # Not in the dead-letter topic, so not processed either: the thread stops without
+            # committing past it, and a restart meets it again.
+            task.processed[TopicPartition(record.topic, record.partition)] = record.offset
+            self._fail(exc)
+            raise
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -625,6 +625,10 @@ class StreamThread:
     async def _close(self) -> None:
         if self._rejoin_timer is not None:
             self._rejoin_timer.cancel()
+        if self._departed_check is not None:
+            self._departed_check.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._departed_check
         try:
             async with self._lock:
                 if self.registry.active and self._fatal is None:

@@ -83,7 +83,8 @@ def test_a_state_dir_on_a_read_only_file_system_is_one_line(tmp_path: Path) -> N
     script = (f"mount -t tmpfs -o ro tmpfs {tmp_path / 'ro'} && "
               f"RELAY_STATE_DIR={tmp_path / 'ro' / 'state'} "
               f"{sys.executable} -m streams run worker:app --log-level ERROR")
-    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c",
+                            f"mount -t tmpfs -o ro tmpfs {tmp_path / 'ro'}"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip("no user and mount namespaces here for a read-only mount")
     done = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=tmp_path,

@@ -49,6 +49,7 @@ from statestore.errors import (
     StoreReadError,
     StoreWriteError,
 )
+from statestore.record_size import check_record_size
 from statestore.serdes import MsgPackSerde, OrderedKeySerde, Serde, serde_from_name
 
 log = logging.getLogger(__name__)
@@ -382,6 +383,10 @@ class KeyValueStore:
             return
         raw_key = self.spec.key_serde.dumps(key)
         raw_value = self.spec.value_serde.dumps(value)
+        if self.changelog_topic is not None:
+            # Refused here, while the record that made it can still be a bad record, rather
+            # than by the producer when the changelog is shipped.
+            check_record_size(self.changelog_topic, raw_key, raw_value)
         self._require_open()
         self._buffer.put(raw_key, raw_value)
         self._queue(raw_key, raw_value)

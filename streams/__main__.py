@@ -9,6 +9,17 @@ import sys
 import click
 
 from streams.config import ConfigError
+from streams.environment import UnreachableBrokerError
+from streams.topology import TopologyError
+
+#: Exit codes, as ``relay``'s: 1 failed (a configuration error), 3 broker unreachable.
+EXIT_CONFIG, EXIT_UNREACHABLE = 1, 3
+
+
+class RunError(click.ClickException):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.exit_code = code
 
 
 def load_app(target: str):
@@ -49,11 +60,17 @@ def run(target: str, log_level: str) -> None:
     try:
         app = load_app(target)
     except ConfigError as exc:
-        raise click.ClickException(f"configuration error: {exc}") from exc
+        raise RunError(f"configuration error: {exc}", EXIT_CONFIG) from None
+    except TopologyError as exc:
+        raise RunError(f"topology error: {exc}", EXIT_CONFIG) from None
     try:
         app.run()
+    except UnreachableBrokerError as exc:
+        raise RunError(f"broker unreachable: {exc}", EXIT_UNREACHABLE) from None
     except ConfigError as exc:
-        raise click.ClickException(f"configuration error: {exc}") from exc
+        raise RunError(f"configuration error: {exc}", EXIT_CONFIG) from None
+    except TopologyError as exc:
+        raise RunError(f"topology error: {exc}", EXIT_CONFIG) from None
     except KeyboardInterrupt:
         pass
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaConnectionError
 
 from statestore.serdes import Serde
 from statestore.store import changelog_topic_name
@@ -28,6 +29,12 @@ from statestore.topics import COMPACTED, TopicSpec, ensure_topics, existing_part
 from streams.config import AppConfig
 from streams.control import ControlChannel, ControlListener, LeavingMark, control_topic_name
 from streams.dsl import Stream, Table, stream_from_topic, table_from_topic
+from streams.environment import (
+    UnreachableBrokerError,
+    check_reachable,
+    check_state_dir,
+    check_topic_names,
+)
 from streams.metrics import Metrics, MetricsServer, serve_metrics
 from streams.static_followers import StaticFollowers, protocol_enabled
 from streams.status import read_status, status_topic_name
@@ -178,6 +185,17 @@ class App:
         await ensure_topics(admin, specs)
         return subs
 
+    def check_environment(self) -> None:
+        """Before anything starts: the internal topics' names are legal and ``state_dir`` can
+        be written (else a :class:`ConfigError` naming the setting)."""
+        app = self.config.application_id
+        check_topic_names(app, [
+            *self.topology.repartition_topics,
+            *(changelog_topic_name(app, store) for store in self.topology.stores),
+            self.config.dead_letters, status_topic_name(app), control_topic_name(app),
+        ])
+        check_state_dir(self.config.state_dir)
+
     def _start_embedded_broker(self) -> str:
         # Imported only when asked for: the runtime does not need it otherwise.
         from streams.embedded_broker import EmbeddedBroker
@@ -190,9 +208,12 @@ class App:
     async def run_async(self) -> None:
         """Run until :meth:`stop` is called or a thread fails."""
         self._stop = asyncio.Event()
+        self.check_environment()
         embedded = self.bootstrap_servers is None
         if embedded:
             self.bootstrap_servers = self._start_embedded_broker()
+        else:
+            await check_reachable(str(self.bootstrap_servers))
         bootstrap = str(self.bootstrap_servers)
         try:
             self.metrics_server = serve_metrics(self.metrics, self.config.metrics_port,
@@ -200,7 +221,12 @@ class App:
             if self.metrics_server is not None:
                 log.info("serving metrics at %s", self.metrics_server.url)
             admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-            await admin.start()
+            try:
+                await admin.start()
+            except KafkaConnectionError as exc:
+                # Reachable a moment ago (or answering, but not as a Kafka broker).
+                raise UnreachableBrokerError(
+                    f"bootstrap_servers {bootstrap!r}: no Kafka broker answers ({exc})") from None
             try:
                 subs = await self.prepare(admin)
             finally:

@@ -3,7 +3,9 @@ from the environment (``RELAY_<SETTING>``, e.g. ``RELAY_NUM_THREADS=2``).
 
 A wrong type or value is a :class:`ConfigError` when the app is built, naming the setting;
 the assignor's configuration is derived from these settings and checked at the same time. A
-``RELAY_`` variable that names no setting gets a warning naming the closest one.
+``RELAY_`` variable that names no setting gets a warning naming the closest one. Names that
+become topic names (the application id, the dead-letter topic) follow Kafka's rules for topic
+names, and ``bootstrap_servers`` must be a list of ``host:port``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ ENV_PREFIX = "RELAY_"
 OTHER_RELAY_VARIABLES = frozenset({"RELAY_TANSU_BIN", "RELAY_TEST_BOOTSTRAP",
                                    "RELAY_DEMO_PHASE_SECONDS"})
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]+$")
+#: Kafka refuses longer topic names.
+MAX_TOPIC_NAME = 249
+#: The suffixes of the internal topics named after the application id alone (stores and
+#: repartition steps add their own names: checked when the app runs).
+APP_TOPIC_SUFFIXES = ("-dead-letters", "-status", "-control")
 
 
 class ConfigError(ValueError):
@@ -80,11 +87,24 @@ class AppConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             object.__setattr__(self, f.name, _coerce(f.name, value, hints[f.name]))
-        if not _ID_PATTERN.match(self.application_id):
+        if not _ID_PATTERN.match(self.application_id) or self.application_id in (".", ".."):
             raise ConfigError(
-                f"application_id {self.application_id!r} may only hold letters, digits, "
-                f"'.', '_' and '-'"
+                f"application_id {self.application_id!r} may only hold ASCII letters, digits, "
+                f"'.', '_' and '-' (it names topics and a directory)"
             )
+        longest = self.application_id + max(APP_TOPIC_SUFFIXES, key=len)
+        if len(longest) > MAX_TOPIC_NAME:
+            raise ConfigError(
+                f"application_id is {len(self.application_id)} characters: too long for its "
+                f"internal topics ({longest[:20]}... would be {len(longest)}, Kafka allows "
+                f"{MAX_TOPIC_NAME})"
+            )
+        if self.dead_letter_topic is not None:
+            problem = topic_name_problem(self.dead_letter_topic)
+            if problem:
+                raise ConfigError(f"dead_letter_topic {self.dead_letter_topic!r}: {problem}")
+        if self.bootstrap_servers is not None:
+            parse_bootstrap_servers(self.bootstrap_servers)
         if self.group_instance_id is not None and not _ID_PATTERN.match(self.group_instance_id):
             raise ConfigError(
                 f"group_instance_id {self.group_instance_id!r} may only hold letters, digits, "
@@ -158,6 +178,35 @@ class AppConfig:
         if "application_id" not in values:
             raise ConfigError(f"application_id is required (or set {ENV_PREFIX}APPLICATION_ID)")
         return cls(**values)
+
+
+def topic_name_problem(name: str) -> str | None:
+    """What makes ``name`` an illegal Kafka topic name, or None."""
+    if not name or name in (".", ".."):
+        return "a topic name cannot be empty, '.' or '..'"
+    if not _ID_PATTERN.match(name):
+        return "a topic name may only hold ASCII letters, digits, '.', '_' and '-'"
+    if len(name) > MAX_TOPIC_NAME:
+        return f"a topic name has at most {MAX_TOPIC_NAME} characters, not {len(name)}"
+    return None
+
+
+def parse_bootstrap_servers(value: str) -> list[tuple[str, int]]:
+    """``host:port[,host:port]`` (an IPv6 host in brackets) as ``(host, port)`` pairs."""
+    addresses = []
+    for entry in value.split(","):
+        entry = entry.strip()
+        host, colon, port = entry.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if (not colon or not host or any(c.isspace() or c in "/[]" for c in host)
+                or not port.isdigit() or not 1 <= int(port) <= 65535):
+            raise ConfigError(
+                f"bootstrap_servers {value!r} must be host:port[,host:port] with ports from "
+                f"1 to 65535 ({entry!r} is not)"
+            )
+        addresses.append((host, int(port)))
+    return addresses
 
 
 def closest_setting(name: str, known: set[str]) -> str | None:

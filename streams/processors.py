@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from statestore.record_size import check_record_size
 from statestore.serdes import MsgPackSerde, Serde
 from statestore.store import KeyValueStore
 from streams.windows import HoppingWindows, Windowed, windowed_key_serde
@@ -66,6 +67,8 @@ class ProcessorContext:
             ) from None
 
     def send(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        # Refused now, as the current record's error, not by the producer when shipped.
+        check_record_size(topic, key, value)
         self.outputs.append(Output(topic, key, value, self.timestamp_ms))
 
 

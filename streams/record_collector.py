@@ -14,8 +14,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from statestore.changelog import ChangelogWriter
+from statestore.record_size import truncated_payload
 from streams.metrics import Metrics
-from streams.task import RecordError, StreamTask
+from streams.task import MAX_ERROR_CHARS, RecordError, StreamTask
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +57,11 @@ class RecordCollector:
 
     async def dead_letter(self, error: RecordError, task_id: str = "") -> None:
         record = error.record
-        log.warning("%s; sent to %s", error, self._dead_letter_topic)
-        headers = [
-            ("relay.error", f"{type(error.cause).__name__}: {error.cause}".encode()),
-            ("relay.stage", error.stage.encode()),
-            ("relay.topic", record.topic.encode()),
-            ("relay.partition", str(record.partition).encode()),
-            ("relay.offset", str(record.offset).encode()),
-        ]
+        log.warning("%s; sent to %s", str(error)[:MAX_ERROR_CHARS], self._dead_letter_topic)
+        key, value, cut = truncated_payload(record.key, record.value)
         future = await self.producer.send(
-            self._dead_letter_topic, value=record.value, key=record.key, headers=headers
+            self._dead_letter_topic, value=value, key=key,
+            headers=error.dead_letter_headers() + cut,
         )
         self._output_futures.append(future)
         self.dead_lettered += 1

@@ -21,10 +21,13 @@ def status_topic_name(application_id: str) -> str:
     return f"{application_id}-status"
 
 
-async def read_status(bootstrap: str, application_id: str) -> dict[str, dict[str, Any]]:
+async def read_status(bootstrap: str, application_id: str,
+                      departures: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
     """The latest status record of every member (tombstones removed); empty while the app
     has not created its status topic yet (reading it then would have some brokers create it
-    with their default partition count, which the app would refuse)."""
+    with their default partition count, which the app would refuse). ``departures``, if
+    given, gets the time (ms) of each member's tombstone that is its latest record: when it
+    stopped."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     latest: dict[str, dict[str, Any]] = {}
@@ -42,7 +45,11 @@ async def read_status(bootstrap: str, application_id: str) -> dict[str, dict[str
                     key = r.key.decode(errors="replace") if r.key else "?"
                     if r.value is None:
                         latest.pop(key, None)
+                        if departures is not None:
+                            departures[key] = r.timestamp
                         continue
+                    if departures is not None:
+                        departures.pop(key, None)
                     try:
                         latest[key] = msgpack.unpackb(r.value, raw=False)
                     except Exception:

@@ -49,14 +49,19 @@ class RecordError(Exception):
     def dead_letter_headers(self) -> list[tuple[str, bytes]]:
         """The headers a dead-lettered record carries: what failed, where it came from."""
         record = self.record
+        # An error's text can quote the whole record: keep it a header's size.
+        error = f"{type(self.cause).__name__}: {self.cause}"[:MAX_ERROR_CHARS]
         return [
-            ("relay.error", f"{type(self.cause).__name__}: {self.cause}".encode()),
+            ("relay.error", error.encode()),
             ("relay.stage", self.stage.encode()),
             ("relay.topic", record.topic.encode()),
             ("relay.partition", str(record.partition).encode()),
             ("relay.offset", str(record.offset).encode()),
         ]
 
+
+#: What the ``relay.error`` header keeps of an error's text.
+MAX_ERROR_CHARS = 2_000
 
 #: Errors of the machine or the runtime, never of a record: they propagate as they are.
 MACHINE_ERRORS = (OSError, MemoryError, StateStoreError)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import ConsumerRecord
 
+from statestore.record_size import truncated_payload
 from statestore.serdes import BytesSerde, Serde, serde_from_name
 from statestore.store import KeyValueStore, changelog_topic_name
 from streams.processors import SinkNode, walk_nodes
@@ -388,8 +389,9 @@ class TopologyTestDriver:
             record.topic, record.partition, record.offset, record.key, record.value,
             error.stage, f"{type(error.cause).__name__}: {error.cause}",
         ))
-        self._append(self.dead_letter_topic, record.key, record.value, record.timestamp, 0,
-                     tuple(error.dead_letter_headers()))
+        key, value, cut = truncated_payload(record.key, record.value)
+        self._append(self.dead_letter_topic, key, value, record.timestamp, 0,
+                     tuple(error.dead_letter_headers() + cut))
 
     def _drain_changelogs(self, task: StreamTask) -> None:
         for store in task.stores.values():

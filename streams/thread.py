@@ -25,7 +25,7 @@ import heapq
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -106,6 +106,9 @@ class ThreadIdentity:
     incarnation: str = ""
 
 
+#: How often a member stuck joining looks for departed members.
+DEPARTED_CHECK_EVERY_S = 5.0
+
 class StreamThread:
     def __init__(
         self,
@@ -126,8 +129,14 @@ class StreamThread:
         leaving: Callable[[], tuple[bool, int | None, int | None]],
         metrics: Metrics | None = None,
         round_reports: RoundReports | None = None,
+        remove_departed: Callable[[], Awaitable[list[str]]] | None = None,
     ) -> None:
         self.config = config
+        #: Removes static members that are gone but still in the group (see
+        #: :mod:`streams.departed_members`); None: never.
+        self._remove_departed = remove_departed
+        self._last_departed_check = 0.0
+        self._departed_check: asyncio.Task[None] | None = None
         self.index = identity.index
         self.instance_id = identity.instance_id
         self.static_id = identity.static_id
@@ -488,6 +497,37 @@ class StreamThread:
             self._control.request_rebalance(f"{self.name}: joining for {joining:.0f}s")
         return True
 
+    @property
+    def departed_check_s(self) -> float:
+        """About one join round: a member joining longer than that looks for departed
+        members that hold the round."""
+        return self.config.session_timeout_ms / 2000 + 6
+
+    def check_departed_members(self, now: float | None = None) -> bool:
+        """While the member has been joining for longer than a round, every
+        :data:`DEPARTED_CHECK_EVERY_S` it removes static members that are gone (one at a
+        time, in the background)."""
+        now = time.monotonic() if now is None else now
+        if (self._remove_departed is None
+                or self.consumer.rebalancing_for_s(now) < self.departed_check_s
+                or now - self._last_departed_check < DEPARTED_CHECK_EVERY_S
+                or (self._departed_check is not None and not self._departed_check.done())):
+            return False
+        self._last_departed_check = now
+        self._departed_check = asyncio.create_task(self._check_departed())
+        return True
+
+    async def _check_departed(self) -> None:
+        assert self._remove_departed is not None
+        try:
+            removed = await self._remove_departed()
+        except Exception as exc:
+            log.info("%s: looking for departed members failed: %s", self.name, exc)
+            return
+        if removed:
+            log.warning("%s removed departed members holding its join: %s", self.name,
+                        ", ".join(removed))
+
     # -- status ------------------------------------------------------------------------------
 
     def _update_status(self) -> None:
@@ -536,6 +576,7 @@ class StreamThread:
         key = self.status_key
         while not self._stop.is_set():
             self.check_join_stall()
+            self.check_departed_members()
             # A leaving mark arrives between rounds.
             self.metrics.set_scale_down_deadline(self._label, self.leaving_deadline_ms())
             with contextlib.suppress(Exception):
@@ -599,7 +640,14 @@ class StreamThread:
             # Not processed after all: it is neither committed nor skipped.
             task.processed[TopicPartition(record.topic, record.partition)] = record.offset
             raise error
-        await self.collector.dead_letter(error, task.task_id)
+        try:
+            await self.collector.dead_letter(error, task.task_id)
+        except BaseException as exc:
+            # Not in the dead-letter topic, so not processed either: the thread stops without
+            # committing past it, and a restart meets it again.
+            task.processed[TopicPartition(record.topic, record.partition)] = record.offset
+            self._fail(exc)
+            raise
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -666,6 +714,10 @@ class StreamThread:
             self._rejoin_timer.cancel()
         if self._deferred_rejoin is not None:
             self._deferred_rejoin.cancel()
+        if self._departed_check is not None:
+            self._departed_check.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._departed_check
         try:
             async with self._lock:
                 if self.registry.active and self._fatal is None:

@@ -18,7 +18,8 @@ from statestore.snapshot import SnapshotSettings
 from statestore.store import KeyValueStore
 from streams.commit import Committer
 from streams.config import AppConfig
-from streams.driver import GroupConsumer, new_group_consumer, new_producer
+from streams.departed_members import remove_departed_members
+from streams.driver import GroupConsumer, new_group_consumer, new_producer, producer_client
 from streams.metrics import Metrics
 from streams.rebalance import RelayAssignor, TaskLayout
 from streams.record_collector import RecordCollector
@@ -116,12 +117,20 @@ def build_stream_thread(
     collector = RecordCollector(producer, config.dead_letters, metrics, label)
     committer = Committer(collector, consumer, lambda: list(tasks.active.values()), name,
                           metrics, label)
+    async def remove_departed() -> list[str]:
+        client = producer_client(producer)
+        if client is None or bootstrap_servers is None:
+            return []
+        return await remove_departed_members(client, bootstrap_servers, config.application_id,
+                                             config.session_timeout_ms, static_id)
+
     thread = StreamThread(
         config, identity, layout,
         assignor=assignor, consumer=consumer, producer=producer, tasks=tasks,
         task_manager=manager, state_updater=updater, collector=collector,
         committer=committer, static_followers=static_followers, control=control,
         leaving=leaving, metrics=metrics, round_reports=round_reports,
+        remove_departed=remove_departed if clients.producer is None else None,
     )
     static_followers.add_member(thread)
     return thread

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from statestore.serdes import Serde, serde_from_name
 from statestore.store import StoreSpec
+from streams.config import topic_name_problem
 from streams.processors import Node, SinkNode, SourceNode, StoreDecl, TableNode
 
 
@@ -102,6 +103,10 @@ class Topology:
         if decl.name in self.stores:
             raise TopologyError(f"store {decl.name!r} is declared twice; store names are unique")
         StoreSpec(decl.name)  # validates the name
+        if topic_name_problem(decl.name):
+            # The store's changelog topic is named after it.
+            raise TopologyError(f"store name {decl.name!r} may only hold ASCII letters, digits, "
+                                f"'.', '_' and '-' (it names the store's changelog topic)")
         self.stores[decl.name] = decl
 
     def add_source(self, source: SourceNode) -> None:

@@ -336,7 +336,10 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) 
                         EXIT_USAGE,
                     )
                 pairs.extend(found)
-            return await leave_group(client, app, pairs)
+            answers = await leave_group(client, app, pairs)
+            after = await describe_group(client, app)
+            remaining = {static for _m, static in static_members(after.members, app, "")}
+            return removal_outcome(answers, remaining)
         finally:
             await client.close()
 
@@ -344,20 +347,40 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) 
         results = run(bootstrap, work)
     except MembershipError as exc:
         raise ToolError(str(exc)) from exc
-    failed = {k: v for k, v in results.items() if v}
-    for instance, error in sorted(results.items()):
-        console.print(f"{instance}: {'removed' if error is None else error}")
-    if failed:
+    for static_id, (_removed, message) in sorted(results.items()):
+        console.print(f"{static_id}: {message}", highlight=False)
+    if not all(removed for removed, _message in results.values()):
         sys.exit(EXIT_FAILED)
 
 
+def removal_outcome(answers: dict[str, str | None],
+                    remaining: set[str]) -> dict[str, tuple[bool, str]]:
+    """Per static id: whether it is out of the group, and what happened. What counts is the
+    group after the removal: a broker can answer a removal with an error (Tansu answers
+    UnknownMemberIdError for a member whose session it had expired but still kept) and
+    remove the member all the same."""
+    outcome: dict[str, tuple[bool, str]] = {}
+    for static_id, error in answers.items():
+        if static_id in remaining:
+            outcome[static_id] = (False, f"still a member of the group (the broker answered "
+                                         f"{error or 'no error'})")
+        elif error is None:
+            outcome[static_id] = (True, "removed")
+        else:
+            outcome[static_id] = (True, f"removed (no longer a member of the group; the "
+                                        f"broker answered {error})")
+    return outcome
+
+
 def static_members(members: Any, app: str, instance: str) -> list[tuple[str, str]]:
-    """``(member_id, group_instance_id)`` of every thread of ``instance``.
+    """``(member_id, group_instance_id)`` of every thread of ``instance`` (of every instance
+    when it is empty).
 
     Brokers name a static member ``<group_instance_id>-<uuid>``; Relay's client ids are
     ``<app>-<group_instance_id>``. Either identifies the threads ``<instance>-thread-<n>``.
     """
-    pattern = re.compile(rf"^(?:{re.escape(app)}-)?({re.escape(instance)}-thread-\d+)(?:-|$)")
+    name = re.escape(instance) if instance else ".+"
+    pattern = re.compile(rf"^(?:{re.escape(app)}-)?({name}-thread-\d+)(?:-|$)")
     found = []
     for member in members:
         match = pattern.match(member.member_id) or pattern.match(member.client_id)

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgpack
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import ConsumerRecord, RecordMetadata, TopicPartition
 
 from assignor import MemberAssignment, parse_task_id
@@ -119,7 +120,11 @@ class Sent:
 
 class FakeProducer:
     """Sends land in ``sent``; acknowledgements come at once, or when the test calls
-    :meth:`ack` (``auto_ack=False``)."""
+    :meth:`ack` (``auto_ack=False``). Like aiokafka's, a send over ``max_request_size`` raises
+    at once; a send to a topic in ``failing`` raises that topic's error."""
+
+    #: aiokafka's default request limit.
+    max_request_size = 1_048_576
 
     def __init__(self, events: list[str] | None = None, auto_ack: bool = True) -> None:
         self.events = events if events is not None else []
@@ -128,6 +133,7 @@ class FakeProducer:
         self._unacked: list[tuple[asyncio.Future[RecordMetadata], Sent]] = []
         self._offsets: dict[tuple[str, int], int] = {}
         self.client = None
+        self.failing: dict[str, Exception] = {}
 
     async def start(self) -> None:
         pass
@@ -138,6 +144,10 @@ class FakeProducer:
     async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None,
                    partition: int | None = None, timestamp_ms: int | None = None,
                    headers: Any = None) -> asyncio.Future[RecordMetadata]:
+        if len(key or b"") + len(value or b"") > self.max_request_size:
+            raise MessageSizeTooLargeError(f"the message is over {self.max_request_size} bytes")
+        if topic in self.failing:
+            raise self.failing[topic]
         record = Sent(topic, key, value, partition, headers)
         self.sent.append(record)
         future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()

@@ -46,3 +46,21 @@ def test_each_driver_example(index: int) -> None:
 
 def test_the_readme_has_driver_examples() -> None:
     assert len(driver_examples()) >= 2
+
+
+def test_the_failover_example_sets_what_the_readme_says(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from streams.testing import TopologyTestDriver
+
+    (tmp_path / "failover.py").write_text(block_named("failover.py"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "failover", raising=False)
+    from failover import app  # type: ignore[import-not-found]
+
+    config = app.config
+    assert (config.session_timeout_ms, config.heartbeat_interval_ms, config.num_standbys,
+            config.lost_task_delay_ms) == (10_000, 1_000, 1, 0)
+    with TopologyTestDriver(app) as driver:
+        driver.pipe("orders", "ann", {"amount": 5})
+        driver.pipe("orders", "ann", {"amount": 7})
+        assert driver.read_key_value_map("order-counts") == {"ann": 2}

@@ -85,3 +85,33 @@ async def test_duplicate_group_instance_id_fails_the_newcomer_fast(
     with pytest.raises(FatalThreadError, match="duplicate group instance id node-a-thread-0"):
         await asyncio.wait_for(second.run_async(), 60)
     assert first.threads[0].tasks and not run_first.done()  # the first one runs on
+
+
+async def test_a_new_static_member_replacing_a_stopped_one_gets_its_work(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched
+) -> None:
+    """A static member stops (no LeaveGroup) and a new static member, with another id, starts
+    at once. Tansu keeps the departed member as the leader of every round the newcomer joins;
+    the newcomer removes it once it has been silent for a session timeout, and takes its
+    tasks. No member restarts here, so the short session (12 s) that static membership cannot
+    otherwise afford on Tansu is safe, and keeps the test short."""
+    app_id = unique("replaced")
+    source, sink = f"{app_id}-in", f"{app_id}-out"
+    await create_topics(bootstrap, {source: 2, sink: 1})
+    await produce(bootstrap, source, [(f"k{i % 5}", i) for i in range(50)])
+    short = {"session_timeout_ms": 12_000, "heartbeat_interval_ms": 1_000}
+    first = counting_app(app_id, bootstrap, tmp_path / "a", source, sink, "s1", **short)
+    launched.app(first)
+    await wait_until(lambda: bool(first.threads) and len(first.threads[0].tasks) == 2,
+                     timeout_s=60, message="s1 to run both tasks")
+    await launched.stop(first)
+    second = counting_app(app_id, bootstrap, tmp_path / "b", source, sink, "s2", **short)
+    launched.app(second)
+    await produce(bootstrap, source, [(f"k{i % 5}", i) for i in range(50, 60)])
+    await wait_until(lambda: bool(second.threads) and len(second.threads[0].tasks) == 2,
+                     timeout_s=75, message="s2 to take over s1's tasks")
+
+    async def counted() -> bool:
+        return sum(latest(await read_all(bootstrap, sink, 1)).values()) == 60
+
+    await wait_until(counted, timeout_s=30, message="every record counted")

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from aiokafka.structs import TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from assignor import parse_task_id
+from statestore.record_size import TRUNCATED_BYTES
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from streams.store_handover import ProcessStores
 from streams.thread import MAX_REBALANCE_FAILURES, FatalThreadError, ThreadState
@@ -263,3 +265,53 @@ async def test_a_stopping_member_leaves_only_after_its_own_heartbeat_finds_the_g
     assert order == ["heartbeat", "heartbeat", "consumer stop"]
     assert r.consumer.rejoins == 1
     assert not r.thread.tasks
+
+
+def raw_record(partition: int, offset: int, key: bytes, value: bytes) -> ConsumerRecord:
+    return ConsumerRecord(SOURCE, partition, offset, 1_000, 0, key, value, None, len(key),
+                          len(value), [])
+
+
+async def test_a_bad_record_over_the_producer_s_limit_is_dead_lettered_truncated(
+    tmp_path: Path,
+) -> None:
+    """Not sendable as it is, it goes to the dead-letter topic cut down, with its sizes; the
+    records after it are processed and the commit covers them all."""
+    r = rig(tmp_path, commit_interval_ms=60_000)
+    run = asyncio.create_task(r.thread.run([SOURCE]))
+    tp = TopicPartition(SOURCE, 0)
+    garbage = b"\xc1" * 5_000_000  # never valid msgpack
+    try:
+        await assign(r, ("0_0",))
+        r.consumer.feed({tp: [raw_record(0, 0, msgpack.packb("a"), garbage), record(0, 1, "a")]})
+        await wait_until(lambda: len(r.producer.to(SINK)) == 1, timeout_s=5, message="output")
+        (dead,) = r.producer.to("unit-dead-letters")
+        headers = dict(dead.headers)
+        assert dead.value == garbage[:TRUNCATED_BYTES]
+        assert headers["relay.truncated"] == b"true"
+        assert headers["relay.value.size"] == b"5000000"
+        assert headers["relay.offset"] == b"0" and headers["relay.stage"] == b"deserialize"
+        await r.thread.committer.commit()
+        assert r.consumer.commits[-1] == {tp: 2}
+    finally:
+        r.thread.stop()
+        await asyncio.wait_for(run, 15)
+    assert r.thread.failure is None
+
+
+async def test_a_bad_record_the_dead_letter_topic_refuses_stops_the_thread_before_it(
+    tmp_path: Path,
+) -> None:
+    """Neither processed nor dead-lettered: the thread stops and no commit passes it, so a
+    restart meets it again."""
+    r = rig(tmp_path, commit_interval_ms=60_000)
+    r.producer.failing["unit-dead-letters"] = KafkaError("the broker refused it")
+    run = asyncio.create_task(r.thread.run([SOURCE]))
+    tp = TopicPartition(SOURCE, 0)
+    await assign(r, ("0_0",))
+    r.consumer.feed({tp: [record(0, 0, "a"), raw_record(0, 1, msgpack.packb("a"), b"\xc1"),
+                          record(0, 2, "a")]})
+    with pytest.raises(KafkaError, match="refused"):
+        await asyncio.wait_for(run, 15)
+    assert all(offsets.get(tp, 0) <= 1 for offsets in r.consumer.commits)
+    assert r.thread.state is ThreadState.DEAD

@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 #: How long a blocking transactional call may take before it counts as failed.
 TRANSACTION_TIMEOUT_S = 30.0
+#: How long an abort may take before the producer is released instead.
+ABORT_TIMEOUT_S = 5.0
 #: Attempts at fencing a task's previous owner before the error propagates.
 INIT_ATTEMPTS = 3
 
@@ -172,16 +174,27 @@ class TaskProducers:
                  task_id, tid)
         return transaction
 
-    async def drop(self, task_id: str) -> None:
-        """Close the task's producer; an open transaction is aborted (by the broker, when the
-        producer can no longer say so)."""
+    async def drop(self, task_id: str, failed: bool = False) -> None:
+        """Close the task's producer; an open transaction is aborted. A producer whose
+        transaction ``failed`` (fenced, or an abort that did not go through) is only
+        released: it could not abort nor close (both wait on a transaction the broker will
+        not finish), and its open transaction is aborted by the task's next owner's
+        ``init_transactions``, or by the broker's transaction timeout."""
         transaction = self.transactions.pop(task_id, None)
         if transaction is None:
             return
-        if transaction.open:
+        producer = transaction.producer
+        if transaction.open and not failed:
+            try:
+                await asyncio.to_thread(producer.abort_transaction, ABORT_TIMEOUT_S)
+            except Exception as exc:
+                log.warning("task %s: abort failed (%s); releasing its producer", task_id, exc)
+                failed = True
+        if failed:
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(transaction.producer.abort_transaction, 5.0)
-        await _close_producer(transaction.producer)
+                producer.purge()
+            return  # released: librdkafka destroys it without waiting on the transaction
+        await _close_producer(producer)
 
     async def retain(self, task_ids: Iterable[str]) -> None:
         """Close the producers of tasks this thread no longer holds."""
@@ -198,7 +211,7 @@ async def _close_producer(producer: Any) -> None:
     close = getattr(producer, "close", None)
     if close is not None:
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(close)
+            await asyncio.wait_for(asyncio.to_thread(close), ABORT_TIMEOUT_S)
 
 
 class TransactionalCollector:
@@ -301,7 +314,7 @@ class TransactionalCommitter:
                 self.failures += 1
                 log.warning("%s: transaction of task %s failed, its writes are discarded: "
                             "%s: %s", self._name, task.task_id, type(exc).__name__, exc)
-                await self._collector.producers.drop(task.task_id)
+                await self._collector.producers.drop(task.task_id, failed=True)
                 outcome = self._on_failed(task.task_id, exc)
                 if outcome is not None:
                     await outcome

@@ -280,6 +280,9 @@ class FakeTransactionalProducer:
         self.pending, self._offsets, self._callbacks = [], {}, []
         self.in_transaction = False
 
+    def purge(self) -> None:
+        self._discard()
+
     def close(self) -> None:
         self.closed = True
 

@@ -34,6 +34,11 @@ from tests.streams.harness import (
 pytestmark = pytest.mark.broker
 
 EXACTLY_ONCE = {"processing_guarantee": "exactly_once", "commit_interval_ms": 500}
+#: Kills of the SIGKILL test. Each restart of a static member costs a join round on the
+#: embedded broker (about 20 s with the 30 s sessions static membership needs there); the
+#: two workers are killed in turn, usually within one round, so four kills take about 45 s.
+#: Ten kills (about 130 s) passed as well, too long for the suite.
+KILLS = 4
 
 
 def each_count_once(outputs: list[tuple[Any, Any]], produced: dict[str, int]) -> dict[str, Any]:
@@ -46,10 +51,19 @@ def each_count_once(outputs: list[tuple[Any, Any]], produced: dict[str, int]) ->
 
 
 async def exact_committed_counts(bootstrap: str, sink: str, produced: dict[str, int]) -> None:
+    """Wait until the sink's committed latest count per key is what was produced; else say
+    how many keys came out over and under."""
+
     async def exact() -> bool:
         return latest(await read_committed(bootstrap, sink, 1)) == produced
 
-    await wait_until(exact, timeout_s=60, message="exact committed counts")
+    try:
+        await wait_until(exact, timeout_s=90, message="exact committed counts")
+    except AssertionError:
+        counted = latest(await read_committed(bootstrap, sink, 1))
+        over = {k: counted[k] - n for k, n in produced.items() if counted.get(k, 0) > n}
+        under = {k: n - counted.get(k, 0) for k, n in produced.items() if counted.get(k, 0) < n}
+        raise AssertionError(f"over: {over}; under: {under}") from None
 
 
 async def test_workers_killed_mid_transaction_leave_every_result_exactly_once(
@@ -73,7 +87,7 @@ async def test_workers_killed_mid_transaction_leave_every_result_exactly_once(
                 and status.get("processed", 0) > 0)
 
     traffic.start()
-    for kill in range(10):
+    for kill in range(KILLS):
         victim = "ab"[kill % 2]
         await wait_until(lambda victim=victim: processing(victim), timeout_s=60,
                          message=f"worker {victim} processing before kill {kill + 1}")
@@ -132,17 +146,16 @@ async def test_a_worker_killed_between_its_store_writes_and_its_commit_needs_no_
     launched.traffic_for(traffic)
     settings = {**EXACTLY_ONCE, "commit_interval_ms": 200}
     await traffic.produce(3000)
-    worker = launched.worker(app_id, bootstrap, tmp_path, source, sink,
-                             group_instance_id="w", **STATIC, **settings)
+    worker = launched.worker(app_id, bootstrap, tmp_path, source, sink, **settings)
     await exact_committed_counts(bootstrap, sink, traffic.produced)
     traffic.start()
     # Writes buffered in the store, transactions open: killed there.
-    await wait_until(lambda: _processed(bootstrap, app_id, "w-thread-0", 3200), timeout_s=60,
+    await wait_until(lambda: _processed(bootstrap, app_id, 3200), timeout_s=60,
                      message="the worker processing new input")
     worker.send_signal(signal.SIGKILL)
     worker.wait()
     await traffic.stop()
-    app = counting_app(app_id, bootstrap, tmp_path, source, sink, instance="w", **settings)
+    app = counting_app(app_id, bootstrap, tmp_path, source, sink, **settings)
     async with running(app):
         await exact_committed_counts(bootstrap, sink, traffic.produced)
         restored = app.threads[0].state_updater.restored_records
@@ -152,6 +165,6 @@ async def test_a_worker_killed_between_its_store_writes_and_its_commit_needs_no_
     assert restored < 1000, restored
 
 
-async def _processed(bootstrap: str, app_id: str, member: str, records: int) -> bool:
-    status = (await read_status(bootstrap, app_id)).get(member, {})
-    return int(status.get("processed", 0)) >= records
+async def _processed(bootstrap: str, app_id: str, records: int) -> bool:
+    statuses = (await read_status(bootstrap, app_id)).values()
+    return any(int(status.get("processed", 0)) >= records for status in statuses)

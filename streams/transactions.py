@@ -118,8 +118,14 @@ class TaskTransaction:
                       partition: int | None = None, timestamp_ms: int | None = None,
                       headers: list[tuple[str, bytes]] | None = None,
                       store: KeyValueStore | None = None) -> None:
+        if self.errors:
+            return  # the transaction fails at commit and is discarded: nothing more to add
         if not self.open:
-            self.producer.begin_transaction()
+            try:
+                self.producer.begin_transaction()
+            except Exception as exc:
+                self.errors.append(exc)
+                return
             self.open = True
         kwargs: dict[str, Any] = {"key": key, "value": value,
                                   "on_delivery": lambda err, msg: self._delivered(store, err, msg)}
@@ -136,6 +142,11 @@ class TaskTransaction:
             except BufferError:
                 # The producer's queue is full: let it drain (off the event loop).
                 await asyncio.to_thread(self.producer.poll, 0.1)
+            except Exception as exc:
+                # A fenced or failed producer refuses records: the commit reports it (the
+                # task is closed there), the processing loop goes on with other tasks.
+                self.errors.append(exc)
+                return
         self.produced += 1
 
     def reset(self) -> None:
@@ -332,6 +343,8 @@ class TransactionalCommitter:
         if transaction is None or (not transaction.open and not offsets):
             return
         producer = transaction.producer
+        if transaction.errors:
+            raise TransactionFailed(f"sends failed: {transaction.errors[0]}")
         if not transaction.open:
             producer.begin_transaction()
             transaction.open = True

@@ -246,6 +246,7 @@ class FakeTransactionalProducer:
     def produce(self, topic: str, key: bytes | None = None, value: bytes | None = None,
                 partition: int | None = None, on_delivery: Any = None, **kwargs: Any) -> None:
         assert self.in_transaction, "produce outside a transaction"
+        self._check()  # a fenced producer refuses records
         self.pending.append(Committed(topic, partition, key, value))
         self._callbacks.append((on_delivery, self.log.next_offset(topic, partition or 0)))
 

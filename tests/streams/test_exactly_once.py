@@ -106,6 +106,8 @@ async def test_a_fenced_transaction_discards_its_writes_and_the_task_reopens_fro
         assert r.thread.tasks["0_0"].stores["counts"].get("a") == 2
         # Another owner of 0_0 starts: this member is now a zombie for it.
         log.producer("unit-0_0").init_transactions()
+        # The zombie's producer refuses its next records; processing goes on until commit.
+        await process(r, record(0, 3, "c"))
         await r.thread.committer.commit()
         assert r.thread.committer.failures == 1
         assert log.records == committed_records and log.offsets == {(SOURCE, 0): 1}

@@ -1,5 +1,6 @@
 """Fake clients for the stream thread's unit tests: a group consumer, a producer, changelog
-readers and a control channel that keep what they were asked in memory. Handed to
+readers, a control channel and (for exactly-once) transactional producers over an in-memory
+transaction log with fencing, that keep what they were asked in memory. Handed to
 :func:`streams.thread_factory.build_stream_thread`, they let a test drive a real thread (real
 topology, tasks and RocksDB stores) through assignments, records and commits, without a
 broker."""

@@ -7,7 +7,8 @@ starts. This module reads the same wire format with aiokafka's own (C-accelerate
 batch readers and leaves everything per record to the caller's single pass.
 
 It does what the consumer's fetcher did for the reader: one request per partition leader,
-``read_committed`` (control batches and aborted transactions are skipped), records before the
+``read_committed`` (control batches and aborted transactions are skipped; aborts are also
+read from the markers in the data, for brokers whose responses list none), records before the
 fetch offset in the first batch skipped, retriable errors (leader moved, connection lost)
 answered with a metadata refresh before the partition is fetched again, an out-of-range
 position reset to the earliest offset. An empty fetch waits ``max_wait_ms`` at the broker.
@@ -67,6 +68,8 @@ class FetchedPartition:
         """The offset of ``changes[index]``, found by decoding again (for error messages)."""
         position = 0
         for batch, is_data in _walk_batches(self.raw, self.aborted_transactions):
+            if is_data is None:
+                break
             if not is_data:
                 continue
             for record in batch:
@@ -85,10 +88,13 @@ def decode_records(
     aborted_transactions: list[tuple[int, int]] | None = None,
 ) -> tuple[list[FetchedRecord], int]:
     """The data records of ``raw`` from ``fetch_offset`` on, and the offset after the last
-    complete batch (``fetch_offset`` when there is none)."""
+    complete batch (``fetch_offset`` when there is none). A transactional batch whose outcome
+    the response does not show yet ends the fetch before it: the next fetch starts there."""
     changes: list[FetchedRecord] = []
     next_offset = fetch_offset
     for batch, is_data in _walk_batches(raw, aborted_transactions or []):
+        if is_data is None:
+            return changes, max(fetch_offset, _base_offset(batch))
         # The batch header says where it ends, whatever the records inside (compaction may
         # have removed the last ones): the next fetch starts there.
         batch_end = batch.next_offset
@@ -105,27 +111,66 @@ def decode_records(
 
 def _walk_batches(
     raw: bytes, aborted_transactions: list[tuple[int, int]]
-) -> Iterator[tuple[Any, bool]]:
+) -> Iterator[tuple[Any, bool | None]]:
     """Every complete batch of ``raw`` with whether its records are data to apply: control
-    batches and batches of aborted transactions are not (``read_committed``)."""
-    records = MemoryRecords(raw)
+    batches and batches of aborted transactions are not (``read_committed``); None for a
+    transactional batch whose commit or abort marker is not in ``raw`` (the walk ends there).
+
+    Aborted transactions are known from the response's list and, since some brokers leave
+    that list empty (Tansu 0.6), from the abort markers in the data itself: below the last
+    stable offset every transaction is decided, so each transactional batch is followed by
+    its producer's marker, in this response or a later one."""
+    batches = _complete_batches(raw)
+    aborted_by_marker, abort_markers, undecided = _outcomes_from_markers(batches)
     # (producer id, first offset) of each aborted transaction the response overlaps.
     pending_aborts = sorted(aborted_transactions, key=lambda abort: abort[1])
     aborting: set[int] = set()
+    for index, batch in enumerate(batches):
+        if index == undecided:
+            yield batch, None
+            return
+        while pending_aborts and pending_aborts[0][1] <= _base_offset(batch):
+            aborting.add(pending_aborts.pop(0)[0])
+        if batch.is_control_batch:
+            if batch.producer_id in aborting and index in abort_markers:
+                aborting.discard(batch.producer_id)
+            yield batch, False
+        elif batch.is_transactional and (batch.producer_id in aborting
+                                         or index in aborted_by_marker):
+            yield batch, False
+        else:
+            yield batch, True
+
+
+def _complete_batches(raw: bytes) -> list[Any]:
+    records = MemoryRecords(raw)
+    batches = []
     while records.has_next():
         batch = records.next_batch()
         if batch is None:
             break
-        while pending_aborts and pending_aborts[0][1] <= _base_offset(batch):
-            aborting.add(pending_aborts.pop(0)[0])
+        batches.append(batch)
+    return batches
+
+
+def _outcomes_from_markers(batches: list[Any]) -> tuple[set[int], set[int], int | None]:
+    """The indexes of transactional data batches that an abort marker of their producer
+    follows, the indexes of the abort markers, and the index of the first transactional
+    batch no marker follows (None: every one is decided). A batch's records can be read
+    once only, so each marker is read here and nowhere else."""
+    open_batches: dict[int, list[int]] = {}
+    aborted: set[int] = set()
+    abort_markers: set[int] = set()
+    for index, batch in enumerate(batches):
         if batch.is_control_batch:
-            if batch.producer_id in aborting and _is_abort_marker(batch):
-                aborting.discard(batch.producer_id)
-            yield batch, False
-        elif batch.is_transactional and batch.producer_id in aborting:
-            yield batch, False
-        else:
-            yield batch, True
+            decided = open_batches.pop(batch.producer_id, [])
+            if _is_abort_marker(batch):
+                abort_markers.add(index)
+                aborted.update(decided)
+        elif batch.is_transactional:
+            open_batches.setdefault(batch.producer_id, []).append(index)
+    undecided = min((i for indexes in open_batches.values() for i in indexes), default=None)
+    return aborted, abort_markers, undecided
 
 
 def _base_offset(batch: Any) -> int:

@@ -90,6 +90,7 @@ class App:
         static_follower_digests: bool | None = None,
         metrics_port: int | None = None,
         metrics_host: str | None = None,
+        processing_guarantee: str | None = None,
     ) -> None:
         self.config = AppConfig.from_env(
             application_id=application_id, bootstrap_servers=bootstrap_servers,
@@ -105,6 +106,7 @@ class App:
             dead_letter_topic=dead_letter_topic, default_partitions=default_partitions,
             static_follower_digests=static_follower_digests,
             metrics_port=metrics_port, metrics_host=metrics_host,
+            processing_guarantee=processing_guarantee,
         )
         self.topology = Topology(self.config.application_id)
         self.threads: list[StreamThread] = []

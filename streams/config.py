@@ -28,6 +28,7 @@ ENV_PREFIX = "RELAY_"
 #: external broker, the demo's pace): no warning for these.
 OTHER_RELAY_VARIABLES = frozenset({"RELAY_TANSU_BIN", "RELAY_TEST_BOOTSTRAP",
                                    "RELAY_DEMO_PHASE_SECONDS"})
+PROCESSING_GUARANTEES = ("at_least_once", "exactly_once")
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]+$")
 #: Kafka refuses longer topic names.
 MAX_TOPIC_NAME = 249
@@ -81,6 +82,10 @@ class AppConfig:
     metrics_port: int | None = None
     #: The address the metrics server listens on.
     metrics_host: str = "0.0.0.0"
+    #: ``at_least_once``: outputs may repeat after a crash; ``exactly_once``: each task's
+    #: outputs, changelog records and input offsets commit in one Kafka transaction
+    #: (:mod:`streams.transactions`).
+    processing_guarantee: str = "at_least_once"
 
     def __post_init__(self) -> None:
         hints = get_type_hints(AppConfig)
@@ -138,6 +143,11 @@ class AppConfig:
                               f"port), not {self.metrics_port}")
         if not self.metrics_host:
             raise ConfigError("metrics_host must name an address to listen on")
+        if self.processing_guarantee not in PROCESSING_GUARANTEES:
+            raise ConfigError(
+                f"processing_guarantee must be 'at_least_once' or 'exactly_once', not "
+                f"{self.processing_guarantee!r}"
+            )
         if self.on_error not in ("dead_letter", "stop"):
             raise ConfigError(f"on_error must be 'dead_letter' or 'stop', not {self.on_error!r}")
         try:
@@ -148,6 +158,10 @@ class AppConfig:
     def assignor_config(self) -> AssignorConfig:
         """The leader's assignor settings, derived from these (and validated by the assignor)."""
         return AssignorConfig.from_settings(self)
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.processing_guarantee == "exactly_once"
 
     @property
     def cooperative(self) -> bool:

@@ -176,6 +176,9 @@ def new_group_consumer(
         heartbeat_interval_ms=config.heartbeat_interval_ms,
         max_poll_interval_ms=config.max_poll_interval_ms,
         rebalance_timeout_ms=config.max_poll_interval_ms,
+        # Exactly-once: input written by transactions (repartition topics, upstream apps)
+        # counts only once committed.
+        isolation_level="read_committed" if config.exactly_once else "read_uncommitted",
     ))
 
 

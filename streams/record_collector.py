@@ -75,3 +75,6 @@ class RecordCollector:
         if futures:
             await asyncio.gather(*futures)
         await self.changelog.wait_acknowledged()
+
+    async def close(self) -> None:
+        """Nothing of its own to close: the thread stops the shared producer."""

@@ -50,8 +50,10 @@ class StateUpdater:
         on_learners_ready: Callable[[list[str]], None],
         metrics: Metrics | None = None,
         metrics_label: str = "",
+        before_restore: Callable[[str], Awaitable[Any]] | None = None,
     ) -> None:
         self.restorer = restorer
+        self._before_restore = before_restore
         self.follower = follower
         self._tasks = tasks
         self._commit_interval_s = commit_interval_ms / 1000
@@ -165,10 +167,15 @@ class StateUpdater:
 
     async def restore_pending(self, stop: asyncio.Event | None = None) -> None:
         """Restore the restoring actives one by one, each to its changelog's end, and hand
-        each to the thread to run."""
+        each to the thread to run. ``before_restore`` runs first for each (exactly-once: it
+        fences the task's previous owner, so the changelog's end cannot move after it)."""
         while self._tasks.restoring and not (stop is not None and stop.is_set()):
             task_id = sorted(self._tasks.restoring)[0]
             stores = self._tasks.restoring[task_id]
+            if self._before_restore is not None:
+                await self._before_restore(task_id)
+                if self._tasks.restoring.get(task_id) is not stores:
+                    continue  # revoked meanwhile
             result = await self.restorer.restore(list(stores.values()))
             if self._metrics is not None and result is not None:
                 self._metrics.finished_restoration(

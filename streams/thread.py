@@ -59,6 +59,7 @@ from streams.synced_round import (
 from streams.task import RecordError, StreamTask
 from streams.task_manager import TaskManager
 from streams.tasks import Tasks
+from streams.transactions import TransactionalCollector, TransactionalCommitter
 from streams.transitions import Role
 
 log = logging.getLogger(__name__)
@@ -122,8 +123,8 @@ class StreamThread:
         tasks: Tasks,
         task_manager: TaskManager,
         state_updater: StateUpdater,
-        collector: RecordCollector,
-        committer: Committer,
+        collector: RecordCollector | TransactionalCollector,
+        committer: Committer | TransactionalCommitter,
         static_followers: StaticFollowers,
         control: ControlSender | None,
         leaving: Callable[[], tuple[bool, int | None, int | None]],
@@ -725,6 +726,8 @@ class StreamThread:
         except Exception:
             log.exception("%s: final commit failed", self.name)
         self.task_manager.close_all()
+        with contextlib.suppress(Exception):
+            await self.collector.close()
         if self.shutdown_requested:
             await self._static_followers.settle(
                 self.consumer, self.config.session_timeout_ms,

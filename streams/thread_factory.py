@@ -32,6 +32,13 @@ from streams.task_manager import TaskManager
 from streams.tasks import Tasks
 from streams.thread import StreamThread, ThreadIdentity
 from streams.topology import SubTopology
+from streams.transactions import (
+    TaskProducers,
+    TransactionalCollector,
+    TransactionalCommitter,
+    new_group_metadata,
+    new_transactional_producer,
+)
 
 
 @dataclass
@@ -45,6 +52,10 @@ class ThreadClients:
     restorer: Any = None
     #: Follows standby and learner copies.
     follower: Any = None
+    #: Exactly-once only: makes a task's transactional producer from its transactional id.
+    transactional_producer: Callable[[str], Any] | None = None
+    #: Exactly-once only: the group metadata transactions commit offsets with.
+    group_metadata: Callable[[], Any] | None = None
 
 
 def build_stream_thread(
@@ -95,6 +106,12 @@ def build_stream_thread(
         bootstrap_servers, client_id=f"{instance}-copies")  # type: ignore[arg-type]
 
     tasks = Tasks()
+    producers: TaskProducers | None = None
+    if config.exactly_once:
+        producers = TaskProducers(
+            config.application_id,
+            clients.transactional_producer or (
+                lambda tid: new_transactional_producer(bootstrap_servers or "", tid)))
     updater = StateUpdater(
         restorer, follower, tasks,
         commit_interval_ms=config.commit_interval_ms,
@@ -103,6 +120,8 @@ def build_stream_thread(
         on_restored=lambda task_id, stores: thread.on_restored(task_id, stores),
         on_learners_ready=lambda task_ids: thread.learners_ready(task_ids),
         metrics=metrics, metrics_label=label,
+        # Exactly-once: a new active fences its previous owner before its state is read.
+        before_restore=producers.start_task if producers is not None else None,
     )
     snapshots = (SnapshotSettings(config.snapshot_dir, bootstrap_servers or "")
                  if config.snapshot_dir is not None else None)
@@ -114,9 +133,28 @@ def build_stream_thread(
 
     name = static_id or f"thread {index}"
     manager = TaskManager(name, layout, tasks, consumer, updater, process_stores, open_stores)
-    collector = RecordCollector(producer, config.dead_letters, metrics, label)
-    committer = Committer(collector, consumer, lambda: list(tasks.active.values()), name,
-                          metrics, label)
+    collector: RecordCollector | TransactionalCollector
+    committer: Committer | TransactionalCommitter
+    if producers is not None:
+        collector = TransactionalCollector(producers, config.dead_letters, metrics, label)
+
+        def task_failed(task_id: str, error: BaseException) -> None:
+            # Its writes were discarded: closed, the task reopens from its committed state
+            # when the group hands it back.
+            manager.close_task(task_id)
+            thread.request_rejoin(f"the transaction of {task_id} failed: {error}")
+
+        committer = TransactionalCommitter(
+            collector,
+            clients.group_metadata or (
+                lambda: new_group_metadata(bootstrap_servers or "", config.application_id)),
+            lambda: list(tasks.active.values()),
+            lambda: [*tasks.active, *tasks.restoring],
+            name, task_failed, metrics, label)
+    else:
+        collector = RecordCollector(producer, config.dead_letters, metrics, label)
+        committer = Committer(collector, consumer, lambda: list(tasks.active.values()), name,
+                              metrics, label)
     async def remove_departed() -> list[str]:
         client = producer_client(producer)
         if client is None or bootstrap_servers is None:

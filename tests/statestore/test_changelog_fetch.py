@@ -313,6 +313,26 @@ def test_aborted_transactions_and_control_batches_are_skipped() -> None:
     assert next_offset == 9
 
 
+def test_aborted_transactions_are_found_from_their_markers_when_the_broker_lists_none() -> None:
+    """Tansu answers read_committed fetches with no aborted transactions: the abort markers
+    in the data tell them, and a transaction whose marker is not in the response yet ends
+    the fetch before it."""
+    abort, commit = struct.pack(">hh", 0, 0), struct.pack(">hh", 0, 1)
+    marker = struct.pack(">hi", 0, 0)
+    head = [
+        _batch(0, [(b"a", b"1")], producer_id=7, transactional=True),
+        _batch(1, [(abort, marker)], producer_id=7, transactional=True, control=True),
+        _batch(2, [(b"b", b"2")], producer_id=7, transactional=True),
+        _batch(3, [(commit, marker)], producer_id=7, transactional=True, control=True),
+        _batch(4, [(b"c", b"3")], producer_id=9, transactional=True),
+    ]
+    tp = TopicPartition("t", 0)
+    assert decode_records(tp, b"".join(head), 0) == ([(b"b", b"2")], 4)
+    tail = _batch(5, [(abort, marker)], producer_id=9, transactional=True, control=True)
+    assert decode_records(tp, b"".join([*head, tail]), 0) == ([(b"b", b"2")], 6)
+    assert decode_records(tp, b"".join([*head[4:], tail]), 4) == ([], 6)
+
+
 def test_message_format_v1_batches_are_read() -> None:
     """Old message formats have no batch base offset and no transactions."""
     builder = LegacyRecordBatchBuilder(1, 0, 2**20)

@@ -1,5 +1,6 @@
 """Fake clients for the stream thread's unit tests: a group consumer, a producer, changelog
-readers and a control channel that keep what they were asked in memory. Handed to
+readers, a control channel and (for exactly-once) transactional producers over an in-memory
+transaction log with fencing, that keep what they were asked in memory. Handed to
 :func:`streams.thread_factory.build_stream_thread`, they let a test drive a real thread (real
 topology, tasks and RocksDB stores) through assignments, records and commits, without a
 broker."""
@@ -177,6 +178,127 @@ class FakeProducer:
         return [s for s in self.sent if s.topic == topic]
 
 
+class FencedError(Exception):
+    """What the fake broker answers a fenced producer."""
+
+
+@dataclass
+class Committed:
+    topic: str
+    partition: int | None
+    key: bytes | None
+    value: bytes | None
+
+
+class TransactionLog:
+    """The fake broker's side of transactions: what each transactional id's latest
+    producer is (fencing), and the records and offsets of committed transactions."""
+
+    def __init__(self, events: list[str] | None = None) -> None:
+        self.events = events if events is not None else []
+        self.epochs: dict[str, int] = {}
+        self.records: list[Committed] = []
+        self.offsets: dict[tuple[str, int], int] = {}
+        self.aborted = 0
+        self._next: dict[tuple[str, int], int] = {}
+        #: Open transactions by transactional id: aborted by the next producer's init.
+        self.open: dict[str, FakeTransactionalProducer] = {}
+
+    def producer(self, tid: str) -> FakeTransactionalProducer:
+        return FakeTransactionalProducer(tid, self)
+
+    def next_offset(self, topic: str, partition: int) -> int:
+        offset = self._next.get((topic, partition), 0)
+        self._next[(topic, partition)] = offset + 1
+        return offset
+
+    def to(self, topic: str) -> list[Committed]:
+        return [r for r in self.records if r.topic == topic]
+
+
+class _Message:
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def offset(self) -> int:
+        return self._offset
+
+
+class FakeTransactionalProducer:
+    """confluent-kafka's transactional producer API over a :class:`TransactionLog`."""
+
+    def __init__(self, tid: str, log: TransactionLog) -> None:
+        self.tid, self.log = tid, log
+        self.epoch = -1
+        self.in_transaction = False
+        self.pending: list[Committed] = []
+        self._callbacks: list[tuple[Any, int]] = []
+        self._offsets: dict[tuple[str, int], int] = {}
+        self.closed = False
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        self.log.events.append(f"init {self.tid}")
+        self.epoch = self.log.epochs.get(self.tid, 0) + 1
+        self.log.epochs[self.tid] = self.epoch
+        earlier = self.log.open.pop(self.tid, None)
+        if earlier is not None:
+            earlier._discard()
+            self.log.aborted += 1
+
+    def _check(self) -> None:
+        if self.log.epochs.get(self.tid) != self.epoch:
+            raise FencedError(f"{self.tid}: producer fenced")
+
+    def begin_transaction(self) -> None:
+        self._check()
+        self.in_transaction = True
+        self.log.open[self.tid] = self
+
+    def produce(self, topic: str, key: bytes | None = None, value: bytes | None = None,
+                partition: int | None = None, on_delivery: Any = None, **kwargs: Any) -> None:
+        assert self.in_transaction, "produce outside a transaction"
+        self._check()  # a fenced producer refuses records
+        self.pending.append(Committed(topic, partition, key, value))
+        self._callbacks.append((on_delivery, self.log.next_offset(topic, partition or 0)))
+
+    def flush(self, timeout: float = -1) -> int:
+        callbacks, self._callbacks = self._callbacks, []
+        for callback, offset in callbacks:
+            if callback is not None:
+                callback(None, _Message(offset))
+        return 0
+
+    def send_offsets_to_transaction(self, offsets: list[Any], metadata: Any,
+                                    timeout: float = -1) -> None:
+        self._check()
+        for tp in offsets:
+            self._offsets[(tp.topic, tp.partition)] = tp.offset
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        self.flush()
+        self._check()
+        self.log.events.append(f"commit {self.tid}")
+        self.log.records += self.pending
+        self.log.offsets.update(self._offsets)
+        self.log.open.pop(self.tid, None)
+        self._discard()
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        self.log.open.pop(self.tid, None)
+        self.log.aborted += 1
+        self._discard()
+
+    def _discard(self) -> None:
+        self.pending, self._offsets, self._callbacks = [], {}, []
+        self.in_transaction = False
+
+    def purge(self) -> None:
+        self._discard()
+
+    def close(self) -> None:
+        self.closed = True
+
+
 @dataclass
 class _Stats:
     records: int = 0
@@ -187,7 +309,8 @@ class _Stats:
 class FakeChangelogReader:
     """Restores at once; copies have the lag the test sets (0 by default)."""
 
-    def __init__(self) -> None:
+    def __init__(self, events: list[str] | None = None) -> None:
+        self.events = events
         self.registered: list[Any] = []
         self.lags: dict[str, int | None] = {}
         self.stats = _Stats()
@@ -217,6 +340,8 @@ class FakeChangelogReader:
         return 0
 
     async def restore(self, stores: list[Any], **kwargs: Any) -> _Stats:
+        if self.events is not None:
+            self.events.append("restore " + ",".join(f"{s.name}/{s.partition}" for s in stores))
         self.restored.extend(f"{s.name}/{s.partition}" for s in stores)
         return _Stats()
 
@@ -247,6 +372,8 @@ class Rig:
     restorer: FakeChangelogReader
     follower: FakeChangelogReader
     control: FakeControl
+    #: Exactly-once rigs: the fake broker's transactions.
+    transactions: TransactionLog | None = None
 
 
 def counting_subs(partitions: int = 4) -> list[SubTopology]:
@@ -268,8 +395,11 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
         static_followers: StaticFollowers | None = None,
         subs: list[SubTopology] | None = None, **settings: Any) -> Rig:
     events = events if events is not None else []
+    transactions = TransactionLog(events)
     clients = ThreadClients(FakeConsumer(events), FakeProducer(events),
-                            FakeChangelogReader(), FakeChangelogReader())
+                            FakeChangelogReader(events), FakeChangelogReader(),
+                            transactional_producer=transactions.producer,
+                            group_metadata=lambda: b"group-metadata")
     control = FakeControl()
     thread = build_stream_thread(
         config(state_dir, **settings), index, subs or counting_subs(), clients=clients,
@@ -277,7 +407,7 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
         static_followers=static_followers,
     )
     return Rig(thread, clients.consumer, clients.producer, clients.restorer,  # type: ignore[arg-type]
-               clients.follower, control)
+               clients.follower, control, transactions)
 
 
 def partitions_of(*task_ids: str) -> set[TopicPartition]:

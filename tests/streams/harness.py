@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
+from statestore.fetch import ChangelogFetcher
 from statestore.topics import TopicSpec, ensure_topics
 from streams.app import App
 from streams.status import read_status
@@ -90,6 +91,33 @@ async def read_all(
                         ))
     finally:
         await consumer.stop()
+    return out
+
+
+async def read_committed(bootstrap: str, topic: str, partitions: int) -> list[Any]:
+    """Every committed record of a topic as (key, value), msgpack-decoded, in per-partition
+    order: what a read_committed consumer sees. Read with the changelog fetcher, which
+    leaves aborted transactions out from their markers (the embedded broker lists none)."""
+    fetcher = ChangelogFetcher(bootstrap, "read-committed")
+    await fetcher.start()
+    fetcher.track(topic)
+    out: list[Any] = []
+    try:
+        positions = {TopicPartition(topic, p): 0 for p in range(partitions)}
+        done: set[TopicPartition] = set()
+        while len(done) < len(positions):
+            for fetched in await fetcher.fetch({tp: o for tp, o in positions.items()
+                                                if tp not in done}):
+                out += [(None if k is None else msgpack.unpackb(k, raw=False),
+                         None if v is None else msgpack.unpackb(v, raw=False))
+                        for k, v in fetched.changes]
+                stalled = fetched.next_offset == positions[fetched.tp] and not fetched.changes
+                positions[fetched.tp] = fetched.next_offset
+                # At the end, or at a transaction still open: what is committed so far.
+                if stalled or (fetched.end is not None and fetched.next_offset >= fetched.end):
+                    done.add(fetched.tp)
+    finally:
+        await fetcher.close()
     return out
 
 

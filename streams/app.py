@@ -29,6 +29,9 @@ from streams.config import AppConfig
 from streams.control import ControlChannel, ControlListener, LeavingMark, control_topic_name
 from streams.dsl import Stream, Table, stream_from_topic, table_from_topic
 from streams.metrics import Metrics, MetricsServer, serve_metrics
+from streams.queries import LocalStores, StoreQuery, UnknownStoreError
+from streams.query_routing import RoutingTable, StatusFollower
+from streams.query_server import QueryServer, QueryService
 from streams.static_followers import StaticFollowers, protocol_enabled
 from streams.status import read_status, status_topic_name
 from streams.store_handover import ProcessStores
@@ -82,6 +85,9 @@ class App:
         static_follower_digests: bool | None = None,
         metrics_port: int | None = None,
         metrics_host: str | None = None,
+        query_port: int | None = None,
+        query_host: str | None = None,
+        query_advertised_host: str | None = None,
     ) -> None:
         self.config = AppConfig.from_env(
             application_id=application_id, bootstrap_servers=bootstrap_servers,
@@ -97,6 +103,8 @@ class App:
             dead_letter_topic=dead_letter_topic, default_partitions=default_partitions,
             static_follower_digests=static_follower_digests,
             metrics_port=metrics_port, metrics_host=metrics_host,
+            query_port=query_port, query_host=query_host,
+            query_advertised_host=query_advertised_host,
         )
         self.topology = Topology(self.config.application_id)
         self.threads: list[StreamThread] = []
@@ -115,6 +123,12 @@ class App:
         self.metrics = Metrics()
         #: Serving them while the app runs with ``metrics_port`` set.
         self.metrics_server: MetricsServer | None = None
+        #: What the threads hold, for interactive queries (``store``).
+        self.local_stores = LocalStores(lambda: self.threads)
+        #: Serving queries while the app runs with ``query_port`` set.
+        self.query_server: QueryServer | None = None
+        #: Where the group's members hold their tasks, followed while queries are served.
+        self.routing = RoutingTable()
 
     # -- the DSL's entry points -----------------------------------------------------------
 
@@ -147,6 +161,16 @@ class App:
     ) -> Table:
         """The latest value per key of ``topic``, kept in ``store``."""
         return table_from_topic(self.topology, topic, store, key_serde, value_serde)
+
+    def store(self, name: str) -> StoreQuery:
+        """Interactive queries of store ``name`` held by this process: ``get(key)``,
+        ``read(key)`` (with the copy that answered and its lag) and ``range(start, end)``
+        over committed state (see :mod:`streams.queries`). An unknown name raises
+        :class:`streams.queries.UnknownStoreError`."""
+        if name not in self.topology.stores:
+            known = ", ".join(sorted(self.topology.stores)) or "none"
+            raise UnknownStoreError(f"the app declares no store {name!r} (stores: {known})")
+        return StoreQuery(name, self.local_stores)
 
     # -- running --------------------------------------------------------------------------
 
@@ -226,8 +250,10 @@ class App:
                 )
                 for i in range(self.config.num_threads)
             ]
-            runs = [asyncio.create_task(t.run(topics)) for t in self.threads]
             extras = [asyncio.create_task(listener.run(self._stop))]
+            if self.config.query_port is not None:
+                await self._serve_queries(bootstrap, extras)
+            runs = [asyncio.create_task(t.run(topics)) for t in self.threads]
             stopper = asyncio.create_task(self._stop.wait())
             pending = set(runs)
             error: BaseException | None = None
@@ -257,12 +283,31 @@ class App:
             if error is not None:
                 raise error
         finally:
+            if self.query_server is not None:
+                await self.query_server.close()
+                self.query_server = None
             if self.metrics_server is not None:
                 self.metrics_server.close()
                 self.metrics_server = None
             if self._broker is not None:
                 self._broker.stop()
                 self._broker = None
+
+    async def _serve_queries(self, bootstrap: str, extras: list[asyncio.Task[None]]) -> None:
+        """Start the query server and follow the status topic for routing; the threads
+        publish the endpoint."""
+        assert self._stop is not None and self.config.query_port is not None
+        service = QueryService(self.routing, self.local_stores, instance_id=self.instance_id,
+                               endpoint=lambda: None if self.query_server is None
+                               else self.query_server.url)
+        self.query_server = QueryServer(service)
+        url = await self.query_server.start(self.config.query_host, self.config.query_port,
+                                            self.config.query_endpoint_host)
+        log.info("serving interactive queries at %s/stores/<store>/<key>", url)
+        for thread in self.threads:
+            thread.query_endpoint = url
+        follower = StatusFollower(bootstrap, self.config.application_id, self.routing)
+        extras.append(asyncio.create_task(follower.run(self._stop)))
 
     async def _refuse_duplicate_instance(self, recheck_s: float = 3.0) -> None:
         """Fail fast when a live process already runs this static id.

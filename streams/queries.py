@@ -30,6 +30,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from statestore.serdes import Serde, SerdeError, serde_from_name
 from streams.processors import WindowAggregateNode, walk_nodes
+from streams.state_updater import UNKNOWN_LAG
 from streams.topology import SubTopology
 from streams.transitions import Role
 
@@ -293,8 +294,6 @@ def thread_holdings(thread: StreamThread, task: str) -> list[Holding]:
     if role is None:
         return []
     lag = thread.state_updater.copy_lag(task)
-    from streams.state_updater import UNKNOWN_LAG
-
     return [Holding(task, label, "standby" if role is Role.STANDBY else "learner",
                     None if lag >= UNKNOWN_LAG else lag, serving)]
 

@@ -250,9 +250,11 @@ class App:
                 )
                 for i in range(self.config.num_threads)
             ]
+            # Before any task starts: a query port in use stops the app here, cleanly.
+            follower = await self._serve_queries(bootstrap)
             extras = [asyncio.create_task(listener.run(self._stop))]
-            if self.config.query_port is not None:
-                await self._serve_queries(bootstrap, extras)
+            if follower is not None:
+                extras.append(asyncio.create_task(follower.run(self._stop)))
             runs = [asyncio.create_task(t.run(topics)) for t in self.threads]
             stopper = asyncio.create_task(self._stop.wait())
             pending = set(runs)
@@ -293,10 +295,11 @@ class App:
                 self._broker.stop()
                 self._broker = None
 
-    async def _serve_queries(self, bootstrap: str, extras: list[asyncio.Task[None]]) -> None:
-        """Start the query server and follow the status topic for routing; the threads
-        publish the endpoint."""
-        assert self._stop is not None and self.config.query_port is not None
+    async def _serve_queries(self, bootstrap: str) -> StatusFollower | None:
+        """With ``query_port`` set, start the query server (the threads publish its
+        endpoint); returns the status follower that keeps its routing table."""
+        if self.config.query_port is None:
+            return None
         service = QueryService(self.routing, self.local_stores, instance_id=self.instance_id,
                                endpoint=lambda: None if self.query_server is None
                                else self.query_server.url)
@@ -306,8 +309,7 @@ class App:
         log.info("serving interactive queries at %s/stores/<store>/<key>", url)
         for thread in self.threads:
             thread.query_endpoint = url
-        follower = StatusFollower(bootstrap, self.config.application_id, self.routing)
-        extras.append(asyncio.create_task(follower.run(self._stop)))
+        return StatusFollower(bootstrap, self.config.application_id, self.routing)
 
     async def _refuse_duplicate_instance(self, recheck_s: float = 3.0) -> None:
         """Fail fast when a live process already runs this static id.

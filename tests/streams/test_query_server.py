@@ -250,3 +250,23 @@ def test_the_status_follower_decodes_records_and_tombstones() -> None:
     assert table.rejected == 1 and "y-thread-0" in (table.last_rejection or "")
     follower.apply(b"x-thread-0", None)
     assert table.routes("1_0", int(time.time() * 1000)) == []
+
+
+async def test_a_query_port_in_use_is_an_error_naming_the_setting() -> None:
+    from streams.query_server import QueryServer
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = QueryServer(QueryService(RoutingTable()))
+        with pytest.raises(OSError, match=f"cannot serve queries on 127.0.0.1:{port} "
+                                          r"\(query_port\)"):
+            await server.start("127.0.0.1", port, "127.0.0.1")
+        await server.close()
+    server = QueryServer(QueryService(RoutingTable()))
+    url = await server.start("127.0.0.1", 0, "worker-7.internal")
+    try:
+        assert url.startswith("http://worker-7.internal:") and not url.endswith(":0")
+    finally:
+        await server.close()

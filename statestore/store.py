@@ -452,6 +452,27 @@ class KeyValueStore:
         comparisons."""
         return self._raw_scan(None, None, False)
 
+    # -- committed reads (interactive queries) ---------------------------------------------
+
+    def get_committed(self, key: Any, default: Any = None) -> Any:
+        """The value as of the last commit (or, for a copy, the last changelog batch it
+        applied): the database alone, without the writes buffered since. What a commit has
+        made durable is what any later owner restores, so such a read never shows a write
+        that a crash could take back."""
+        raw = self._db_get(self._require_open(), self.spec.key_serde.dumps(key))
+        return default if raw is None else self.spec.value_serde.loads(raw)
+
+    def range_committed(
+        self, start: Any = None, end: Any = None, *, reverse: bool = False
+    ) -> Iterator[tuple[Any, Any]]:
+        """Like ``range``, over the committed state only (see ``get_committed``)."""
+        lower = None if start is None else self.spec.key_serde.dumps(start)
+        upper = None if end is None else self.spec.key_serde.dumps(end)
+        loads_key = self.spec.key_serde.loads
+        loads_value = self.spec.value_serde.loads
+        for key, value in self._db_scan(lower, upper, reverse):
+            yield loads_key(key), loads_value(value)
+
     def approximate_count(self) -> int:
         return int(self._require_open().property_int_value("rocksdb.estimate-num-keys") or 0)
 

@@ -36,6 +36,9 @@ from streams.environment import (
     check_topic_names,
 )
 from streams.metrics import Metrics, MetricsServer, serve_metrics
+from streams.queries import LocalStores, StoreQuery, UnknownStoreError
+from streams.query_routing import RoutingTable, StatusFollower
+from streams.query_server import QueryServer, QueryService
 from streams.static_followers import StaticFollowers, protocol_enabled
 from streams.status import read_status, status_topic_name
 from streams.store_handover import ProcessStores
@@ -91,6 +94,9 @@ class App:
         metrics_port: int | None = None,
         metrics_host: str | None = None,
         processing_guarantee: str | None = None,
+        query_port: int | None = None,
+        query_host: str | None = None,
+        query_advertised_host: str | None = None,
     ) -> None:
         self.config = AppConfig.from_env(
             application_id=application_id, bootstrap_servers=bootstrap_servers,
@@ -107,6 +113,8 @@ class App:
             static_follower_digests=static_follower_digests,
             metrics_port=metrics_port, metrics_host=metrics_host,
             processing_guarantee=processing_guarantee,
+            query_port=query_port, query_host=query_host,
+            query_advertised_host=query_advertised_host,
         )
         self.topology = Topology(self.config.application_id)
         self.threads: list[StreamThread] = []
@@ -125,6 +133,12 @@ class App:
         self.metrics = Metrics()
         #: Serving them while the app runs with ``metrics_port`` set.
         self.metrics_server: MetricsServer | None = None
+        #: What the threads hold, for interactive queries (``store``).
+        self.local_stores = LocalStores(lambda: self.threads)
+        #: Serving queries while the app runs with ``query_port`` set.
+        self.query_server: QueryServer | None = None
+        #: Where the group's members hold their tasks, followed while queries are served.
+        self.routing = RoutingTable()
 
     # -- the DSL's entry points -----------------------------------------------------------
 
@@ -157,6 +171,16 @@ class App:
     ) -> Table:
         """The latest value per key of ``topic``, kept in ``store``."""
         return table_from_topic(self.topology, topic, store, key_serde, value_serde)
+
+    def store(self, name: str) -> StoreQuery:
+        """Interactive queries of store ``name`` held by this process: ``get(key)``,
+        ``read(key)`` (with the copy that answered and its lag) and ``range(start, end)``
+        over committed state (see :mod:`streams.queries`). An unknown name raises
+        :class:`streams.queries.UnknownStoreError`."""
+        if name not in self.topology.stores:
+            known = ", ".join(sorted(self.topology.stores)) or "none"
+            raise UnknownStoreError(f"the app declares no store {name!r} (stores: {known})")
+        return StoreQuery(name, self.local_stores)
 
     # -- running --------------------------------------------------------------------------
 
@@ -259,8 +283,12 @@ class App:
                 )
                 for i in range(self.config.num_threads)
             ]
-            runs = [asyncio.create_task(t.run(topics)) for t in self.threads]
+            # Before any task starts: a query port in use stops the app here, cleanly.
+            follower = await self._serve_queries(bootstrap)
             extras = [asyncio.create_task(listener.run(self._stop))]
+            if follower is not None:
+                extras.append(asyncio.create_task(follower.run(self._stop)))
+            runs = [asyncio.create_task(t.run(topics)) for t in self.threads]
             stopper = asyncio.create_task(self._stop.wait())
             pending = set(runs)
             error: BaseException | None = None
@@ -290,12 +318,31 @@ class App:
             if error is not None:
                 raise error
         finally:
+            if self.query_server is not None:
+                await self.query_server.close()
+                self.query_server = None
             if self.metrics_server is not None:
                 self.metrics_server.close()
                 self.metrics_server = None
             if self._broker is not None:
                 self._broker.stop()
                 self._broker = None
+
+    async def _serve_queries(self, bootstrap: str) -> StatusFollower | None:
+        """With ``query_port`` set, start the query server (the threads publish its
+        endpoint); returns the status follower that keeps its routing table."""
+        if self.config.query_port is None:
+            return None
+        service = QueryService(self.routing, self.local_stores, instance_id=self.instance_id,
+                               endpoint=lambda: None if self.query_server is None
+                               else self.query_server.url)
+        self.query_server = QueryServer(service)
+        url = await self.query_server.start(self.config.query_host, self.config.query_port,
+                                            self.config.query_endpoint_host)
+        log.info("serving interactive queries at %s/stores/<store>/<key>", url)
+        for thread in self.threads:
+            thread.query_endpoint = url
+        return StatusFollower(bootstrap, self.config.application_id, self.routing)
 
     async def _refuse_duplicate_instance(self, recheck_s: float = 3.0) -> None:
         """Fail fast when a live process already runs this static id.

@@ -14,6 +14,7 @@ import difflib
 import logging
 import os
 import re
+import socket
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -86,6 +87,14 @@ class AppConfig:
     #: outputs, changelog records and input offsets commit in one Kafka transaction
     #: (:mod:`streams.transactions`).
     processing_guarantee: str = "at_least_once"
+    #: Serve interactive queries (``GET /stores/<store>/<key>``) on this port (0: any free
+    #: port); None: off. The endpoint is published on the status topic for other members.
+    query_port: int | None = None
+    #: The address the query server listens on.
+    query_host: str = "0.0.0.0"
+    #: The host other members reach this one's query server at (published on the status
+    #: topic); None: ``query_host``, or this machine's host name when that is a wildcard.
+    query_advertised_host: str | None = None
 
     def __post_init__(self) -> None:
         hints = get_type_hints(AppConfig)
@@ -148,6 +157,13 @@ class AppConfig:
                 f"processing_guarantee must be 'at_least_once' or 'exactly_once', not "
                 f"{self.processing_guarantee!r}"
             )
+        if self.query_port is not None and not 0 <= self.query_port <= 65535:
+            raise ConfigError(f"query_port must be a port number (0 to 65535, 0: any free "
+                              f"port), not {self.query_port}")
+        if not self.query_host:
+            raise ConfigError("query_host must name an address to listen on")
+        if self.query_advertised_host is not None and not self.query_advertised_host.strip():
+            raise ConfigError("query_advertised_host must name a host, or be left unset")
         if self.on_error not in ("dead_letter", "stop"):
             raise ConfigError(f"on_error must be 'dead_letter' or 'stop', not {self.on_error!r}")
         try:
@@ -162,6 +178,15 @@ class AppConfig:
     @property
     def exactly_once(self) -> bool:
         return self.processing_guarantee == "exactly_once"
+
+    @property
+    def query_endpoint_host(self) -> str:
+        """The host this member's query endpoint is published with."""
+        if self.query_advertised_host:
+            return self.query_advertised_host
+        if self.query_host in ("0.0.0.0", "::", ""):
+            return socket.gethostname()
+        return self.query_host
 
     @property
     def cooperative(self) -> bool:

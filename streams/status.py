@@ -3,6 +3,8 @@
 
 A broker's DescribeGroups does not return members' assignments, so ``relay describe`` reads
 this topic, and a static member checks it at start for a live member already using its id.
+Interactive queries are routed by it too: a member serving queries publishes its endpoint,
+and every member the layout of the app's stores (:mod:`streams.query_routing`).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from streams.driver import GroupConsumer, producer_client
 from streams.formed_group import wait_for_formed_group
 from streams.membership import leave_as_static_member
 from streams.metrics import Metrics
+from streams.queries import store_layouts
 from streams.rebalance import RelayAssignor, TaskLayout
 from streams.rebalance_listener import RebalanceListener
 from streams.record_collector import RecordCollector
@@ -188,6 +189,9 @@ class StreamThread:
         self._deferred_rejoins: list[str] = []
         self._deferred_rejoin: asyncio.Task[None] | None = None
         self._reporting: set[asyncio.Task[None]] = set()
+        #: This process's query server, published for routing (None: not serving).
+        self.query_endpoint: str | None = None
+        self._store_layouts: dict[str, dict[str, Any]] | None = None
 
     # -- views -----------------------------------------------------------------------------
 
@@ -568,8 +572,17 @@ class StreamThread:
             "being_learned": list(self._being_learned),
             #: Every task of the app, so that tools can tell which ones nobody runs.
             "app_tasks": self.layout.task_ids(),
+            #: Where queries reach this member, and where each store's keys live.
+            "query_endpoint": self.query_endpoint,
+            "stores": self.store_layouts(),
             "updated_ms": int(time.time() * 1000),
         }
+
+    def store_layouts(self) -> dict[str, dict[str, Any]]:
+        if self._store_layouts is None:
+            self._store_layouts = {name: layout.to_status() for name, layout
+                                   in store_layouts(self.layout.subs).items()}
+        return self._store_layouts
 
     async def _housekeeping_loop(self) -> None:
         """Every second: publish the status, and check the member is not stuck joining."""

@@ -95,3 +95,20 @@ def test_scaling_benchmark_reports_a_strategy_that_failed_before_its_first_chang
     assert result["error"] is not None and "StrategyFailed" in result["error"]
     assert result["phases_completed"] == 0 and result["phases"] == []
     assert result["start"]["completed"] is False
+
+
+@pytest.mark.broker
+def test_observability_overhead_benchmark_reports_both_modes(
+        bootstrap: str, tmp_path: Path) -> None:
+    from benchmarks import observability_overhead
+
+    out = tmp_path / "overhead.json"
+    observability_overhead.main(["--records", "3000", "--keys", "20", "--partitions", "2",
+                                 "--repeat", "1", "--timeout", "60", "--bootstrap", bootstrap,
+                                 "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert [(r["mode"], r["error"]) for r in data["runs"]] == [("off", None), ("on", None)]
+    assert all(r["records_per_s"] > 0 and r["cpu_us_per_record"] > 0 for r in data["runs"])
+    for figure in ("throughput_records_per_s", "cpu_us_per_record"):
+        assert data[figure]["runs"] == {"off": 1, "on": 1}
+        assert data[figure]["on_over_off_median_pairwise"] > 0

@@ -57,3 +57,18 @@ def test_static_follower_digests_reads_booleans() -> None:
     assert AppConfig("a").static_follower_digests is None
     with pytest.raises(ConfigError, match="static_follower_digests must be bool"):
         AppConfig.from_env({"RELAY_STATIC_FOLLOWER_DIGESTS": "maybe"}, application_id="a")
+
+
+def test_the_query_settings_are_checked_and_name_the_advertised_host() -> None:
+    assert AppConfig("a").query_port is None
+    with pytest.raises(ConfigError, match="query_port must be a port number"):
+        AppConfig("a", query_port=70_000)
+    with pytest.raises(ConfigError, match="query_port must be int"):
+        AppConfig.from_env({"RELAY_QUERY_PORT": "eighty"}, application_id="a")
+    with pytest.raises(ConfigError, match="query_host"):
+        AppConfig("a", query_host="")
+    assert AppConfig("a", query_port=0, query_host="127.0.0.1").query_endpoint_host == \
+        "127.0.0.1"
+    assert AppConfig("a", query_advertised_host="w1.internal").query_endpoint_host == \
+        "w1.internal"
+    assert AppConfig("a").query_endpoint_host not in ("", "0.0.0.0")

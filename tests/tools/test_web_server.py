@@ -109,3 +109,28 @@ async def test_a_taken_port_is_a_clear_error() -> None:
         with pytest.raises(ServeError, match=f"cannot serve on 127.0.0.1:{port}: "):
             await serve("127.0.0.1:1", "shop", "127.0.0.1", port, asyncio.Event(),
                         lambda url: None)
+
+
+async def test_the_view_forwards_store_queries_to_the_keys_owner() -> None:
+    """``/stores/<store>/<key>`` on the view: routed by the status records it follows (the
+    forwarding itself is tested with the query service)."""
+    from streams.query_routing import RoutingTable
+    from streams.query_server import QueryService
+
+    model = GroupModel("shop")
+    routes = RoutingTable()
+    routes.apply("a-thread-0", {"instance_id": "a", "active": ["0_0", "0_1"],
+                                "updated_ms": int(time.time() * 1000),
+                                "stores": {"counts": {"sub_topology": 0, "partitions": 2,
+                                                      "key_serde": "msgpack"}}},
+                 int(time.time() * 1000))
+    follower = GroupFollower("127.0.0.1:1", model, Changes().notify, routes)
+    app = make_app(model, follower, Changes(), QueryService(routes))
+    async with TestClient(TestServer(app)) as http:
+        unknown = await http.get("/stores/orders/k1")
+        assert unknown.status == 404
+        assert "unknown store 'orders' (stores: counts)" in (await unknown.json())["error"]
+        # The owner publishes no query endpoint: retry later, not a stale answer.
+        no_endpoint = await http.get("/stores/counts/k1")
+        assert no_endpoint.status == 503 and no_endpoint.headers["Retry-After"] == "1"
+        assert (await no_endpoint.json())["reason"] == "no_owner"

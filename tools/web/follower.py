@@ -22,6 +22,7 @@ from streams.control import (
     control_topic_name,
     decode_mark,
 )
+from streams.query_routing import RoutingTable, now_ms
 from streams.status import status_topic_name
 from tools.web.model import STALE_AFTER_MS, GroupModel, MarkRecord, StatusRecord
 
@@ -65,10 +66,13 @@ class GroupFollower:
     Broker errors are kept in :attr:`error` (shown by the page) and the follower retries.
     """
 
-    def __init__(self, bootstrap: str, model: GroupModel, on_change: Callable[[], None]) -> None:
+    def __init__(self, bootstrap: str, model: GroupModel, on_change: Callable[[], None],
+                 routes: RoutingTable | None = None) -> None:
         self.bootstrap = bootstrap
         self.model = model
         self.on_change = on_change
+        #: Fed the status records too, for forwarding interactive queries.
+        self.routes = routes
         self.error: str | None = None
         self.caught_up = False
         self._status = status_topic_name(model.app)
@@ -106,6 +110,8 @@ class GroupFollower:
                     converted = to_model_record(self._status, record, self.model)
                     if converted is not None:
                         self.model.apply(converted)
+                    if self.routes is not None and isinstance(converted, StatusRecord):
+                        self.routes.apply(converted.member, converted.value, now_ms())
                 if not self.caught_up and await self._at_end(consumer, tps):
                     self.caught_up = True
                 if records or self.error:

@@ -3,7 +3,9 @@
 Routes: ``/`` the page; ``/static/...`` its script and style; ``/api/group`` the view's data
 (``?window_s=`` sets the timeline's reach); ``/api/tasks/<task>`` one task;
 ``/api/events`` the same data as server-sent events, pushed when members publish and once a
-second for the clocks. Bad requests get a 4xx with ``{"error": message}``.
+second for the clocks; ``/stores/<store>/<key>`` an interactive query, forwarded to the
+key's owner (:mod:`streams.query_server`). Bad requests get a 4xx with
+``{"error": message}``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 
 from aiohttp import web
 
+from streams.query_routing import RoutingTable
+from streams.query_server import QueryService, add_query_routes
 from tools.web.follower import GroupFollower
 from tools.web.model import DEFAULT_WINDOW_MS, GroupModel
 
@@ -145,8 +149,11 @@ async def events(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def make_app(model: GroupModel, follower: GroupFollower, changes: Changes) -> web.Application:
+def make_app(model: GroupModel, follower: GroupFollower, changes: Changes,
+             queries: QueryService | None = None) -> web.Application:
     app = web.Application(middlewares=[json_errors])
+    if queries is not None:
+        add_query_routes(app, queries)
     app[MODEL_KEY] = model
     app[CHANGED_KEY] = changes
     app[FOLLOWER_KEY] = follower
@@ -164,13 +171,16 @@ async def serve(bootstrap: str, app_id: str, host: str, port: int, stop: asyncio
     ``on_ready`` gets the page's address (port 0 picks a free one)."""
     model = GroupModel(app_id, window)
     changes = Changes()
-    follower = GroupFollower(bootstrap, model, changes.notify)
-    runner = web.AppRunner(make_app(model, follower, changes), shutdown_timeout=1.0)
+    routes = RoutingTable()
+    follower = GroupFollower(bootstrap, model, changes.notify, routes)
+    queries = QueryService(routes)
+    runner = web.AppRunner(make_app(model, follower, changes, queries), shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
         await site.start()
     except OSError as exc:
+        await queries.close()
         await runner.cleanup()
         raise ServeError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
     bound = runner.addresses[0][1] if runner.addresses else port
@@ -182,4 +192,5 @@ async def serve(bootstrap: str, app_id: str, host: str, port: int, stop: asyncio
         following.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await following
+        await queries.close()
         await runner.cleanup()

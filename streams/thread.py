@@ -41,6 +41,7 @@ from streams.config import AppConfig
 from streams.control import ROUND_KEY, control_topic_name, encode_round_report
 from streams.driver import GroupConsumer, producer_client
 from streams.formed_group import wait_for_formed_group
+from streams.join_watch import JoinWatch
 from streams.membership import leave_as_static_member
 from streams.metrics import Metrics
 from streams.queries import store_layouts
@@ -108,9 +109,6 @@ class ThreadIdentity:
     incarnation: str = ""
 
 
-#: How often a member stuck joining looks for departed members.
-DEPARTED_CHECK_EVERY_S = 5.0
-
 class StreamThread:
     def __init__(
         self,
@@ -134,11 +132,6 @@ class StreamThread:
         remove_departed: Callable[[], Awaitable[list[str]]] | None = None,
     ) -> None:
         self.config = config
-        #: Removes static members that are gone but still in the group (see
-        #: :mod:`streams.departed_members`); None: never.
-        self._remove_departed = remove_departed
-        self._last_departed_check = 0.0
-        self._departed_check: asyncio.Task[None] | None = None
         self.index = identity.index
         self.instance_id = identity.instance_id
         self.static_id = identity.static_id
@@ -154,6 +147,10 @@ class StreamThread:
         self.committer = committer
         self._static_followers = static_followers
         self._control = control
+        #: What this member does when stuck joining (see :mod:`streams.join_watch`).
+        self.join_watch = JoinWatch(identity.static_id or f"thread {identity.index}",
+                                    config.session_timeout_ms, consumer, control,
+                                    remove_departed)
         self._leaving = leaving
         self.listener = RebalanceListener(self.on_revoked, self.on_assigned,
                                           self.rebalance_failed)
@@ -175,7 +172,6 @@ class StreamThread:
         self._fatal: BaseException | None = None
         self._rejoin_timer: asyncio.TimerHandle | None = None
         self._rebalance_failures = 0
-        self._last_stall_request = 0.0
         self.metrics = metrics if metrics is not None else Metrics()
         self._label = self.status_key.decode()
         #: When (monotonic) the thread stopped processing for the current round, if it did.
@@ -480,59 +476,6 @@ class StreamThread:
             if await self.task_manager.start_restored(task_id, stores):
                 self._update_status()
 
-    # -- a join that takes too long ------------------------------------------------------
-
-    @property
-    def join_stall_s(self) -> float:
-        """About two join rounds: a member joining longer than that is stuck."""
-        return (self.config.session_timeout_ms + 6_000) / 1000
-
-    def check_join_stall(self, now: float | None = None) -> bool:
-        """Whatever the broker does, a member joining for longer than a round or two asks
-        the leader to rejoin (on the control topic), and again every while it stays stuck:
-        the leader rejoining starts a round that the group completes."""
-        now = time.monotonic() if now is None else now
-        joining = self.consumer.rebalancing_for_s(now)
-        if joining < self.join_stall_s or now - self._last_stall_request < self.join_stall_s:
-            return False
-        self._last_stall_request = now
-        log.warning("%s has been joining for %.0fs: asking the leader to rejoin", self.name,
-                    joining)
-        if self._control is not None:
-            self._control.request_rebalance(f"{self.name}: joining for {joining:.0f}s")
-        return True
-
-    @property
-    def departed_check_s(self) -> float:
-        """About one join round: a member joining longer than that looks for departed
-        members that hold the round."""
-        return self.config.session_timeout_ms / 2000 + 6
-
-    def check_departed_members(self, now: float | None = None) -> bool:
-        """While the member has been joining for longer than a round, every
-        :data:`DEPARTED_CHECK_EVERY_S` it removes static members that are gone (one at a
-        time, in the background)."""
-        now = time.monotonic() if now is None else now
-        if (self._remove_departed is None
-                or self.consumer.rebalancing_for_s(now) < self.departed_check_s
-                or now - self._last_departed_check < DEPARTED_CHECK_EVERY_S
-                or (self._departed_check is not None and not self._departed_check.done())):
-            return False
-        self._last_departed_check = now
-        self._departed_check = asyncio.create_task(self._check_departed())
-        return True
-
-    async def _check_departed(self) -> None:
-        assert self._remove_departed is not None
-        try:
-            removed = await self._remove_departed()
-        except Exception as exc:
-            log.info("%s: looking for departed members failed: %s", self.name, exc)
-            return
-        if removed:
-            log.warning("%s removed departed members holding its join: %s", self.name,
-                        ", ".join(removed))
-
     # -- status ------------------------------------------------------------------------------
 
     def _update_status(self) -> None:
@@ -589,8 +532,7 @@ class StreamThread:
         topic = status_topic_name(self.config.application_id)
         key = self.status_key
         while not self._stop.is_set():
-            self.check_join_stall()
-            self.check_departed_members()
+            self.join_watch.check()
             # A leaving mark arrives between rounds.
             self.metrics.set_scale_down_deadline(self._label, self.leaving_deadline_ms())
             with contextlib.suppress(Exception):
@@ -728,10 +670,7 @@ class StreamThread:
             self._rejoin_timer.cancel()
         if self._deferred_rejoin is not None:
             self._deferred_rejoin.cancel()
-        if self._departed_check is not None:
-            self._departed_check.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._departed_check
+        await self.join_watch.close()
         try:
             async with self._lock:
                 if self.registry.active and self._fatal is None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from streams.departed_members import departed_static_members, static_id_of
+from streams.join_watch import DEPARTED_CHECK_EVERY_S
 from streams.membership import GroupMember
-from streams.thread import DEPARTED_CHECK_EVERY_S
 from tests.streams.fakes import rig
 
 UUID = "c28e295f-8ef0-400d-8381-3d8009bcf105"
@@ -53,22 +53,22 @@ async def test_a_member_joining_for_longer_than_a_round_looks_for_departed_membe
         await release.wait()
         return ["s1-thread-0"]
 
-    r.thread._remove_departed = remove
-    after = r.thread.departed_check_s
+    r.thread.join_watch.remove_departed = remove
+    after = r.thread.join_watch.departed_after_s
     assert after == 12.0  # about one join round with a 12 s session
     now = 1_000.0
     r.consumer.rebalancing, r.consumer.rebalancing_since = True, now
-    assert not r.thread.check_departed_members(now + after - 1)
-    assert r.thread.check_departed_members(now + after)
+    assert not r.thread.join_watch.check_departed(now + after - 1)
+    assert r.thread.join_watch.check_departed(now + after)
     await asyncio.sleep(0)
     assert looks == [1]
     # One look at a time, and not more often than every few seconds.
-    assert not r.thread.check_departed_members(now + after + DEPARTED_CHECK_EVERY_S + 1)
+    assert not r.thread.join_watch.check_departed(now + after + DEPARTED_CHECK_EVERY_S + 1)
     release.set()
     await asyncio.sleep(0.01)
-    assert not r.thread.check_departed_members(now + after + 1)
-    assert r.thread.check_departed_members(now + after + DEPARTED_CHECK_EVERY_S + 1)
+    assert not r.thread.join_watch.check_departed(now + after + 1)
+    assert r.thread.join_watch.check_departed(now + after + DEPARTED_CHECK_EVERY_S + 1)
     await asyncio.sleep(0.01)
     r.consumer.rebalancing = False
-    assert not r.thread.check_departed_members(now + 100 * after)
+    assert not r.thread.join_watch.check_departed(now + 100 * after)
     assert len(looks) == 2

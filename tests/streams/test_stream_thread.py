@@ -178,19 +178,19 @@ async def test_an_assignment_with_an_error_fails_the_thread(tmp_path: Path) -> N
 
 async def test_a_member_joining_for_too_long_asks_the_leader_to_rejoin(tmp_path: Path) -> None:
     r = rig(tmp_path, session_timeout_ms=10_000, heartbeat_interval_ms=1_000)
-    stall = r.thread.join_stall_s
+    stall = r.thread.join_watch.stall_s
     assert stall == 16.0  # about two join rounds with a 10 s session
     now = 1_000.0
-    assert not r.thread.check_join_stall(now)  # not joining
+    assert not r.thread.join_watch.check_stall(now)  # not joining
     r.consumer.rebalancing, r.consumer.rebalancing_since = True, now
-    assert not r.thread.check_join_stall(now + stall - 1)  # a round or so: fine
-    assert r.thread.check_join_stall(now + stall)
+    assert not r.thread.join_watch.check_stall(now + stall - 1)  # a round or so: fine
+    assert r.thread.join_watch.check_stall(now + stall)
     assert len(r.control.rebalance_requests) == 1
-    assert not r.thread.check_join_stall(now + stall + 1)  # not again at once
-    assert r.thread.check_join_stall(now + 2 * stall)  # still stuck: again
+    assert not r.thread.join_watch.check_stall(now + stall + 1)  # not again at once
+    assert r.thread.join_watch.check_stall(now + 2 * stall)  # still stuck: again
     assert len(r.control.rebalance_requests) == 2
     r.consumer.rebalancing = False
-    assert not r.thread.check_join_stall(now + 10 * stall)
+    assert not r.thread.join_watch.check_stall(now + 10 * stall)
 
 
 async def test_a_copy_is_handed_to_another_thread_of_the_process(tmp_path: Path) -> None:

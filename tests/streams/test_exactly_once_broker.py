@@ -1,7 +1,8 @@
 """Exactly-once against the embedded broker: workers killed mid-transaction under steady
-input leave every result in the sink exactly once; a second owner of a task fences the
-first, whose late transaction never becomes visible; a worker killed between its store
-writes and its commit restarts without a full restore. Sinks are read as a read_committed
+input leave every result in the sink exactly once; a member stopped past its session (its
+tasks move) and then continued is fenced and duplicates nothing; a second owner of a task
+fences the first, whose late transaction never becomes visible; a worker killed between its
+store writes and its commit restarts without a full restore. Sinks are read as a read_committed
 consumer sees them (aborted transactions left out, see ``harness.read_committed``)."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from streams.status import read_status
 from streams.transactions import TaskProducers, new_transactional_producer
 from tests.conftest import wait_until
 from tests.streams.harness import (
+    FAST_GROUP,
     STATIC,
     Launched,
     counting_app,
@@ -102,6 +104,67 @@ async def test_workers_killed_mid_transaction_leave_every_result_exactly_once(
     # The kills hit open transactions: their outputs reached the log and were aborted.
     assert len(await read_all(bootstrap, sink, 1)) > len(committed)
 
+
+
+async def test_a_member_stopped_past_its_session_is_fenced_and_duplicates_nothing(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched,
+) -> None:
+    """SIGSTOP a worker mid-transaction until its tasks move to the other one, then SIGCONT
+    it: its open transaction belongs to a fenced producer, so nothing it wrote before or
+    after the stop shows, and it rejoins and takes tasks again."""
+    app_id = unique("eos-stop")
+    source, sink, traffic = await counting_topics(bootstrap, app_id)
+    launched.traffic_for(traffic)
+    # Dynamic members with short sessions: a stopped member is out of the group quickly.
+    settings = {**FAST_GROUP, **EXACTLY_ONCE}
+    workers = {name: launched.worker(app_id, bootstrap, tmp_path / name, source, sink,
+                                     **settings) for name in ("a", "b")}
+
+    async def active_tasks(name: str) -> int:
+        statuses = (await read_status(bootstrap, app_id)).values()
+        return sum(len(s.get("active", [])) for s in statuses
+                   if s.get("pid") == workers[name].pid)
+
+    async def processed_by(name: str) -> int:
+        statuses = (await read_status(bootstrap, app_id)).values()
+        return sum(int(s.get("processed", 0)) for s in statuses
+                   if s.get("pid") == workers[name].pid)
+
+    async def both_run_two() -> bool:
+        return await active_tasks("a") == 2 and await active_tasks("b") == 2
+
+    traffic.start()
+    await wait_until(both_run_two, timeout_s=90, message="both workers running two tasks")
+    await wait_until(lambda: _positive(processed_by("b")), timeout_s=60,
+                     message="worker b processing")
+    workers["b"].send_signal(signal.SIGSTOP)
+    try:
+        await wait_until(lambda: _equals(active_tasks("a"), 4), timeout_s=90,
+                         message="worker a running every task while b is stopped")
+        before = await processed_by("a")
+        await wait_until(lambda: _above(processed_by("a"), before), timeout_s=60,
+                         message="worker a processing b's tasks")
+    finally:
+        workers["b"].send_signal(signal.SIGCONT)
+    # Continued, the zombie finds its producers fenced, closes its tasks and rejoins.
+    await wait_until(both_run_two, timeout_s=120,
+                     message="both workers running two tasks after the stop")
+    assert workers["b"].poll() is None, "the continued worker exited"
+    await traffic.stop()
+    await exact_committed_counts(bootstrap, sink, traffic.produced)
+    assert each_count_once(await read_committed(bootstrap, sink, 1), traffic.produced) == {}
+
+
+async def _positive(value: Any) -> bool:
+    return await value > 0
+
+
+async def _equals(value: Any, expected: int) -> bool:
+    return await value == expected
+
+
+async def _above(value: Any, floor: int) -> bool:
+    return await value > floor
 
 async def test_a_second_owner_fences_the_first_whose_late_transaction_never_shows(
     bootstrap: str, unique: Callable[[str], str],

@@ -26,6 +26,7 @@ from aiokafka.errors import KafkaConnectionError
 from statestore.serdes import Serde
 from statestore.store import changelog_topic_name
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics, existing_partition_counts
+from streams.broker_quirks import Quirk, broker_quirks
 from streams.config import AppConfig
 from streams.control import ControlChannel, ControlListener, LeavingMark, control_topic_name
 from streams.dsl import Stream, Table, stream_from_topic, table_from_topic
@@ -39,7 +40,7 @@ from streams.metrics import Metrics, MetricsServer, serve_metrics
 from streams.queries import LocalStores, StoreQuery, UnknownStoreError
 from streams.query_routing import RoutingTable, StatusFollower
 from streams.query_server import QueryServer, QueryService
-from streams.static_followers import StaticFollowers, protocol_enabled
+from streams.static_followers import StaticFollowers
 from streams.status import read_status, status_topic_name
 from streams.store_handover import ProcessStores
 from streams.synced_round import RoundReports
@@ -91,6 +92,7 @@ class App:
         dead_letter_topic: str | None = None,
         default_partitions: int | None = None,
         static_follower_digests: bool | None = None,
+        broker_quirks: str | None = None,
         metrics_port: int | None = None,
         metrics_host: str | None = None,
         processing_guarantee: str | None = None,
@@ -111,6 +113,7 @@ class App:
             imbalance_tolerance=imbalance_tolerance, on_error=on_error,
             dead_letter_topic=dead_letter_topic, default_partitions=default_partitions,
             static_follower_digests=static_follower_digests,
+            broker_quirks=broker_quirks,
             metrics_port=metrics_port, metrics_host=metrics_host,
             processing_guarantee=processing_guarantee,
             query_port=query_port, query_host=query_host,
@@ -269,9 +272,9 @@ class App:
                 round_reports.record,
             )
             control = ControlChannel(listener)
-            self.static_followers = StaticFollowers(
-                await protocol_enabled(self.config.static_follower_digests, bootstrap, embedded),
-                control)
+            quirks = await broker_quirks(self.config.broker_quirks,
+                                         self.config.static_follower_digests, bootstrap, embedded)
+            self.static_followers = StaticFollowers(Quirk.CACHED_STATIC_REJOIN in quirks, control)
             process_stores = ProcessStores()
             self.threads = [
                 build_stream_thread(
@@ -279,7 +282,7 @@ class App:
                     instance_id=self.instance_id, incarnation=self.incarnation,
                     static_followers=self.static_followers, control=control,
                     process_stores=process_stores, leaving=lambda: self.leaving,
-                    metrics=self.metrics, round_reports=round_reports,
+                    metrics=self.metrics, round_reports=round_reports, quirks=quirks,
                 )
                 for i in range(self.config.num_threads)
             ]

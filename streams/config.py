@@ -21,6 +21,8 @@ from typing import Any, get_type_hints
 
 from assignor import AssignorConfig
 from assignor.model import AssignorConfigError
+from streams.broker_quirks import QuirksSettingError
+from streams.broker_quirks import parse_setting as parse_quirks
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,9 @@ class AppConfig:
     #: that answer a static follower's rejoin with its cached assignment (Tansu). None:
     #: detected (on for the embedded broker and brokers that identify as Tansu).
     static_follower_digests: bool | None = None
+    #: The broker workarounds that are on (:mod:`streams.broker_quirks`): ``auto``
+    #: (detected), ``all``, ``none`` or a comma-separated list of quirk names.
+    broker_quirks: str = "auto"
     #: Serve Prometheus metrics at ``/metrics`` on this port (0: any free port); None: off.
     metrics_port: int | None = None
     #: The address the metrics server listens on.
@@ -138,6 +143,10 @@ class AppConfig:
                 f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be below "
                 f"session_timeout_ms ({self.session_timeout_ms})"
             )
+        try:
+            parse_quirks(self.broker_quirks)
+        except QuirksSettingError as exc:
+            raise ConfigError(str(exc)) from None
         if self.learner_rejoin not in ("eager", "conservative"):
             raise ConfigError(
                 f"learner_rejoin must be 'eager' or 'conservative', not {self.learner_rejoin!r}"

@@ -3,7 +3,7 @@ broker that answers a static follower's rejoin with its cached assignment.
 
 On such a broker (Tansu) a static follower that rejoins a stable group gets its old assignment
 back, no rebalance starts, and the broker may keep the follower's old metadata. So, with this
-protocol on (setting ``static_follower_digests``):
+protocol on (the quirk ``cached-static-rejoin``, see :mod:`streams.broker_quirks`):
 
 - a static follower that needs a rebalance also asks the leader, on the control topic, to
   rejoin (the leader rejoining always starts one);
@@ -18,7 +18,7 @@ protocol on (setting ``static_follower_digests``):
   leaving leader sends its followers their digests only once it has left.
 
 On a broker that rebalances on a static member's rejoin (Apache Kafka) none of this is
-needed; the messages would be harmless there, but the setting turns them off.
+needed; the messages would be harmless there, but the quirk is off there.
 """
 
 from __future__ import annotations
@@ -28,37 +28,9 @@ import logging
 import time
 from typing import Protocol
 
-from streams.driver import GroupConsumer, broker_cluster_id
+from streams.driver import GroupConsumer
 
 log = logging.getLogger(__name__)
-
-#: Cluster ids that identify brokers that need the protocol.
-BROKERS_NEEDING_DIGESTS = ("tansu",)
-
-
-def needs_digests(cluster_id: str | None) -> bool:
-    return bool(cluster_id) and cluster_id.lower().startswith(BROKERS_NEEDING_DIGESTS)  # type: ignore[union-attr]
-
-
-async def protocol_enabled(setting: bool | None, bootstrap_servers: str,
-                                  embedded: bool) -> bool:
-    """Whether the protocol is on: the setting, or detected (on for the embedded broker and
-    for brokers whose cluster id says they need it)."""
-    if setting is not None:
-        return setting
-    if embedded:
-        return True
-    try:
-        cluster_id = await broker_cluster_id(bootstrap_servers)
-    except Exception as exc:
-        log.warning("could not ask the broker for its cluster id (%s): the static-follower "
-                    "protocol stays off; set static_follower_digests to choose", exc)
-        return False
-    enabled = needs_digests(cluster_id)
-    log.info("broker cluster id %r: static-follower digests %s", cluster_id,
-             "on" if enabled else "off")
-    return enabled
-
 
 class ControlSender(Protocol):
     def request_rebalance(self, reason: str) -> None: ...

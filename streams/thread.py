@@ -130,8 +130,11 @@ class StreamThread:
         metrics: Metrics | None = None,
         round_reports: RoundReports | None = None,
         remove_departed: Callable[[], Awaitable[list[str]]] | None = None,
+        leave_from_formed_group: bool = True,
     ) -> None:
         self.config = config
+        #: Leave only from a formed group (the leader-wedge quirk, streams.formed_group).
+        self._leave_from_formed_group = leave_from_formed_group
         self.index = identity.index
         self.instance_id = identity.instance_id
         self.static_id = identity.static_id
@@ -687,9 +690,10 @@ class StreamThread:
         if self._sends_leave_group():
             # Leave only from a formed group (the leader wedge, see streams.formed_group); a
             # round joined meanwhile may have handed tasks back, so close again.
-            with contextlib.suppress(Exception):
-                await wait_for_formed_group(
-                    self.consumer, self.config.session_timeout_ms / 1000, self.name)
+            if self._leave_from_formed_group:
+                with contextlib.suppress(Exception):
+                    await wait_for_formed_group(
+                        self.consumer, self.config.session_timeout_ms / 1000, self.name)
             await self._until_round_synced()
             self.task_manager.close_all()
         member_id = self.consumer.member_id

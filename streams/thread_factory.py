@@ -16,6 +16,7 @@ from typing import Any
 from statestore.restore import ChangelogReader
 from statestore.snapshot import SnapshotSettings
 from statestore.store import KeyValueStore
+from streams.broker_quirks import BrokerQuirks, Quirk
 from streams.commit import Committer
 from streams.config import AppConfig
 from streams.departed_members import remove_departed_members
@@ -73,6 +74,7 @@ def build_stream_thread(
     leaving: Callable[[], tuple[bool, int | None, int | None]] = lambda: (False, None, None),
     metrics: Metrics | None = None,
     round_reports: RoundReports | None = None,
+    quirks: BrokerQuirks | None = None,
 ) -> StreamThread:
     clients = clients or ThreadClients()
     if bootstrap_servers is None and None in (clients.consumer, clients.producer,
@@ -162,13 +164,19 @@ def build_stream_thread(
         return await remove_departed_members(client, bootstrap_servers, config.application_id,
                                              config.session_timeout_ms, static_id)
 
+    # Without the broker's quirks known (tests building a thread alone), assume the embedded
+    # broker's.
+    quirks = quirks if quirks is not None else BrokerQuirks.every()
     thread = StreamThread(
         config, identity, layout,
         assignor=assignor, consumer=consumer, producer=producer, tasks=tasks,
         task_manager=manager, state_updater=updater, collector=collector,
         committer=committer, static_followers=static_followers, control=control,
-        leaving=leaving, metrics=metrics, round_reports=round_reports,
-        remove_departed=remove_departed if clients.producer is None else None,
+        leaving=leaving, metrics=metrics,
+        round_reports=round_reports if Quirk.LATE_FOLLOWER_SYNC in quirks else None,
+        remove_departed=(remove_departed if clients.producer is None
+                         and Quirk.DEPARTED_STATIC_LEADER in quirks else None),
+        leave_from_formed_group=Quirk.LEADER_WEDGE in quirks,
     )
     static_followers.add_member(thread)
     return thread

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from streams.static_followers import StaticFollowers, needs_digests, protocol_enabled
+from streams.static_followers import StaticFollowers
 from tests.streams.fakes import FakeControl
 
 
@@ -69,15 +69,3 @@ def test_dynamic_members_take_no_part() -> None:
     protocol.publish_subscription(Member(None), b"s")
     assert control == FakeControl()
 
-
-def test_brokers_that_need_it_are_detected_by_cluster_id() -> None:
-    assert needs_digests("tansu_cluster")
-    assert not needs_digests("MkU3OEVBNTcwNTJENDM2Qk")  # an Apache Kafka cluster id
-    assert not needs_digests(None)
-
-
-async def test_the_setting_wins_and_the_embedded_broker_needs_no_question() -> None:
-    unreachable = "127.0.0.1:1"  # never asked: these answers need no broker
-    assert await protocol_enabled(None, unreachable, embedded=True)
-    assert not await protocol_enabled(False, unreachable, embedded=True)
-    assert await protocol_enabled(True, unreachable, embedded=False)

@@ -112,15 +112,21 @@ def decode_records(
 def _walk_batches(
     raw: bytes, aborted_transactions: list[tuple[int, int]]
 ) -> Iterator[tuple[Any, bool | None]]:
-    """Every complete batch of ``raw`` with whether its records are data to apply: control
-    batches and batches of aborted transactions are not (``read_committed``); None for a
-    transactional batch whose commit or abort marker is not in ``raw`` (the walk ends there).
+    return walk_batches(complete_batches(raw), aborted_transactions)
+
+
+def walk_batches(
+    batches: list[Any], aborted_transactions: list[tuple[int, int]]
+) -> Iterator[tuple[Any, bool | None]]:
+    """Every batch of ``batches`` (complete, in offset order) with whether its records are
+    data to apply: control batches and batches of aborted transactions are not
+    (``read_committed``); None for a transactional batch whose commit or abort marker is not
+    among them (the walk ends there).
 
     Aborted transactions are known from the response's list and, since some brokers leave
     that list empty (Tansu 0.6), from the abort markers in the data itself: below the last
     stable offset every transaction is decided, so each transactional batch is followed by
     its producer's marker, in this response or a later one."""
-    batches = _complete_batches(raw)
     aborted_by_marker, abort_markers, undecided = _outcomes_from_markers(batches)
     # (producer id, first offset) of each aborted transaction the response overlaps.
     pending_aborts = sorted(aborted_transactions, key=lambda abort: abort[1])
@@ -142,7 +148,7 @@ def _walk_batches(
             yield batch, True
 
 
-def _complete_batches(raw: bytes) -> list[Any]:
+def complete_batches(raw: bytes) -> list[Any]:
     records = MemoryRecords(raw)
     batches = []
     while records.has_next():

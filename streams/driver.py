@@ -7,6 +7,12 @@ consumer and answers those from the coordinator's internals, next to the consume
 thread makes, so that the rest of the runtime speaks only to this interface (and tests can
 hand the thread a fake with the same methods). The cooperative coordinator it installs is in
 :mod:`streams.cooperative`. aiokafka is pinned to 0.14.* while this relies on its internals.
+
+It also installs :class:`ReadCommittedRecords` in aiokafka's fetcher: a ``read_committed``
+consumer that finds aborted transactions from their abort markers too. aiokafka skips only
+the aborted transactions a fetch response lists, and some brokers (Tansu 0.6) list none, so
+the records of aborted transactions reached the next stage of an exactly-once app as if
+committed. Reading the markers is correct on every broker, so this has no switch.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.client import AIOKafkaClient, ConnectionGroup
+from aiokafka.consumer import fetcher as fetcher_module
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.errors import (
     CommitFailedError,
@@ -30,10 +37,15 @@ from aiokafka.protocol.group import HeartbeatRequest
 from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
+from statestore.fetch import walk_batches
 from streams import cooperative
 from streams.config import AppConfig
 
 log = logging.getLogger(__name__)
+
+#: aiokafka's default fetch size per partition, and the one of read_committed members.
+DEFAULT_PARTITION_FETCH_BYTES = 1024 * 1024
+READ_COMMITTED_PARTITION_FETCH_BYTES = 16 * 1024 * 1024
 
 #: Errors of an offset commit that mean "a rebalance is under way": the next commit carries
 #: the offsets.
@@ -158,12 +170,58 @@ class GroupConsumer:
         return str(for_code(response.error_code).__name__)
 
 
+class ReadCommittedRecords(fetcher_module.PartitionRecords):  # type: ignore[misc]
+    """One partition's records of a fetch response, ``read_committed`` also by abort markers.
+
+    Below the last stable offset every transaction is decided, so each transactional batch is
+    followed by its producer's commit or abort marker: in this response, or, when the response
+    ends first, in a later one. A batch whose marker is not in this response ends the records
+    before it, and the next fetch starts there. ``read_uncommitted`` is aiokafka's own."""
+
+    def _unpack_records(self) -> Any:
+        if self._isolation_level != fetcher_module.READ_COMMITTED:
+            yield from super()._unpack_records()
+            return
+        tp, records = self._tp, self._records
+        batches = []
+        while records.has_next():
+            batch = records.next_batch()
+            if batch is None:
+                break
+            if self._check_crcs and not batch.validate_crc():
+                raise fetcher_module.Errors.CorruptRecordException(f"Invalid CRC - {tp}")
+            batches.append(batch)
+        for batch, is_data in walk_batches(batches, self._aborted_transactions):
+            if is_data is None:
+                self.next_fetch_offset = max(self.next_fetch_offset, batch.base_offset)
+                if self.next_fetch_offset == batch.base_offset and batch is batches[0]:
+                    log.warning("%s: the transaction at offset %d does not end within one "
+                                "fetch (max_partition_fetch_bytes); fetching it again", tp,
+                                batch.base_offset)
+                return
+            if is_data:
+                for record in batch:
+                    if record.offset < self.next_fetch_offset:
+                        continue  # a fetch from inside a batch gets the whole batch
+                    consumer_record = self._consumer_record(tp, record)
+                    self.next_fetch_offset = record.offset + 1
+                    yield consumer_record
+            self.next_fetch_offset = max(self.next_fetch_offset, batch.next_offset)
+
+
+def install_read_committed_records() -> None:
+    """Make aiokafka's fetcher build :class:`ReadCommittedRecords` (idempotent)."""
+    if fetcher_module.PartitionRecords is not ReadCommittedRecords:
+        fetcher_module.PartitionRecords = ReadCommittedRecords  # type: ignore[misc]
+
+
 def new_group_consumer(
     config: AppConfig, bootstrap_servers: str, static_id: str | None, index: int,
     assignor: AbstractPartitionAssignor,
 ) -> GroupConsumer:
     """A consumer in the app's group, with the cooperative coordinator installed."""
     cooperative.install()
+    install_read_committed_records()
     return GroupConsumer(AIOKafkaConsumer(
         bootstrap_servers=bootstrap_servers,
         group_id=config.application_id,
@@ -179,6 +237,10 @@ def new_group_consumer(
         # Exactly-once: input written by transactions (repartition topics, upstream apps)
         # counts only once committed.
         isolation_level="read_committed" if config.exactly_once else "read_uncommitted",
+        # A transaction's records are delivered once its marker is fetched too (see
+        # ReadCommittedRecords): room for a commit interval's worth per partition.
+        max_partition_fetch_bytes=(READ_COMMITTED_PARTITION_FETCH_BYTES if config.exactly_once
+                                   else DEFAULT_PARTITION_FETCH_BYTES),
     ))
 
 

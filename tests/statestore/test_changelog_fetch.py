@@ -17,9 +17,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError, NotLeaderForPartitionError, OffsetOutOfRangeError
 from aiokafka.protocol.fetch import FetchRequest
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
-from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import TopicPartition
 
 from statestore.errors import ChangelogDecodeError
@@ -29,6 +27,7 @@ from statestore.serdes import MsgPackSerde, OrderedKeySerde
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
 from tests.conftest import wait_until
+from tests.record_batches import record_batch
 
 KEYS, VALUES = OrderedKeySerde(), MsgPackSerde()
 
@@ -104,7 +103,7 @@ async def test_restore_over_many_fetches_and_writes_equals_the_last_value_per_ke
     store.close()
 
 
-async def test_polls_capped_by_max_records_resume_inside_a_batch(
+async def test_polls_capped_by_max_records_resume_inside_arecord_batch(
     tmp_path: Path, bootstrap: str, producer: AIOKafkaProducer, changelog: str
 ) -> None:
     model = await produce_history(producer, changelog, 3_000, keys=500, seed=2)
@@ -275,32 +274,18 @@ async def test_restore_goes_on_through_broker_errors(
     store.close()
 
 
-def _batch(base_offset: int, records: list[tuple[bytes, bytes | None]], *,
-           producer_id: int = -1, transactional: bool = False, control: bool = False) -> bytes:
-    builder = DefaultRecordBatchBuilder(2, 0, int(transactional), producer_id, 0, 0, 2**20)
-    for delta, (key, value) in enumerate(records):
-        builder.append(delta, 1_000, key, value, [])
-    raw = bytearray(builder.build())
-    raw[0:8] = struct.pack(">q", base_offset)
-    if control:
-        # The builder cannot flag a control batch: set the attribute bit, fix the CRC.
-        attributes = struct.unpack_from(">h", raw, 21)[0] | 0x20
-        struct.pack_into(">h", raw, 21, attributes)
-        struct.pack_into(">I", raw, 17, calc_crc32c(memoryview(raw)[21:]))
-    return bytes(raw)
-
-
 def test_aborted_transactions_and_control_batches_are_skipped() -> None:
     """Synthetic batches (the embedded broker has no transactional producer here)."""
     abort, commit = struct.pack(">hh", 0, 0), struct.pack(">hh", 0, 1)
     marker = struct.pack(">hi", 0, 0)
     raw = b"".join([
-        _batch(0, [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]),
-        _batch(3, [(b"x", b"aborted"), (b"y", b"aborted")], producer_id=7, transactional=True),
-        _batch(5, [(abort, marker)], producer_id=7, transactional=True, control=True),
-        _batch(6, [(b"d", b"4"), (b"e", None)], producer_id=8, transactional=True),
-        _batch(8, [(commit, marker)], producer_id=8, transactional=True, control=True),
-        _batch(9, [(b"f", b"5")]),
+        record_batch(0, [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]),
+        record_batch(3, [(b"x", b"aborted"), (b"y", b"aborted")], producer_id=7,
+                     transactional=True),
+        record_batch(5, [(abort, marker)], producer_id=7, transactional=True, control=True),
+        record_batch(6, [(b"d", b"4"), (b"e", None)], producer_id=8, transactional=True),
+        record_batch(8, [(commit, marker)], producer_id=8, transactional=True, control=True),
+        record_batch(9, [(b"f", b"5")]),
     ])
     tp = TopicPartition("t", 0)
     changes, next_offset = decode_records(tp, raw, 0, [(7, 3)])
@@ -320,15 +305,15 @@ def test_aborted_transactions_are_found_from_their_markers_when_the_broker_lists
     abort, commit = struct.pack(">hh", 0, 0), struct.pack(">hh", 0, 1)
     marker = struct.pack(">hi", 0, 0)
     head = [
-        _batch(0, [(b"a", b"1")], producer_id=7, transactional=True),
-        _batch(1, [(abort, marker)], producer_id=7, transactional=True, control=True),
-        _batch(2, [(b"b", b"2")], producer_id=7, transactional=True),
-        _batch(3, [(commit, marker)], producer_id=7, transactional=True, control=True),
-        _batch(4, [(b"c", b"3")], producer_id=9, transactional=True),
+        record_batch(0, [(b"a", b"1")], producer_id=7, transactional=True),
+        record_batch(1, [(abort, marker)], producer_id=7, transactional=True, control=True),
+        record_batch(2, [(b"b", b"2")], producer_id=7, transactional=True),
+        record_batch(3, [(commit, marker)], producer_id=7, transactional=True, control=True),
+        record_batch(4, [(b"c", b"3")], producer_id=9, transactional=True),
     ]
     tp = TopicPartition("t", 0)
     assert decode_records(tp, b"".join(head), 0) == ([(b"b", b"2")], 4)
-    tail = _batch(5, [(abort, marker)], producer_id=9, transactional=True, control=True)
+    tail = record_batch(5, [(abort, marker)], producer_id=9, transactional=True, control=True)
     assert decode_records(tp, b"".join([*head, tail]), 0) == ([(b"b", b"2")], 6)
     assert decode_records(tp, b"".join([*head[4:], tail]), 4) == ([], 6)
 

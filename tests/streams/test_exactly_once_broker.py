@@ -166,6 +166,35 @@ async def _equals(value: Any, expected: int) -> bool:
 async def _above(value: Any, floor: int) -> bool:
     return await value > floor
 
+
+async def test_records_of_an_aborted_transaction_in_the_input_are_never_counted(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str],
+) -> None:
+    """What an upstream stage (a repartition topic) or app wrote in a transaction it aborted
+    is not input, also on a broker whose fetch responses list no aborted transactions
+    (Tansu): the consumer finds them from their markers."""
+    app_id = unique("eos-aborted-input")
+    source, sink, traffic = await counting_topics(bootstrap, app_id, partitions=2)
+    keys = [f"k{i}" for i in range(5)]
+    upstream = new_transactional_producer(bootstrap, f"{app_id}-upstream")
+    await asyncio.to_thread(upstream.init_transactions, 10)
+    for per_key, commit in ((10, True), (7, False), (3, True)):
+        upstream.begin_transaction()
+        for key in keys:
+            for n in range(per_key):
+                upstream.produce(source, key=msgpack.packb(key), value=msgpack.packb(n))
+        if commit:
+            await asyncio.to_thread(upstream.commit_transaction, 10)
+            for key in keys:
+                traffic.produced[key] = traffic.produced.get(key, 0) + per_key
+        else:
+            assert await asyncio.to_thread(upstream.flush, 10) == 0  # in the log, then
+            await asyncio.to_thread(upstream.abort_transaction, 10)
+    await traffic.produce(20)  # plain records after the transactions
+    app = counting_app(app_id, bootstrap, tmp_path, source, sink, **EXACTLY_ONCE)
+    async with running(app):
+        await exact_committed_counts(bootstrap, sink, traffic.produced)
+
 async def test_a_second_owner_fences_the_first_whose_late_transaction_never_shows(
     bootstrap: str, unique: Callable[[str], str],
 ) -> None:

@@ -198,14 +198,17 @@ class RelayAssignor(AbstractPartitionAssignor):
         self._record_round(decoded, assignments, previous_memory)
         result: dict[str, ConsumerProtocolMemberAssignment] = {}
         self.static_digests = {}
+        learning = sum(len(a.learners) for a in assignments.values())
         for member_id, member_assignment in assignments.items():
             by_topic: dict[str, list[int]] = {}
             for task_id in member_assignment.active:
                 for topic, partition in self._layout.partitions_of(task_id):
                     by_topic.setdefault(topic, []).append(partition)
             # Each member learns the round's size: one asking for the next round waits until
-            # that many have their assignment (see streams.synced_round).
-            user_data = encode_assignment(replace(member_assignment, group_size=len(members)))
+            # that many have their assignment (see streams.synced_round); and how many
+            # learners the group holds (see streams.learner_readiness).
+            user_data = encode_assignment(replace(
+                member_assignment, group_size=len(members), group_learners=learning))
             result[member_id] = ConsumerProtocolMemberAssignment(
                 0, sorted((t, sorted(ps)) for t, ps in by_topic.items()), user_data
             )

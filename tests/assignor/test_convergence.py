@@ -6,20 +6,27 @@ unowned task goes to a copy when one exists; once the history stops changing, th
 settles on an assignment balanced across instances and threads within a bounded number of
 rounds and then stays there.
 
-Single changes to a settled group, with new copies that take one to four rounds to catch up
-(uneven between instances): the group settles within K * ceil(moves / max_learners) + 3 rounds,
-K the most rounds a new copy takes (so within 2 * ceil(moves / max_learners) + 3 when copies
-catch up within two rounds), a new leader (even a restarting one) moves nothing, a join or a
-leave moves exactly the fewest tasks that balance needs, and over many groups each kind of
-change moves at most 1.1 times that.
+Single changes to a settled group, in time: each new copy takes its own time to catch up
+(uneven between instances and between tasks, from 0 to the wait), a round takes 3 s, rounds
+happen only when someone asks (the change, a member that revoked tasks or shut down, a member
+whose learners are ready, as the runtime's ``learner_rejoin="batched"`` decides). The group
+settles within 2 * ceil(moves / max_learners) + 3 rounds, a new leader (even a restarting one)
+moves nothing, a join or a leave moves exactly the fewest tasks that balance needs, and over
+many groups each kind of change moves at most 1.1 times that.
 
-Why the bound must name K: a member asks for a round as soon as one of its learners is ready,
-and the leader cannot know beforehand when a copy will catch up. With copies that become ready
-one round apart, each of the m moves brings its own round, m + 1 in all, which exceeds
-2 * ceil(m / max_learners) + 3 once m > 10 with max_learners >= 3: no assignor can keep that
-bound whatever the lags. Filling every freed learner slot in the round that promotes, and
-promoting every ready learner at once, keeps each slot busy, so a slot finishes at least one
-move every K rounds."""
+Why that bound holds: a promotion round is followed by the round that assigns what it revoked,
+so a move of m tasks takes at least 2 * ceil(m / max_learners) rounds, and it takes no more
+when every promotion round finds every learner of the group ready. Three things see to that.
+The leader promotes every ready learner of the group at once and refills the freed slots in
+the same round; it promotes only in a round a member asked for (a follow-up or a departure
+promotes nothing, so it cannot split a batch); and a member asks only when it holds every
+learner of the group and all are ready, or when its first ready learner has waited
+``learner_batch_wait_ms``. All learners in place were placed in the last promotion round (or
+the change's), so when every copy catches up within the wait, the round the first ready one
+asks for finds them all ready. A leaving instance shuts down upon revoking its last tasks, so
+its departure costs no round of its own. Beyond the wait the bound is not promised: a
+promotion round may then find only part of the learners ready. Asking on each ready learner
+(``eager``) gives copies that get ready at different times a promotion round each."""
 
 from __future__ import annotations
 

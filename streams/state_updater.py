@@ -168,9 +168,13 @@ class StateUpdater:
     def _learning(self) -> frozenset[str]:
         return frozenset(self._tasks.copies_with(Role.LEARNER)) - self._promoted
 
-    def asks_promotion(self) -> bool:
-        """Whether this thread's subscription asks the round to promote ready learners."""
-        return asks_promotion(frozenset(self._ready_reported), self._learning(), self._promoted)
+    def asks_promotion(self, promoted: frozenset[str] | None = None) -> bool:
+        """Whether this thread's subscription asks the round to promote ready learners
+        (``promoted``: what the last assignment received promoted, if it is newer than the
+        one applied)."""
+        promoted = self._promoted if promoted is None else promoted
+        held = frozenset(self._tasks.copies_with(Role.LEARNER))
+        return asks_promotion(frozenset(self._ready_reported), held, promoted)
 
     def check_learners_ready(self, now: float | None = None) -> None:
         """Tell the thread to ask for a round when the policy says so (called after every

@@ -258,8 +258,14 @@ class StreamThread:
             scale_down_timeout_ms=timeout,
             rejoin_token=self._rejoin_token,
             static=self.static_id is not None,
-            asks_promotion=self.state_updater.asks_promotion(),
+            # The last assignment received (maybe not applied yet) says what it promoted.
+            asks_promotion=self.state_updater.asks_promotion(self._promoted_by_last()),
         ), self._last_assignment)
+
+    def _promoted_by_last(self) -> frozenset[str]:
+        last = self._last_assignment
+        return being_promoted(last.notes if last is not None else None,
+                              (self.instance_id, self.index))
 
     def assignment_received(self, assignment: MemberAssignment) -> None:
         self._pending_assignment = assignment

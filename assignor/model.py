@@ -71,6 +71,9 @@ class Member:
 
     ``standbys`` and ``learners`` map task ids to the lag of the copy this member holds;
     ``notes`` are the leader's notes it echoes from its last assignment (None if it has none).
+    ``asks_promotion``: it asked for this round to promote its ready learners; ready learners
+    (of any member) are promoted only in a round some member asks that of. Members that do
+    not say (older ones) count as asking.
     """
 
     member_id: str
@@ -83,6 +86,7 @@ class Member:
     leaving_since_ms: int | None = None
     scale_down_timeout_ms: int | None = None
     notes: LeaderNotes | None = None
+    asks_promotion: bool = True
 
     @property
     def key(self) -> MemberKey:
@@ -162,6 +166,9 @@ class MemberAssignment:
     #: How many members the round assigned (0: not told). A member that asks for the next
     #: round waits until that many members report having their assignment.
     group_size: int = 0
+    #: How many learner copies the round's assignments hold in all (0: not told). A member
+    #: holding them all needs to wait for no other member's learners.
+    group_learners: int = 0
 
 
 @dataclass(frozen=True)

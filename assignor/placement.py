@@ -9,7 +9,9 @@ Order of work (the learner design, with the cooperative and deferred-imbalance d
    (per member: a restarting thread gets its own tasks back, all of them), and keep their
    standbys; nothing is held for an instance marked leaving;
 3. actives: every running task stays where it runs unless a ready learner elsewhere takes it
-   (or the scale-down timeout of a leaving owner passed), and all of them are counted before
+   (all of them at once, in a round a member asked for its ready learners; see
+   ``Member.asks_promotion``) or the scale-down timeout of a leaving owner passed, and all of
+   them are counted before
    any unowned task is placed; an unowned task goes to a ready learner, the member it was
    moving to, its previous owner, its most caught-up copy, and only then to the least loaded
    instance;
@@ -274,8 +276,12 @@ def assign(
         if key[0] in phantoms:
             load.add_held(key[0], stateful[task])
 
+    # Ready learners of running tasks are promoted, all at once, in a round some member asked
+    # for them; a round that happens for another reason (a follow-up, a member leaving)
+    # promotes none, so that promotions keep in step with the members' batches.
+    promote = use_learners and any(m.asks_promotion for m in valid)
     _place_actives(plan, load, stateful, owner, instances, open_ids, learner_lags,
-                   standby_lags, memory, config, now_ms, use_learners)
+                   standby_lags, memory, config, now_ms, use_learners, promote)
     if open_ids:
         for kind in ([False] if use_learners else [False, True]):
             _balance_directly(plan, load, kind, owner, order, config)
@@ -482,6 +488,7 @@ def _place_actives(
     config: AssignorConfig,
     now_ms: int,
     use_learners: bool,
+    promote: bool,
 ) -> None:
     # Running tasks first, all of them, so that unowned tasks see the whole load.
     unplaced: list[str] = []
@@ -495,7 +502,8 @@ def _place_actives(
             continue
         inst = instances[current.instance_id]
         ready = (_open_copy(task, learner_lags, instances, config.acceptable_lag,
-                            inst.instance_id) if kind and task in learner_lags else None)
+                            inst.instance_id)
+                 if promote and kind and task in learner_lags else None)
         destination: str | None = inst.instance_id
         if inst.leaving and open_ids:
             if _expired(inst, now_ms) or not kind or not use_learners:
@@ -938,8 +946,10 @@ def _assignments(
             mid = member.member_id
             revoked = ordered(plan.revoke.get(mid, ()))
             mine = ordered(plan.active.get(mid, ()))
-            shutdown = inst.leaving and not mine and not revoked and not targeted[
-                inst.instance_id]
+            # A leaving instance shuts down once told to revoke its last tasks (the learner
+            # design): its leaving starts the round that assigns them, and no round is spent
+            # on its departure alone.
+            shutdown = inst.leaving and not mine and not targeted[inst.instance_id]
             result[mid] = MemberAssignment(
                 active=mine,
                 being_learned=tuple(t for t in mine if t in learned),

@@ -62,6 +62,8 @@ class Subscription:
     static: bool = False
     #: The leader's notes from the last assignment this member received (echoed).
     notes: LeaderNotes | None = None
+    #: It asks this round to promote its ready learners (see ``Member.asks_promotion``).
+    asks_promotion: bool = True
     version: int = VERSION
 
 
@@ -274,7 +276,7 @@ def encode_subscription(sub: Subscription) -> bytes:
         "a": _pack_tasks(sub.active), "s": _pack_lags(sub.standbys),
         "l": _pack_lags(sub.learners), "L": sub.leaving, "ls": sub.leaving_since_ms,
         "st": sub.scale_down_timeout_ms, "r": sub.rejoin_token,
-        "S": sub.static, "n": _pack_notes(sub.notes),
+        "S": sub.static, "n": _pack_notes(sub.notes), "P": sub.asks_promotion,
     })
 
 
@@ -294,6 +296,8 @@ def decode_subscription(data: bytes | None) -> Subscription:
         rejoin_token=_field(payload, "r", int, what),
         static=bool(payload.get("S", False)),
         notes=_notes_or_none(payload.get("n"), what),
+        # Absent in subscriptions of older members, which ask on each ready learner.
+        asks_promotion=bool(payload.get("P", True)),
     )
 
 
@@ -314,7 +318,7 @@ def member_from_subscription(member_id: str, sub: Subscription) -> Member:
         learners=dict(sub.learners), leaving=sub.leaving,
         leaving_since_ms=sub.leaving_since_ms,
         scale_down_timeout_ms=sub.scale_down_timeout_ms,
-        notes=sub.notes,
+        notes=sub.notes, asks_promotion=sub.asks_promotion,
     )
 
 
@@ -331,7 +335,7 @@ def encode_assignment(assignment: MemberAssignment) -> bytes:
         "l": _pack_tasks(assignment.learners), "s": _pack_tasks(assignment.standbys),
         "r": _pack_tasks(assignment.revoked), "j": assignment.rejoin_after_ms,
         "x": assignment.shutdown, "e": assignment.error, "n": _pack_notes(assignment.notes),
-        "g": assignment.group_size,
+        "g": assignment.group_size, "gl": assignment.group_learners,
     })
 
 
@@ -350,4 +354,5 @@ def decode_assignment(data: bytes | None) -> MemberAssignment:
         notes=_notes_or_none(payload.get("n"), what),
         # Absent in assignments of older leaders: unknown, nobody waits for it.
         group_size=_field(payload, "g", int, what, optional=True) or 0,
+        group_learners=_field(payload, "gl", int, what, optional=True) or 0,
     )

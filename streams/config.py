@@ -23,6 +23,7 @@ from assignor import AssignorConfig
 from assignor.model import AssignorConfigError
 from streams.broker_quirks import QuirksSettingError
 from streams.broker_quirks import parse_setting as parse_quirks
+from streams.learner_readiness import POLICIES as LEARNER_REJOIN_POLICIES
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ MAX_TOPIC_NAME = 249
 #: The suffixes of the internal topics named after the application id alone (stores and
 #: repartition steps add their own names: checked when the app runs).
 APP_TOPIC_SUFFIXES = ("-dead-letters", "-status", "-control")
+#: The default of ``learner_batch_wait_ms``: long enough for copies of similar stores placed
+#: together to catch up together, short next to a store's restore from scratch.
+LEARNER_BATCH_WAIT_MS = 30_000
 
 
 class ConfigError(ValueError):
@@ -64,7 +68,12 @@ class AppConfig:
     num_standbys: int = 0
     acceptable_lag: int = 10_000
     max_learners: int = 2
-    learner_rejoin: str = "eager"
+    #: When a member asks for the round that promotes its ready learners:
+    #: ``batched``, ``eager`` or ``conservative`` (:mod:`streams.learner_readiness`).
+    learner_rejoin: str = "batched"
+    #: ``batched``: how long a ready learner waits for the group's other learners before its
+    #: member asks for a round anyway.
+    learner_batch_wait_ms: int = LEARNER_BATCH_WAIT_MS
     #: ``cooperative``: only what moves stops; ``eager``: every rebalance stops every task
     #: and closes its stores (the stop-the-world baseline the benchmarks compare with).
     rebalance_protocol: str = "cooperative"
@@ -135,7 +144,7 @@ class AppConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, not {getattr(self, name)}")
         for name in ("num_standbys", "acceptable_lag", "lost_task_delay_ms",
-                     "initial_delay_ms", "scale_down_timeout_ms"):
+                     "initial_delay_ms", "scale_down_timeout_ms", "learner_batch_wait_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)}")
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
@@ -147,9 +156,10 @@ class AppConfig:
             parse_quirks(self.broker_quirks)
         except QuirksSettingError as exc:
             raise ConfigError(str(exc)) from None
-        if self.learner_rejoin not in ("eager", "conservative"):
+        if self.learner_rejoin not in LEARNER_REJOIN_POLICIES:
             raise ConfigError(
-                f"learner_rejoin must be 'eager' or 'conservative', not {self.learner_rejoin!r}"
+                f"learner_rejoin must be 'batched', 'eager' or 'conservative', not "
+                f"{self.learner_rejoin!r}"
             )
         if self.rebalance_protocol not in ("cooperative", "eager"):
             raise ConfigError(

@@ -30,6 +30,7 @@ from assignor import (
     MemberAssignment,
     Task,
     assign,
+    memory_from_notes,
     parse_task_id,
 )
 from assignor.protocol import (
@@ -55,33 +56,50 @@ def moves_by_cause(
     members: Iterable[Member],
     assignments: Mapping[str, MemberAssignment],
     acceptable_lag: int,
+    moving_before: Mapping[str, MemberKey] | None = None,
+    moving_now: Mapping[str, MemberKey] | None = None,
 ) -> dict[str, int]:
-    """How many tasks a round moved to another member, by cause: each task's new active
-    compared with its previous owner (instance and thread, so a static member that restarts
-    and gets its tasks back has moved nothing). A task nobody runs after the round (revoked
-    now, placed in the next round) has not moved yet."""
+    """How many tasks a round moved to another member, by cause.
+
+    A task revoked this round for another member (``moving_now``, the leader's new memory) is
+    counted now, when its cause is known: its owner, leaving, may be gone by the next round
+    (a leaving instance shuts down upon revoking its last tasks). A task the last round
+    revoked for the member that now runs it (``moving_before``) was counted then. Any other
+    task is counted when it runs elsewhere: its new active compared with its previous owner
+    (instance and thread, so a static member that restarts and gets its tasks back has moved
+    nothing)."""
     by_id = {m.member_id: m for m in members}
     present = {m.key: m for m in by_id.values()}
+    moving_before = moving_before or {}
     counts: dict[str, int] = {}
+
+    def count(owner: Member | None, receiver: Member | None, task_id: str) -> None:
+        lag = receiver.learners.get(task_id, acceptable_lag + 1) if receiver else None
+        ready = lag is not None and lag <= acceptable_lag
+        if owner is None:
+            cause = "lost"
+        elif owner.leaving:
+            cause = "leaving" if ready else "scale_down_timeout"
+        elif ready:
+            cause = "learner_ready"
+        else:
+            cause = "balance"
+        counts[cause] = counts.get(cause, 0) + 1
+
+    runs = {t: m for m in by_id.values() for t in m.active}
+    for task_id, key in (moving_now or {}).items():
+        if moving_before.get(task_id) != key and task_id in runs:
+            count(runs[task_id], present.get(key), task_id)
     for member_id, assignment in assignments.items():
         member = by_id.get(member_id)
         if member is None:
             continue
         for task_id in assignment.active:
             before = previous_owners.get(task_id)
-            if before is None or before == member.key:
+            if before is None or before == member.key or moving_before.get(
+                    task_id) == member.key:
                 continue
-            owner = present.get(before)
-            ready = member.learners.get(task_id, acceptable_lag + 1) <= acceptable_lag
-            if owner is None:
-                cause = "lost"
-            elif owner.leaving:
-                cause = "leaving" if ready else "scale_down_timeout"
-            elif ready:
-                cause = "learner_ready"
-            else:
-                cause = "balance"
-            counts[cause] = counts.get(cause, 0) + 1
+            count(present.get(before), member, task_id)
     return counts
 
 
@@ -198,14 +216,17 @@ class RelayAssignor(AbstractPartitionAssignor):
         self._record_round(decoded, assignments, previous_memory)
         result: dict[str, ConsumerProtocolMemberAssignment] = {}
         self.static_digests = {}
+        learning = sum(len(a.learners) for a in assignments.values())
         for member_id, member_assignment in assignments.items():
             by_topic: dict[str, list[int]] = {}
             for task_id in member_assignment.active:
                 for topic, partition in self._layout.partitions_of(task_id):
                     by_topic.setdefault(topic, []).append(partition)
             # Each member learns the round's size: one asking for the next round waits until
-            # that many have their assignment (see streams.synced_round).
-            user_data = encode_assignment(replace(member_assignment, group_size=len(members)))
+            # that many have their assignment (see streams.synced_round); and how many
+            # learners the group holds (see streams.learner_readiness).
+            user_data = encode_assignment(replace(
+                member_assignment, group_size=len(members), group_learners=learning))
             result[member_id] = ConsumerProtocolMemberAssignment(
                 0, sorted((t, sorted(ps)) for t, ps in by_topic.items()), user_data
             )
@@ -230,7 +251,11 @@ class RelayAssignor(AbstractPartitionAssignor):
                     self._placed[task_id] = keys[member_id]
         if self._metrics is None:
             return
-        moved = moves_by_cause(previous, members, assignments, self._config.acceptable_lag)
+        # A new leader knows the moves under way from the notes the members echo.
+        before = previous_memory if previous_memory is not None else memory_from_notes(members)
+        moved = moves_by_cause(previous, members, assignments, self._config.acceptable_lag,
+                               before.moving,
+                               self.memory.moving if self.memory is not None else None)
         for cause, n in sorted(moved.items()):
             self._metrics.record_moved(self._label, cause, n)
         self._metrics.set_hold_deadlines(

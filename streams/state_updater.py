@@ -3,8 +3,9 @@ and learner copies following their changelogs, reporting their lag.
 
 Two changelog readers (:class:`statestore.restore.ChangelogReader`) do the fetching: one
 restores actives (one task at a time, to its changelog's end), one follows every copy. A
-learner at or under ``acceptable_lag`` is ready: the thread is told, and asks for a
-rebalance at once (``learner_rejoin="eager"``) or once all its learners are ready.
+learner at or under ``acceptable_lag`` is ready; when the thread asks for a rebalance for its
+ready learners is :func:`streams.learner_readiness.asks_now`'s decision (``learner_rejoin``:
+at once, once all of them are ready, or batched with the group's other learners).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statestore.store import KeyValueStore
+from streams.learner_readiness import LearnerView, asks_now, asks_promotion
 from streams.metrics import Metrics
 from streams.tasks import Tasks
 from streams.transitions import Role
@@ -51,6 +53,7 @@ class StateUpdater:
         metrics: Metrics | None = None,
         metrics_label: str = "",
         before_restore: Callable[[str], Awaitable[Any]] | None = None,
+        learner_batch_wait_ms: int = 30_000,
     ) -> None:
         self.restorer = restorer
         self._before_restore = before_restore
@@ -62,7 +65,15 @@ class StateUpdater:
         self._on_restored = on_restored
         self._on_learners_ready = on_learners_ready
         self._wakeup = asyncio.Event()
+        self._batch_wait_s = learner_batch_wait_ms / 1000
+        #: Ready learners this thread asked a round for.
         self._ready_reported: set[str] = set()
+        #: Ready learners -> since when (monotonic) they are ready as learners.
+        self._ready_since: dict[str, float] = {}
+        #: From the last assignment: the group's learner copies, and this thread's learners
+        #: it promoted (copies until the next round).
+        self._group_learners = 0
+        self._promoted: frozenset[str] = frozenset()
         self._metrics = metrics
         self._label = metrics_label
         #: Per copy: changelog records it had read at the last sample, and when.
@@ -93,6 +104,7 @@ class StateUpdater:
 
     def unfollow(self, task_id: str, stores: dict[str, KeyValueStore]) -> None:
         self._ready_reported.discard(task_id)
+        self._ready_since.pop(task_id, None)
         self._catching_up.pop(task_id, None)
         for store in stores.values():
             self.follower.unregister(store)
@@ -147,15 +159,36 @@ class StateUpdater:
         self._ready_reported &= set(self._tasks.copy_roles)
         self._wakeup.set()
 
-    def check_learners_ready(self) -> None:
-        learners = self._tasks.copies_with(Role.LEARNER)
-        ready = {t for t in learners if self.copy_lag(t) <= self._acceptable_lag}
-        newly = ready - self._ready_reported
-        if not newly:
-            return
-        if self._learner_rejoin == "eager" or ready == set(learners):
+    def learners_assigned(self, group_learners: int, promoted: frozenset[str]) -> None:
+        """What the last assignment says of learners beyond this thread's list: how many the
+        group holds, and which of this thread's were promoted."""
+        self._group_learners = group_learners
+        self._promoted = promoted
+
+    def _learning(self) -> frozenset[str]:
+        return frozenset(self._tasks.copies_with(Role.LEARNER)) - self._promoted
+
+    def asks_promotion(self, promoted: frozenset[str] | None = None) -> bool:
+        """Whether this thread's subscription asks the round to promote ready learners
+        (``promoted``: what the last assignment received promoted, if it is newer than the
+        one applied)."""
+        promoted = self._promoted if promoted is None else promoted
+        held = frozenset(self._tasks.copies_with(Role.LEARNER))
+        return asks_promotion(frozenset(self._ready_reported), held, promoted)
+
+    def check_learners_ready(self, now: float | None = None) -> None:
+        """Tell the thread to ask for a round when the policy says so (called after every
+        poll of the copies, so that a wait runs out within a poll)."""
+        now = time.monotonic() if now is None else now
+        learners = self._learning()
+        ready = frozenset(t for t in learners if self.copy_lag(t) <= self._acceptable_lag)
+        self._ready_since = {t: self._ready_since.get(t, now) for t in ready}
+        unasked = {t: since for t, since in self._ready_since.items()
+                   if t not in self._ready_reported}
+        view = LearnerView(learners, ready, unasked, self._group_learners)
+        if asks_now(self._learner_rejoin, view, now, self._batch_wait_s):
             self._ready_reported |= ready
-            self._on_learners_ready(sorted(newly))
+            self._on_learners_ready(sorted(unasked))
 
     # -- loops -----------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from streams.control import ROUND_KEY, control_topic_name, encode_round_report
 from streams.driver import GroupConsumer, producer_client
 from streams.formed_group import wait_for_formed_group
 from streams.join_watch import JoinWatch
+from streams.learner_readiness import being_promoted
 from streams.membership import leave_as_static_member
 from streams.metrics import Metrics
 from streams.queries import store_layouts
@@ -260,7 +261,14 @@ class StreamThread:
             scale_down_timeout_ms=timeout,
             rejoin_token=self._rejoin_token,
             static=self.static_id is not None,
+            # The last assignment received (maybe not applied yet) says what it promoted.
+            asks_promotion=self.state_updater.asks_promotion(self._promoted_by_last()),
         ), self._last_assignment)
+
+    def _promoted_by_last(self) -> frozenset[str]:
+        last = self._last_assignment
+        return being_promoted(last.notes if last is not None else None,
+                              (self.instance_id, self.index))
 
     def assignment_received(self, assignment: MemberAssignment) -> None:
         self._pending_assignment = assignment
@@ -391,6 +399,9 @@ class StreamThread:
 
     def _apply(self, assignment: MemberAssignment) -> None:
         self.task_manager.handle_assignment(assignment)
+        self.state_updater.learners_assigned(
+            assignment.group_learners,
+            being_promoted(assignment.notes, (self.instance_id, self.index)))
         self._being_learned = tuple(assignment.being_learned)
         self._schedule_rejoin(assignment.rejoin_after_ms)
         if assignment.shutdown:

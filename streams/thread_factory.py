@@ -119,6 +119,7 @@ def build_stream_thread(
         commit_interval_ms=config.commit_interval_ms,
         acceptable_lag=config.acceptable_lag,
         learner_rejoin=config.learner_rejoin,
+        learner_batch_wait_ms=config.learner_batch_wait_ms,
         on_restored=lambda task_id, stores: thread.on_restored(task_id, stores),
         on_learners_ready=lambda task_ids: thread.learners_ready(task_ids),
         metrics=metrics, metrics_label=label,

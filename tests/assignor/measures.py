@@ -1,12 +1,15 @@
 """Measures over a simulated group: whether it is balanced, how many tasks a change moved,
-and the fewest moves that balance needs after that change."""
+the fewest moves that balance needs after that change, and how many rounds the group takes
+to settle (round by round, or in time, with members asking for rounds as the runtime
+does)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 
-from tests.assignor.simulation import Group
+from streams.learner_readiness import LearnerView, asks_now, asks_promotion, being_promoted
+from tests.assignor.simulation import Group, SimMember
 
 
 def placement(group: Group) -> dict[str, str]:
@@ -135,3 +138,82 @@ def _ready_learners(group: Group) -> set[tuple[str, str]]:
     acceptable = group.config.acceptable_lag
     return {(mid, t) for mid, m in group.members.items() for t, lag in m.learners.items()
             if lag <= acceptable}
+
+
+def settle_timed(group: Group, policy: str, wait_ms: int, round_ms: int = 3_000,
+                 limit: int = 200) -> int:
+    """Rounds until the group is quiet and balanced, with time: copies catch up in the time
+    ``group.catch_up_ms`` gives them, a round takes ``round_ms``, and a round runs only when
+    someone asks for one: the change itself, a member that revoked tasks or shut down in the
+    last round (at once), or a member whose learners are ready, as ``policy`` decides
+    (:func:`streams.learner_readiness.asks_now`, the runtime's own decision)."""
+    asked: dict[str, set[str]] = {}
+    follow_up: int | None = group.now_ms  # the change starts a round
+    last: int | None = None
+    rounds = 0
+    while rounds < limit:
+        earliest = group.now_ms if last is None else last + round_ms
+        asks = {}
+        for mid, member in group.members.items():
+            at = _asks_at(member, asked.get(mid, set()), policy, wait_ms, earliest)
+            if at is not None:
+                asks[mid] = at
+        times = [*asks.values(), *([] if follow_up is None else [follow_up])]
+        if not times:
+            # Nobody will ask for another round: this is where the group stays.
+            if balanced(group, group.config.tolerance):
+                return rounds
+            raise AssertionError(f"stuck unbalanced: {group.active_by_member()}")
+        at = max(min(times), earliest)
+        for mid, when in asks.items():
+            if when <= at:
+                member = group.members[mid]
+                asked.setdefault(mid, set()).update(
+                    t for t in _learning(member) if member.ready_at[t] <= at)
+        for mid, member in group.members.items():
+            member.asks_promotion = asks_promotion(
+                frozenset(asked.get(mid, ())), frozenset(member.learners),
+                being_promoted(member.notes, (member.instance_id, member.thread)))
+        group.advance_to(at)
+        before = {mid: (sorted(m.active), sorted(m.learners)) for mid, m in
+                  group.members.items()}
+        out = group.round()
+        rounds += 1
+        last = at
+        asked = {mid: done & set(group.members[mid].learners) for mid, done in asked.items()
+                 if mid in group.members}
+        after = {mid: (sorted(m.active), sorted(m.learners)) for mid, m in
+                 group.members.items()}
+        quiet = all(not a.revoked and not a.learners and not a.shutdown for a in out.values())
+        if quiet and before == after and balanced(group, group.config.tolerance):
+            return rounds
+        # A member that revoked tasks rejoins at once; one that shut down leaves.
+        follow_up = at + round_ms if any(a.revoked or a.shutdown for a in out.values()) else None
+    raise AssertionError(f"not settled after {rounds} rounds: {group.active_by_member()}")
+
+
+def _asks_at(member: SimMember, asked: set[str], policy: str, wait_ms: int,
+             earliest: int) -> int | None:
+    """When the member asks for a round for its ready learners (None: not before one of
+    them is gone). Its view only changes when a learner gets ready or a wait runs out."""
+    held = _learning(member)
+    # Ready as a learner: a standby that becomes a learner is ready from then on.
+    ready_at = {t: max(member.ready_at[t], member.learning_since[t]) for t in held}
+    pending = [ready_at[t] for t in held if t not in asked]
+    if not pending:
+        return None
+    candidates = sorted({earliest, *(max(earliest, at + extra) for at in pending
+                                     for extra in (0, wait_ms))})
+    for now in candidates:
+        ready = frozenset(t for t in held if ready_at[t] <= now)
+        view = LearnerView(held, ready, {t: ready_at[t] for t in ready if t not in asked},
+                           member.group_learners)
+        if asks_now(policy, view, now, wait_ms):
+            return now
+    return None
+
+
+def _learning(member: SimMember) -> frozenset[str]:
+    """The member's learners, less those its last round promoted (copies until the next)."""
+    return frozenset(member.learners) - being_promoted(
+        member.notes, (member.instance_id, member.thread))

@@ -1,11 +1,12 @@
 """A pure simulation of a group following the assignor's instructions round by round: members
 drop revoked tasks, start assigned ones, keep the learner and standby copies they are given
-(new copies start far behind, or a set number of rounds behind on chosen instances), echo the
-leader's notes from their last assignment, restart (losing everything but their static id),
-and shut down when told."""
+(new copies start far behind, a set number of rounds behind on chosen instances, or, timed,
+a set time from being ready), echo the leader's notes from their last assignment, restart
+(losing everything but their static id), and shut down when told."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,13 +26,22 @@ class SimMember:
     leaving_since_ms: int | None = None
     scale_down_timeout_ms: int | None = None
     notes: Any = None
+    #: Timed copies: task -> when the copy is ready (see ``Group.catch_up_ms``).
+    ready_at: dict[str, int] = field(default_factory=dict)
+    #: Timed learners: task -> since when the member holds it as a learner.
+    learning_since: dict[str, int] = field(default_factory=dict)
+    #: How many learners the group held after the last round (the runtime's group_learners).
+    group_learners: int = 0
+    #: Whether it asks the next round to promote ready learners (None: always, as before).
+    asks_promotion: bool | None = None
 
     def view(self) -> Member:
         extra = {} if self.notes is None else {"notes": self.notes}
         return Member(self.member_id, self.instance_id, self.thread, frozenset(self.active),
                       dict(self.standbys), dict(self.learners),
                       self.leaving_since_ms is not None, self.leaving_since_ms,
-                      self.scale_down_timeout_ms, **extra)
+                      self.scale_down_timeout_ms, **extra,
+                      asks_promotion=self.asks_promotion is not False)
 
 
 @dataclass
@@ -44,6 +54,9 @@ class Group:
     history: list[dict[str, MemberAssignment]] = field(default_factory=list)
     #: instance -> how many rounds a new copy there takes to catch up (see ``tick``)
     rounds_to_ready: dict[str, int] = field(default_factory=dict)
+    #: Timed copies: (instance, task) -> how long a new copy there takes to catch up, in ms;
+    #: its lag is the time it has left (``advance_to``), so set ``acceptable_lag=0``.
+    catch_up_ms: Callable[[str, str], int] | None = None
 
     def join(self, instance: str, threads: int = 1, active: tuple[str, ...] = ()) -> None:
         for t in range(threads):
@@ -90,6 +103,15 @@ class Group:
                 for task, lag in copies.items():
                     copies[task] = max(0, lag - 1)
 
+    def advance_to(self, now_ms: int) -> None:
+        """Time passes: every timed copy's lag is the time it has left until it is ready."""
+        self.now_ms = now_ms
+        for member in self.members.values():
+            for copies in (member.learners, member.standbys):
+                for task in copies:
+                    if task in member.ready_at:
+                        copies[task] = max(0, member.ready_at[task] - now_ms)
+
     def _start_lag(self, instance: str) -> int:
         return self.rounds_to_ready.get(instance, FAR_BEHIND)
 
@@ -109,9 +131,30 @@ class Group:
             member.standbys = {t: member.standbys.get(t, member.learners.get(t, fresh))
                                for t in assignment.standbys}
             member.notes = getattr(assignment, "notes", None)
+            if self.catch_up_ms is not None:
+                self._time_copies(member)
             if assignment.shutdown:
                 del self.members[mid]
+        learning = sum(len(a.learners) for a in out.values())
+        for member in self.members.values():
+            member.group_learners = learning
         return out
+
+    def _time_copies(self, member: SimMember) -> None:
+        assert self.catch_up_ms is not None
+        held = {*member.learners, *member.standbys}
+        member.ready_at = {t: at for t, at in member.ready_at.items() if t in held}
+        member.learning_since = {t: member.learning_since.get(t, self.now_ms)
+                                 for t in member.learners}
+        for task in held - set(member.ready_at):
+            lag = member.learners.get(task, member.standbys.get(task, FAR_BEHIND))
+            # A new copy starts its catch-up now; one held before time was modelled keeps
+            # its lag (0 once caught up).
+            member.ready_at[task] = self.now_ms + (
+                self.catch_up_ms(member.instance_id, task) if lag >= FAR_BEHIND else lag)
+        for copies in (member.learners, member.standbys):
+            for task in copies:
+                copies[task] = max(0, member.ready_at[task] - self.now_ms)
 
     def active_by_instance(self) -> dict[str, list[str]]:
         result: dict[str, list[str]] = {}

@@ -8,9 +8,20 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
 
 from assignor import AssignorConfig, Member, Task, assign
-from tests.assignor.measures import balanced, fewest_moves, moves, placement, settle
+from streams.config import LEARNER_BATCH_WAIT_MS
+from tests.assignor.measures import (
+    balanced,
+    fewest_moves,
+    moves,
+    placement,
+    settle,
+    settle_timed,
+)
 from tests.assignor.simulation import Group, SimMember
 
 
@@ -254,9 +265,11 @@ def test_a_leaving_instances_task_goes_to_a_copy_holder_only_where_balance_keeps
     assert moves(before, placement(group)) == least == 3
 
 
-def host_swap_rounds(rounds_to_ready: dict[str, int]) -> int:
-    """Rounds a host swap of 20 stateful tasks (two old instances for two new ones,
-    ``max_learners=4``) takes when new copies catch up in the given rounds per instance."""
+def host_swap_rounds(catch_up: Callable[[str, str], int], policy: str) -> int:
+    """Rounds a host swap of 20 stateful tasks (two old one-thread instances for two new
+    ones, ``max_learners=4``) takes when a new copy on an instance catches up in
+    ``catch_up(instance, task)`` ms, rounds take 3 s, and members ask for rounds per
+    ``policy`` (the runtime's ``learner_rejoin``) with the default wait."""
     config = AssignorConfig(max_learners=4, acceptable_lag=0)
     group = Group([Task(f"0_{n}") for n in range(20)], config)
     group.join("old-1")
@@ -264,27 +277,57 @@ def host_swap_rounds(rounds_to_ready: dict[str, int]) -> int:
     settle(group)
     group.join("new-1")
     group.join("new-2")
-    group.rounds_to_ready = rounds_to_ready
+    group.catch_up_ms = catch_up
     group.mark_leaving("old-1")
     group.mark_leaving("old-2")
-    rounds = settle(group, catch_up=False)
+    rounds = settle_timed(group, policy, LEARNER_BATCH_WAIT_MS)
     assert {i: len(ts) for i, ts in group.active_by_instance().items()} == {
         "new-1": 10, "new-2": 10}
     return rounds
 
 
-def test_a_host_swap_with_copies_ready_within_two_rounds_keeps_the_issue_bound() -> None:
-    # One new host restores twice as fast as the other: 2 * ceil(20 / 4) + 3 rounds.
-    assert host_swap_rounds({"new-1": 1, "new-2": 2}) <= 2 * math.ceil(20 / 4) + 3
+def number(task: str) -> int:
+    return int(task.split("_")[1])
 
 
-def test_a_host_swap_with_slower_copies_settles_within_the_catch_up_bound() -> None:
-    # Copies that take up to K rounds: K * ceil(moves / max_learners) + 3 rounds. With eager
-    # rejoin each ready learner asks for its round, so 2 * ceil(20 / 4) + 3 cannot hold
-    # whatever the lags (see the convergence tests' module docstring).
-    for speeds in ({"new-1": 1, "new-2": 3}, {"new-1": 2, "new-2": 4}, {"new-1": 4, "new-2": 4}):
-        catch_up = max(speeds.values())
-        assert host_swap_rounds(speeds) <= catch_up * math.ceil(20 / 4) + 3, speeds
+#: Catch-up times of new copies, all within the default wait (30 s), uneven.
+UNEVEN_LAGS: dict[str, Callable[[str, str], int]] = {
+    "one host 4x slower (5 s, 20 s)": lambda i, t: 5_000 if i == "new-1" else 20_000,
+    "per task, 1 to 20 s": lambda i, t: 1_000 * (1 + number(t) * 7 % 20),
+    "per task, 1.5 s apart": lambda i, t: 1_500 * (1 + number(t)),
+    "per host and task, 0 to 29 s": lambda i, t: (number(t) * 5_300 + len(i) * 700
+                                                  + (9_000 if i == "new-2" else 0)) % 29_000,
+}
+
+
+@pytest.mark.parametrize("lags", sorted(UNEVEN_LAGS))
+def test_a_host_swap_with_uneven_lags_takes_the_issue_bound_once_members_batch(
+        lags: str) -> None:
+    bound = 2 * math.ceil(20 / 4) + 3
+    # Asking on each ready learner (the old policy): copies that get ready at different
+    # times each bring their own round, well past the bound.
+    assert host_swap_rounds(UNEVEN_LAGS[lags], "eager") > bound
+    # Batched: a member asks once the group's learners are ready or its first ready one
+    # waited; the round promotes every ready learner of the group and refills the slots.
+    assert host_swap_rounds(UNEVEN_LAGS[lags], "batched") <= bound
+
+
+def test_a_round_promotes_ready_learners_only_when_a_member_asks_and_then_all_of_them(
+) -> None:
+    tasks = [Task(f"0_{n}") for n in range(8)]
+    config = AssignorConfig(max_learners=2, acceptable_lag=0)
+    old = Member("a", "A", 0, frozenset(t.task_id for t in tasks), asks_promotion=False)
+    quiet = [old, Member("n", "N", 0, learners={"0_0": 0}, asks_promotion=False),
+             Member("m", "M", 0, learners={"0_1": 0}, asks_promotion=False)]
+    out, memory = assign(tasks, quiet, config, 0, None)
+    # A round nobody asked for (a follow-up, a member leaving): learners stay learners.
+    assert not out["a"].revoked and out["n"].learners == ("0_0",)
+    asked = [old, replace(quiet[1], asks_promotion=True), quiet[2]]
+    out, _ = assign(tasks, asked, config, 0, memory)
+    # N asked: both ready learners move, and both slots are refilled in the same round.
+    assert out["a"].revoked == ("0_0", "0_1")
+    fresh = {t for mid in ("n", "m") for t in out[mid].learners} - {"0_0", "0_1"}
+    assert len(fresh) == 2
 
 
 def test_a_learner_stays_on_the_thread_that_holds_it() -> None:

@@ -43,6 +43,7 @@ subscriptions = st.builds(
         lambda ts: tuple(sorted(ts, key=task_sort_key))),
     standbys=lags, learners=lags, leaving=st.booleans(), leaving_since_ms=optional_ms,
     scale_down_timeout_ms=optional_ms, rejoin_token=st.integers(0, 2**31),
+    asks_promotion=st.booleans(),
 )
 
 
@@ -58,7 +59,8 @@ assignments = st.builds(
     standbys=st.lists(task_ids, max_size=30).map(sorted_tasks),
     revoked=st.lists(task_ids, max_size=5).map(sorted_tasks),
     rejoin_after_ms=optional_ms, shutdown=st.booleans(),
-    error=st.none() | st.text(max_size=40),
+    error=st.none() | st.text(max_size=40), group_size=st.integers(0, 2**16),
+    group_learners=st.integers(0, 2**16),
 )
 
 
@@ -161,6 +163,8 @@ def test_an_older_subscription_without_notes_still_decodes() -> None:
     assert sub.active == ("0_1", "0_3") and sub.standbys == {"1_2": 7}
     assert sub.notes is None
     assert with_echo(sub, None).notes is None
+    # An older member asks for a round on each ready learner: its rounds promote them.
+    assert sub.asks_promotion
 
 
 def test_corrupt_notes_are_dropped_with_a_warning_and_the_rest_decodes(

@@ -81,15 +81,15 @@ def test_scale_down_with_s2_leaving() -> None:
     group.round()
     group.round()
     assert T[4] in group.active_by_instance()[first]
-    # Then the other learner: T3 is revoked from S2 in one round, and in the next S3's
-    # neighbour runs it and S2, with nothing left, is told to shut down.
+    # Then the other learner: T3 is revoked from S2 in one round, and S2, with nothing left,
+    # shuts down upon that instruction; in the next, S3's neighbour runs it.
     second = learner_of[T[3]]
     group.catch_up()
     revoke = group.round()
-    assert revoke["S2-0"].revoked == (T[3],) and not revoke["S2-0"].shutdown
+    assert revoke["S2-0"].revoked == (T[3],) and revoke["S2-0"].shutdown
     assert T[3] not in {t for a in revoke.values() for t in a.active}
     final = group.round()
-    assert final["S2-0"].shutdown and final["S2-0"].active == ()
+    assert "S2-0" not in final
     assert T[3] in final[f"{second}-0"].active
     assert "S2" not in {m.instance_id for m in group.members.values()}
     assert sorted(t for ts in group.active_by_instance().values() for t in ts) == tasks(
@@ -111,10 +111,11 @@ def test_scale_down_timeout_hands_over_unready_learners() -> None:
     group.now_ms = 10_000
     handover = group.round()
     assert handover["S2-0"].revoked == tuple(tasks(3, 4)) and handover["S2-0"].active == ()
+    # ...and shuts down upon that instruction; its learners run them in the next.
+    assert handover["S2-0"].shutdown
     learners = {t: i for i, ts in group.learners_by_instance().items() for t in ts}
-    # ...its learners run them in the next, and S2 shuts down.
     final = group.round()
-    assert final["S2-0"].shutdown
+    assert "S2-0" not in final
     for task in tasks(3, 4):
         assert task in final[f"{learners[task]}-0"].active
     assert "S2" not in {m.instance_id for m in group.members.values()}

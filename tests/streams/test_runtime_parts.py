@@ -46,7 +46,7 @@ class _Store:
         self.name = "counts"
 
 
-@pytest.mark.parametrize("policy", ["eager", "conservative"])
+@pytest.mark.parametrize("policy", ["eager", "conservative", "batched"])
 def test_learners_ready_are_reported_once_by_policy(policy: str) -> None:
     tasks = Tasks()
     follower = FakeChangelogReader()

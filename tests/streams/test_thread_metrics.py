@@ -150,6 +150,26 @@ def test_the_leader_counts_moved_tasks_by_cause() -> None:
         "scale_down_timeout": 1}
 
 
+def test_a_move_is_counted_in_the_round_that_revokes_it_when_its_cause_is_known() -> None:
+    members = [
+        member("m-a", "a", ("0_0",), learners={"0_1": 0, "0_2": 50_000}),
+        member("m-b", "b", ("0_1", "0_2"), leaving=True),
+    ]
+    previous = {"0_0": ("a", 0), "0_1": ("b", 0), "0_2": ("b", 0)}
+    # The leaving member revokes both (and shuts down): 0_1 for a ready learner, 0_2 because
+    # its deadline passed.
+    revoking = {"m-a": MemberAssignment(active=("0_0",)), "m-b": MemberAssignment()}
+    moving = {"0_1": ("a", 0), "0_2": ("a", 0)}
+    assert moves_by_cause(previous, members, revoking, 10, {}, moving) == {
+        "leaving": 1, "scale_down_timeout": 1}
+    # The next round runs them where they were going, without the leaving member: counted
+    # already. Under way for more than one round, a move is not counted again either.
+    after = [member("m-a", "a", ("0_0",), learners={"0_1": 0, "0_2": 40_000})]
+    assigned = {"m-a": MemberAssignment(active=("0_0", "0_1", "0_2"))}
+    assert moves_by_cause(previous, after, assigned, 10, moving, {}) == {}
+    assert moves_by_cause(previous, members, revoking, 10, moving, moving) == {}
+
+
 def test_hold_deadlines_are_when_lost_tasks_are_placed_elsewhere() -> None:
     memory = LeaderMemory(lost={"0_1": (("a", 0), 10_000), "0_2": (("a", 1), 12_000)})
     assert hold_deadlines(memory, 30_000) == {"0_1": 40_000, "0_2": 42_000}

@@ -73,6 +73,7 @@ from benchmarks.scaling_workers import PoolSettings, WorkerPool
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
 from streams.config import AppConfig
 from streams.control import control_topic_name
+from streams.driver import install_read_committed_records
 from streams.status import status_topic_name
 
 ALL_FAULTS = ("kill", "stop", "kill-restoring", "kill-handover", "kill-leaving", "corrupt-sst",
@@ -115,10 +116,12 @@ class FaultPool(WorkerPool):
 class Tail:
     """Reads every partition of some topics from their beginning, in the background."""
 
-    def __init__(self, bootstrap: str, topics: dict[str, int]) -> None:
+    def __init__(self, bootstrap: str, topics: dict[str, int],
+                 isolation_level: str = "read_uncommitted") -> None:
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap, enable_auto_commit=False,
-            max_partition_fetch_bytes=4 * 1024 * 1024)
+            max_partition_fetch_bytes=4 * 1024 * 1024, isolation_level=isolation_level)
+        self.isolation_level = isolation_level
         self._tps = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
         self._task: asyncio.Task[None] | None = None
         self.records = 0
@@ -180,8 +183,10 @@ class Outputs(Tail):
     """The outputs of one app, reduced as they arrive: the latest value per key, how often
     each order came out of the join (and with what), and when each task produced."""
 
-    def __init__(self, bootstrap: str, sinks: dict[str, str], partitions: int) -> None:
-        super().__init__(bootstrap, {topic: partitions for topic in sinks.values()})
+    def __init__(self, bootstrap: str, sinks: dict[str, str], partitions: int,
+                 isolation_level: str = "read_uncommitted") -> None:
+        super().__init__(bootstrap, {topic: partitions for topic in sinks.values()},
+                         isolation_level)
         self.kind = {topic: kind for kind, topic in sinks.items()}
         self.latest: dict[str, dict[Any, int]] = {kind: {} for kind in sinks}
         self.joined: Counter[int] = Counter()
@@ -786,11 +791,13 @@ async def count_records(bootstrap: str, topic: str) -> int | None:
         await consumer.stop()
 
 
-async def repartition_duplicates(bootstrap: str, app_id: str) -> int:
+async def repartition_duplicates(bootstrap: str, app_id: str,
+                                 isolation_level: str = "read_uncommitted") -> int:
     """Orders written more than once into the app's repartition topic (at-least-once: the
     first stage processed them again after a crash): every stateful result downstream
-    counts them again."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    counts them again. Exactly-once runs read it as the next stage does (read_committed)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                isolation_level=isolation_level)
     await consumer.start()
     try:
         topics = [t for t in await consumer.topics()
@@ -864,6 +871,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "effective": (guarantee if guarantee and processing_guarantee_supported()
                           else "at_least_once")},
         "load_average_start": os.getloadavg(), "error": None, "apps": {}, "timeline": []}
+    # Exactly-once outputs count once committed: read them as a read_committed consumer
+    # does, aborted transactions found from their markers too (see streams.driver).
+    isolation = ("read_committed"
+                 if report["processing_guarantee"]["effective"] == "exactly_once"
+                 else "read_uncommitted")
+    if isolation == "read_committed":
+        install_read_committed_records()
     session_s = args.session_timeout_ms / 1000
     join_round_s = session_s / 2 + 3
     report["limits"] = {"session_timeout_s": session_s, "join_round_s": join_round_s,
@@ -910,7 +924,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                     status_topic_name(app_ids[name]), P,
                                     args.session_timeout_ms, args.standbys, run_dir)
             pool = FaultPool(settings, name, bench_env, relay_env)
-            outputs = Outputs(bootstrap, sinks[name], P)
+            outputs = Outputs(bootstrap, sinks[name], P, isolation)
             subs = (0, 1) if name == "orders" else (0,)
             run_ = AppRun(name, app_ids[name], pool, StatusTail(bootstrap, app_ids[name]),
                           outputs, {f"{s}_{p}" for s in subs for p in range(P)})
@@ -1022,7 +1036,7 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
         result["repartition_duplicates"] = None
         with contextlib.suppress(Exception):
             result["repartition_duplicates"] = await repartition_duplicates(
-                bench.bootstrap, run.app_id)
+                bench.bootstrap, run.app_id, run.outputs.isolation_level)
     outs = result["outputs"].values()
     result["verdict"] = {
         "nothing_under": all(o["under"] == 0 for o in outs),

@@ -194,10 +194,11 @@ class ReadCommittedRecords(fetcher_module.PartitionRecords):  # type: ignore[mis
         for batch, is_data in walk_batches(batches, self._aborted_transactions):
             if is_data is None:
                 self.next_fetch_offset = max(self.next_fetch_offset, batch.base_offset)
-                if self.next_fetch_offset == batch.base_offset and batch is batches[0]:
-                    log.warning("%s: the transaction at offset %d does not end within one "
-                                "fetch (max_partition_fetch_bytes); fetching it again", tp,
-                                batch.base_offset)
+                if batch is batches[0] and _WAITING_ON.get(tp) != batch.base_offset:
+                    # Said once per transaction: the fetch is repeated until its end shows.
+                    _WAITING_ON[tp] = batch.base_offset
+                    log.info("%s: waiting for the end of the transaction at offset %d (its "
+                             "marker is not in the fetch yet)", tp, batch.base_offset)
                 return
             if is_data:
                 for record in batch:
@@ -207,6 +208,10 @@ class ReadCommittedRecords(fetcher_module.PartitionRecords):  # type: ignore[mis
                     self.next_fetch_offset = record.offset + 1
                     yield consumer_record
             self.next_fetch_offset = max(self.next_fetch_offset, batch.next_offset)
+
+
+#: The transaction each partition's read_committed fetch last waited on (for its log line).
+_WAITING_ON: dict[Any, int] = {}
 
 
 def install_read_committed_records() -> None:

@@ -73,7 +73,7 @@ from benchmarks.scaling_workers import PoolSettings, WorkerPool
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
 from streams.config import AppConfig
 from streams.control import control_topic_name
-from streams.driver import install_read_committed_records
+from streams.driver import read_committed_by_markers
 from streams.status import status_topic_name
 
 ALL_FAULTS = ("kill", "stop", "kill-restoring", "kill-handover", "kill-leaving", "corrupt-sst",
@@ -116,12 +116,12 @@ class FaultPool(WorkerPool):
 class Tail:
     """Reads every partition of some topics from their beginning, in the background."""
 
-    def __init__(self, bootstrap: str, topics: dict[str, int],
-                 isolation_level: str = "read_uncommitted") -> None:
+    def __init__(self, bootstrap: str, topics: dict[str, int], committed: bool = False) -> None:
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap, enable_auto_commit=False,
-            max_partition_fetch_bytes=4 * 1024 * 1024, isolation_level=isolation_level)
-        self.isolation_level = isolation_level
+            max_partition_fetch_bytes=4 * 1024 * 1024)
+        #: Committed records only (exactly-once outputs), read by their markers.
+        self.committed = committed
         self._tps = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
         self._task: asyncio.Task[None] | None = None
         self.records = 0
@@ -129,6 +129,8 @@ class Tail:
 
     async def start(self) -> None:
         await self._consumer.start()
+        if self.committed:
+            read_committed_by_markers(self._consumer)
         self._consumer.assign(self._tps)
         await self._consumer.seek_to_beginning(*self._tps)
         self._task = asyncio.create_task(self._run())
@@ -184,9 +186,8 @@ class Outputs(Tail):
     each order came out of the join (and with what), and when each task produced."""
 
     def __init__(self, bootstrap: str, sinks: dict[str, str], partitions: int,
-                 isolation_level: str = "read_uncommitted") -> None:
-        super().__init__(bootstrap, {topic: partitions for topic in sinks.values()},
-                         isolation_level)
+                 committed: bool = False) -> None:
+        super().__init__(bootstrap, {topic: partitions for topic in sinks.values()}, committed)
         self.kind = {topic: kind for kind, topic in sinks.items()}
         self.latest: dict[str, dict[Any, int]] = {kind: {} for kind in sinks}
         self.joined: Counter[int] = Counter()
@@ -791,14 +792,14 @@ async def count_records(bootstrap: str, topic: str) -> int | None:
         await consumer.stop()
 
 
-async def repartition_duplicates(bootstrap: str, app_id: str,
-                                 isolation_level: str = "read_uncommitted") -> int:
+async def repartition_duplicates(bootstrap: str, app_id: str, committed: bool = False) -> int:
     """Orders written more than once into the app's repartition topic (at-least-once: the
     first stage processed them again after a crash): every stateful result downstream
     counts them again. Exactly-once runs read it as the next stage does (read_committed)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                isolation_level=isolation_level)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
+    if committed:
+        read_committed_by_markers(consumer)
     try:
         topics = [t for t in await consumer.topics()
                   if t.startswith(f"{app_id}-") and "-repartition" in t]
@@ -871,13 +872,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "effective": (guarantee if guarantee and processing_guarantee_supported()
                           else "at_least_once")},
         "load_average_start": os.getloadavg(), "error": None, "apps": {}, "timeline": []}
-    # Exactly-once outputs count once committed: read them as a read_committed consumer
-    # does, aborted transactions found from their markers too (see streams.driver).
-    isolation = ("read_committed"
-                 if report["processing_guarantee"]["effective"] == "exactly_once"
-                 else "read_uncommitted")
-    if isolation == "read_committed":
-        install_read_committed_records()
+    # Exactly-once outputs count once committed: read as the app reads its own input, by
+    # transaction markers (see streams.driver.read_committed_by_markers).
+    committed = report["processing_guarantee"]["effective"] == "exactly_once"
     session_s = args.session_timeout_ms / 1000
     join_round_s = session_s / 2 + 3
     report["limits"] = {"session_timeout_s": session_s, "join_round_s": join_round_s,
@@ -924,7 +921,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                     status_topic_name(app_ids[name]), P,
                                     args.session_timeout_ms, args.standbys, run_dir)
             pool = FaultPool(settings, name, bench_env, relay_env)
-            outputs = Outputs(bootstrap, sinks[name], P, isolation)
+            outputs = Outputs(bootstrap, sinks[name], P, committed)
             subs = (0, 1) if name == "orders" else (0,)
             run_ = AppRun(name, app_ids[name], pool, StatusTail(bootstrap, app_ids[name]),
                           outputs, {f"{s}_{p}" for s in subs for p in range(P)})
@@ -1036,7 +1033,7 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
         result["repartition_duplicates"] = None
         with contextlib.suppress(Exception):
             result["repartition_duplicates"] = await repartition_duplicates(
-                bench.bootstrap, run.app_id, run.outputs.isolation_level)
+                bench.bootstrap, run.app_id, run.outputs.committed)
     outs = result["outputs"].values()
     result["verdict"] = {
         "nothing_under": all(o["under"] == 0 for o in outs),

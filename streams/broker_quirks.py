@@ -15,8 +15,12 @@ has a name here, lives in one module, and is on only when the broker needs it:
 - ``departed-static-leader`` (:mod:`streams.departed_members`): an expired static leader
   keeps leading the rounds that follow, so a member stuck joining removes static members
   silent for over a session timeout.
+- ``stuck-last-stable-offset`` (:func:`streams.driver.read_committed_by_markers`): a
+  partition's last stable offset does not move while any transaction on it is open, so an
+  exactly-once member reads its input (a repartition topic several tasks write) up to the
+  high watermark and keeps only committed transactions, told by their markers.
 
-Tansu (the embedded broker) needs all four. Apache Kafka needs none of them; they are
+Tansu (the embedded broker) needs all five. Apache Kafka needs none of them; they are
 harmless there but cost messages and waits. The setting ``broker_quirks`` chooses: ``auto``
 (detected: all for the embedded broker and for brokers whose cluster id says Tansu, none
 otherwise), ``all``, ``none``, or a comma-separated list of names.
@@ -42,6 +46,7 @@ class Quirk(StrEnum):
     LATE_FOLLOWER_SYNC = "late-follower-sync"
     LEADER_WEDGE = "leader-wedge"
     DEPARTED_STATIC_LEADER = "departed-static-leader"
+    STUCK_LAST_STABLE_OFFSET = "stuck-last-stable-offset"
 
 
 #: Cluster ids (prefixes, lower case) of brokers that have every quirk.

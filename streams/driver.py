@@ -56,13 +56,16 @@ COMMIT_DEFERRED_ERRORS = (CommitFailedError, RebalanceInProgressError, IllegalSt
 class GroupConsumer:
     """A group member's consumer, and what the runtime needs to know about its group."""
 
-    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+    def __init__(self, consumer: AIOKafkaConsumer, committed_by_markers: bool = False) -> None:
         self._consumer = consumer
+        self._committed_by_markers = committed_by_markers
 
     # -- the consumer's public API ---------------------------------------------------------
 
     async def start(self) -> None:
         await self._consumer.start()
+        if self._committed_by_markers:
+            read_committed_by_markers(self._consumer)
 
     async def stop(self) -> None:
         await self._consumer.stop()
@@ -170,6 +173,29 @@ class GroupConsumer:
         return str(for_code(response.error_code).__name__)
 
 
+class _MarkerIsolation(int):
+    """An isolation level that fetches read_uncommitted (its value, 0, goes on the wire) and
+    that :class:`ReadCommittedRecords` reads as read_committed by markers."""
+
+
+#: Committed records only, told by their markers, from fetches up to the high watermark.
+COMMITTED_BY_MARKERS = _MarkerIsolation(fetcher_module.READ_UNCOMMITTED)
+
+
+def read_committed_by_markers(consumer: AIOKafkaConsumer) -> None:
+    """Make a started consumer read committed records by their markers alone.
+
+    Broker quirk (the ``stuck-last-stable-offset`` one, see :mod:`streams.broker_quirks`):
+    Tansu 0.6 does not move a partition's last stable offset on while any transaction on
+    it is open, so with two or more producers whose transactions overlap (the tasks writing
+    a repartition topic or a sink) a read_committed fetch returns nothing until they all
+    happen to be closed at once. Fetching read_uncommitted and stopping at the first
+    transaction whose marker has not arrived gives what read_committed means: committed
+    records, in offset order, never past an open transaction."""
+    install_read_committed_records()
+    consumer._fetcher._isolation_level = COMMITTED_BY_MARKERS  # type: ignore[attr-defined]
+
+
 class ReadCommittedRecords(fetcher_module.PartitionRecords):  # type: ignore[misc]
     """One partition's records of a fetch response, ``read_committed`` also by abort markers.
 
@@ -179,7 +205,8 @@ class ReadCommittedRecords(fetcher_module.PartitionRecords):  # type: ignore[mis
     before it, and the next fetch starts there. ``read_uncommitted`` is aiokafka's own."""
 
     def _unpack_records(self) -> Any:
-        if self._isolation_level != fetcher_module.READ_COMMITTED:
+        if (self._isolation_level != fetcher_module.READ_COMMITTED
+                and self._isolation_level is not COMMITTED_BY_MARKERS):
             yield from super()._unpack_records()
             return
         tp, records = self._tp, self._records
@@ -222,9 +249,11 @@ def install_read_committed_records() -> None:
 
 def new_group_consumer(
     config: AppConfig, bootstrap_servers: str, static_id: str | None, index: int,
-    assignor: AbstractPartitionAssignor,
+    assignor: AbstractPartitionAssignor, committed_by_markers: bool = False,
 ) -> GroupConsumer:
-    """A consumer in the app's group, with the cooperative coordinator installed."""
+    """A consumer in the app's group, with the cooperative coordinator installed.
+    ``committed_by_markers``: exactly-once input read by markers (see
+    :func:`read_committed_by_markers`)."""
     cooperative.install()
     install_read_committed_records()
     return GroupConsumer(AIOKafkaConsumer(
@@ -246,7 +275,7 @@ def new_group_consumer(
         # ReadCommittedRecords): room for a commit interval's worth per partition.
         max_partition_fetch_bytes=(READ_COMMITTED_PARTITION_FETCH_BYTES if config.exactly_once
                                    else DEFAULT_PARTITION_FETCH_BYTES),
-    ))
+    ), committed_by_markers=committed_by_markers and config.exactly_once)
 
 
 def new_producer(bootstrap_servers: str) -> AIOKafkaProducer:

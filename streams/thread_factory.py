@@ -99,8 +99,12 @@ def build_stream_thread(
         fresh_subscription=static_followers.fresh_subscription,
         metrics=metrics, metrics_label=label,
     )
+    # Without the broker's quirks known (tests building a thread alone), assume the embedded
+    # broker's.
+    quirks = quirks if quirks is not None else BrokerQuirks.every()
     consumer = clients.consumer or new_group_consumer(
-        config, bootstrap_servers, static_id, index, assignor)  # type: ignore[arg-type]
+        config, bootstrap_servers, static_id, index, assignor,  # type: ignore[arg-type]
+        committed_by_markers=Quirk.STUCK_LAST_STABLE_OFFSET in quirks)
     producer = clients.producer or new_producer(bootstrap_servers)  # type: ignore[arg-type]
     restorer = clients.restorer or ChangelogReader(
         bootstrap_servers, client_id=f"{instance}-restore")  # type: ignore[arg-type]
@@ -165,9 +169,6 @@ def build_stream_thread(
         return await remove_departed_members(client, bootstrap_servers, config.application_id,
                                              config.session_timeout_ms, static_id)
 
-    # Without the broker's quirks known (tests building a thread alone), assume the embedded
-    # broker's.
-    quirks = quirks if quirks is not None else BrokerQuirks.every()
     thread = StreamThread(
         config, identity, layout,
         assignor=assignor, consumer=consumer, producer=producer, tasks=tasks,

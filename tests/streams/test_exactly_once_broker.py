@@ -8,6 +8,7 @@ consumer sees them (aborted transactions left out, see ``harness.read_committed`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -194,6 +195,73 @@ async def test_records_of_an_aborted_transaction_in_the_input_are_never_counted(
     app = counting_app(app_id, bootstrap, tmp_path, source, sink, **EXACTLY_ONCE)
     async with running(app):
         await exact_committed_counts(bootstrap, sink, traffic.produced)
+
+
+async def test_input_written_by_overlapping_transactions_is_processed_while_they_overlap(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str],
+) -> None:
+    """Two upstream producers (the tasks writing a repartition topic) keep a transaction
+    open on the input at every moment. The embedded broker's last stable offset does not
+    move then; read by markers, the committed transactions are processed all the same."""
+    app_id = unique("eos-overlap")
+    source, sink, _ = await counting_topics(bootstrap, app_id, partitions=1)
+    upstream = [new_transactional_producer(bootstrap, f"{app_id}-up-{i}") for i in range(2)]
+    for producer in upstream:
+        await asyncio.to_thread(producer.init_transactions, 10)
+    committed: dict[str, int] = {}
+    overlapping = asyncio.Event()
+    stop = asyncio.Event()
+
+    async def write(producer: Any, n: int) -> dict[str, int]:
+        producer.begin_transaction()
+        written: dict[str, int] = {}
+        for i in range(10):
+            key = f"k{(n + i) % 5}"
+            producer.produce(source, key=msgpack.packb(key), value=msgpack.packb(i))
+            written[key] = written.get(key, 0) + 1
+        assert await asyncio.to_thread(producer.flush, 10) == 0
+        return written
+
+    async def overlap() -> None:
+        n = 0
+        pending = [await write(upstream[0], n), None]
+        while True:
+            # The other producer opens its transaction before this one commits.
+            other = (n + 1) % 2
+            pending[other] = await write(upstream[other], n)
+            await asyncio.to_thread(upstream[n % 2].commit_transaction, 10)
+            for key, count in (pending[n % 2] or {}).items():
+                committed[key] = committed.get(key, 0) + count
+            n += 1
+            if n >= 4:
+                overlapping.set()
+            if stop.is_set():
+                await asyncio.to_thread(upstream[n % 2].commit_transaction, 10)
+                for key, count in (pending[n % 2] or {}).items():
+                    committed[key] = committed.get(key, 0) + count
+                return
+
+    app = counting_app(app_id, bootstrap, tmp_path, source, sink, **EXACTLY_ONCE)
+    writer = asyncio.create_task(overlap())
+    try:
+        async with running(app):
+            await overlapping.wait()
+            floor = sum(committed.values())
+
+            async def processed_while_overlapping() -> bool:
+                assert not writer.done(), writer
+                return app.threads[0].status_record()["processed"] >= floor
+
+            await wait_until(processed_while_overlapping, timeout_s=60,
+                             message=f"{floor} committed records processed while "
+                                     "transactions overlap")
+            stop.set()
+            await writer
+            await exact_committed_counts(bootstrap, sink, committed)
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await writer
 
 async def test_a_second_owner_fences_the_first_whose_late_transaction_never_shows(
     bootstrap: str, unique: Callable[[str], str],

@@ -11,7 +11,11 @@ from aiokafka.consumer import fetcher as fetcher_module
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
 
-from streams.driver import ReadCommittedRecords, install_read_committed_records
+from streams.driver import (
+    COMMITTED_BY_MARKERS,
+    ReadCommittedRecords,
+    install_read_committed_records,
+)
 from tests.record_batches import marker, record_batch
 
 TP = TopicPartition("orders-repartition", 0)
@@ -19,6 +23,7 @@ TP = TopicPartition("orders-repartition", 0)
 
 def records(raw: bytes, fetch_offset: int = 0, aborted: list[tuple[int, int]] | None = None,
             isolation: int = fetcher_module.READ_COMMITTED) -> ReadCommittedRecords:
+    # The fetcher hands its isolation level to the records it builds.
     return ReadCommittedRecords(TP, MemoryRecords(raw), aborted or [], fetch_offset,
                                 None, None, True, isolation)
 
@@ -80,3 +85,21 @@ def test_the_fetcher_builds_these_records_once_installed() -> None:
     install_read_committed_records()
     install_read_committed_records()
     assert fetcher_module.PartitionRecords is ReadCommittedRecords
+
+
+def test_read_by_markers_up_to_the_high_watermark_stops_at_the_first_open_transaction() -> None:
+    """A fetch read_uncommitted (past a last stable offset the broker does not move) keeps
+    committed records only, and never passes a transaction still open."""
+    raw = b"".join([
+        record_batch(0, [(b"k", b"committed")], producer_id=8, transactional=True),
+        record_batch(1, [(b"k", b"aborted")], producer_id=7, transactional=True),
+        marker(2, 8, abort=False),
+        marker(3, 7, abort=True),
+        record_batch(4, [(b"k", b"still open")], producer_id=7, transactional=True),
+        record_batch(5, [(b"k", b"committed later")], producer_id=8, transactional=True),
+        marker(6, 8, abort=False),
+    ])
+    got = records(raw, isolation=COMMITTED_BY_MARKERS)
+    assert values(got) == [(0, b"committed")]
+    assert got.next_fetch_offset == 4
+    assert COMMITTED_BY_MARKERS == fetcher_module.READ_UNCOMMITTED  # what the fetch asks

@@ -224,7 +224,7 @@ class ReadCommittedRecords(fetcher_module.PartitionRecords):  # type: ignore[mis
                 if batch is batches[0] and _WAITING_ON.get(tp) != batch.base_offset:
                     # Said once per transaction: the fetch is repeated until its end shows.
                     _WAITING_ON[tp] = batch.base_offset
-                    log.info("%s: waiting for the end of the transaction at offset %d (its "
+                    log.debug("%s: waiting for the end of the transaction at offset %d (its "
                              "marker is not in the fetch yet)", tp, batch.base_offset)
                 return
             if is_data:

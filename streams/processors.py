@@ -362,6 +362,21 @@ class CustomContext:
     def task_id(self) -> str:
         return self._ctx.task_id
 
+    @property
+    def topic(self) -> str:
+        """The topic of the record being processed."""
+        return self._ctx.topic
+
+    @property
+    def partition(self) -> int:
+        """The partition of the record being processed."""
+        return self._ctx.partition
+
+    @property
+    def offset(self) -> int:
+        """The offset of the record being processed."""
+        return self._ctx.offset
+
 
 class CustomProcessorNode(Node):
     def __init__(self, name: str, factory: Callable[[], Processor], stores: list[str]) -> None:

@@ -349,3 +349,22 @@ def test_the_driver_refuses_topics_the_app_does_not_read() -> None:
         driver.pipe("nope", "k", 1)
 
 
+
+
+def test_a_custom_processor_sees_where_its_record_was_read() -> None:
+    class Where:
+        def init(self, context: Any) -> None:
+            self.context = context
+
+        def process(self, key: Any, value: Any) -> None:
+            c = self.context
+            self.context.forward(key, [c.topic, c.partition, c.offset, c.timestamp_ms])
+
+    app = App("where")
+    app.stream("in").process(Where).to("out")
+    with TopologyTestDriver(app, partitions={"in": 2}) as driver:
+        driver.pipe("in", "a", 1, partition=1, timestamp_ms=5)
+        driver.pipe("in", "b", 2, partition=1, timestamp_ms=6)
+        driver.pipe("in", "c", 3, partition=0, timestamp_ms=7)
+        assert driver.read_key_values("out") == [
+            ("a", ["in", 1, 0, 5]), ("b", ["in", 1, 1, 6]), ("c", ["in", 0, 0, 7])]

@@ -17,7 +17,8 @@ a fresh consumer group with fresh output and internal topics, over the same inpu
   else), ``aiokafka-passthrough`` and ``confluent-passthrough`` (every record produced
   again unchanged, no state; the producer flushed before each commit).
 
-Per strategy: records/s from process start to the last record done, records/s in the steady
+Per strategy: records/s from process start to the last record done (and from the first
+record done to the last, which leaves the group join out), records/s in the steady
 state (between 20 % and 90 % of the input), the process's CPU time per record in the steady
 state (every thread of it, read in the process itself) and over the whole run (from the
 kernel's accounting when it exits), its peak RSS, the time from process start to its first
@@ -128,6 +129,7 @@ class Result:
     peak_rss_mib: float | None = None
     first_output_s: float | None = None
     seconds_to_done: float | None = None
+    records_per_s_after_first: float | None = None
     records_done: int = 0
     outputs: int | None = None
     keys_wrong: int | None = None

@@ -37,12 +37,10 @@ class Progress:
 
     def _report(self) -> None:
         assert self._out is not None
-        last = -1
+        # Every tick, changed or not: the benchmark interpolates between neighbouring
+        # samples, which must therefore be one tick apart.
         while True:
-            count = self.count
-            if count != last:
-                self._out.write(f"{count} {time.time():.6f} {time.process_time():.6f}\n")
-                last = count
+            self._out.write(f"{self.count} {time.time():.6f} {time.process_time():.6f}\n")
             time.sleep(self._every_s)
 
 

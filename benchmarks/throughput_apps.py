@@ -82,7 +82,9 @@ async def run_aiokafka(s: dict[str, str], progress: Progress, produce: bool) -> 
     output = s["output"]
     try:
         while not stop.is_set():
-            batches = await consumer.getmany(timeout_ms=100)
+            # Batches like confluent-kafka's ``consume(num_messages=1000)``: one getmany can
+            # otherwise return a whole prefetched input at once, too fast to sample.
+            batches = await consumer.getmany(timeout_ms=100, max_records=1000)
             for records in batches.values():
                 if produce:
                     for record in records:

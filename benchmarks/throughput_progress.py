@@ -21,7 +21,7 @@ class Progress:
         self.count = 0
         fd = os.environ.get("BENCH_PROGRESS_FD")
         self._out = os.fdopen(int(fd), "w", buffering=1) if fd else None
-        self._every_s = float(os.environ.get("BENCH_PROGRESS_S", "0.05"))
+        self._every_s = float(os.environ.get("BENCH_PROGRESS_S", "0.02"))
 
     def hit(self, *_: Any) -> None:
         """One record done (usable as a peek/update callback)."""

@@ -30,6 +30,14 @@ key must have as many outputs as inputs; a consume-only ceiling must have consum
 record. Then the ratios: Relay at-least-once over the best Python peer and over the fastest
 passthrough, exactly-once over at-least-once.
 
+A record is done when the app has handed its output to the client library's producer (the
+ceilings' producers deliver in the background and flush before each commit and at the end,
+the time of which the end-of-input figure leaves out), or, for a consume-only ceiling, when
+it was consumed. On Tansu the first output comes after the group's first join, which took
+about half the client's session timeout here (aiokafka's default of 10 s: 5 s; Relay's
+and librdkafka's 45 s: 23 s; faust's 60 s: 31 s); every strategy runs with its own defaults,
+so the start-up figures include that, and the steady ones do not.
+
 A strategy that fails, exits early or passes ``--timeout`` is reported as failed with its
 error and what it measured, and the run goes on; the JSON is rewritten after every
 strategy, and a plot (steady records/s and CPU per record) is written beside it.

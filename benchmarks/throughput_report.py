@@ -44,8 +44,10 @@ def crossing(samples: list[Sample], target: float) -> tuple[float, float] | None
 
 def figures(samples: list[Sample], records: int, started: float) -> Figures:
     """What a run's samples say; ``started`` is the wall time the process was started."""
-    first = next((wall for count, wall, _ in samples if count > 0), None)
-    done = next((wall for count, wall, _ in samples if count >= records), None)
+    # Interpolated like the steady window's ends, so a run shorter than a sampling tick
+    # still has a duration.
+    first, done = (None if at is None else at[0]
+                   for at in (crossing(samples, 1), crossing(samples, records)))
     low, high = (crossing(samples, records * share) for share in WINDOW)
     steady = cpu = None
     if low is not None and high is not None and high[0] > low[0]:

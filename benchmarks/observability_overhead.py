@@ -34,11 +34,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import msgpack
-from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
-
-from statestore.topics import TopicSpec, ensure_topics
+from benchmarks.input_fill import fill
 from streams.app import App
 from streams.embedded_broker import EmbeddedBroker
 
@@ -82,24 +78,6 @@ class Run:
     client_failures: int = 0
     load_before: float = 0.0
     error: str | None = None
-
-
-async def fill(bootstrap: str, topic: str, records: int, keys: int, partitions: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await ensure_topics(admin, [TopicSpec(topic, partitions)])
-    finally:
-        await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20,
-                                max_batch_size=256 * 1024)
-    await producer.start()
-    try:
-        futures = [await producer.send(topic, key=msgpack.packb(f"k{i % keys}"),
-                                       value=msgpack.packb(i)) for i in range(records)]
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
 
 
 def processed(app: App) -> int:

@@ -26,7 +26,7 @@ _PR_SET_PDEATHSIG = 1
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _die_with_the_benchmark() -> None:
+def die_with_the_benchmark() -> None:
     """Runs in the child before exec: the kernel kills it when its parent dies."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
@@ -86,7 +86,7 @@ class WorkerPool(ABC):
         process = subprocess.Popen(
             self.command(), env={**os.environ, **self.environment(name)},
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
-            preexec_fn=_die_with_the_benchmark,
+            preexec_fn=die_with_the_benchmark,
         )
         self.workers[name] = Worker(name, process, log)
         return process.pid

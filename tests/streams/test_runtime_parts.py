@@ -18,6 +18,7 @@ from streams.state_updater import UNKNOWN_LAG, StateUpdater
 from streams.task import StreamTask
 from streams.tasks import Tasks
 from streams.transitions import Role
+from tests.conftest import wait_until
 from tests.streams.fakes import SINK, SOURCE, FakeChangelogReader, counting_subs
 
 
@@ -68,18 +69,19 @@ def test_learners_ready_are_reported_once_by_policy(policy: str) -> None:
 
 
 class _BlockingProducer:
-    """Takes ``room`` records, then blocks (a full buffer)."""
+    """Takes ``room`` records, then its queue stays full (confluent-kafka's interface)."""
 
     def __init__(self, room: int) -> None:
         self.room = room
         self.sent: list[Any] = []
 
-    async def send(self, topic: str, **kwargs: Any) -> asyncio.Future[Any]:
+    def produce(self, topic: str, **kwargs: Any) -> None:
         if len(self.sent) >= self.room:
-            await asyncio.Event().wait()
+            raise BufferError("Local: Queue full")
         self.sent.append(kwargs.get("value"))
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        return future
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
 
 
 async def test_outputs_not_handed_over_stay_queued_when_shipping_is_cancelled(
@@ -91,7 +93,7 @@ async def test_outputs_not_handed_over_stay_queued_when_shipping_is_cancelled(
     producer = _BlockingProducer(room=1)
     collector = RecordCollector(producer, "dead-letters")
     shipping = asyncio.create_task(collector.ship([task]))
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: producer.sent == [b"1"], timeout_s=5, message="one handed over")
     shipping.cancel()
     with pytest.raises(asyncio.CancelledError):
         await shipping

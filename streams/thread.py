@@ -561,6 +561,10 @@ class StreamThread:
             if batches:
                 # Passes that fetched nothing only measure the fetch's wait.
                 self.metrics.observe_loop(self._label, time.perf_counter() - started)
+            # With records buffered, neither the fetch nor the shipping suspends: without this
+            # the loop would hold the event loop until the buffer ran dry, and restoration,
+            # heartbeats and status reports would wait for it.
+            await asyncio.sleep(0)
 
     async def _process(self, batches: dict[TopicPartition, list[Any]]) -> None:
         by_task = route_by_task(batches, self.registry.task_for)

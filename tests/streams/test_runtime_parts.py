@@ -137,3 +137,27 @@ def test_the_driver_sends_a_heartbeat_of_its_own_to_the_coordinator() -> None:
     assert asyncio.run(consumer.heartbeat()) is None
     assert [node for node, _ in sent] == [3, 3]
     assert asyncio.run(GroupConsumer(SimpleNamespace()).heartbeat()) == "NOT_A_MEMBER"  # type: ignore[arg-type]
+
+
+async def test_seeking_to_the_beginning_asks_the_fetcher_without_waiting() -> None:
+    tp, other = TopicPartition("in", 0), TopicPartition("in", 1)
+    never: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    resets: list[Any] = []
+    waited: list[Any] = []
+
+    def request_offset_reset(tps: list[TopicPartition], strategy: Any) -> asyncio.Future[Any]:
+        resets.append(tps)
+        return never
+
+    async def seek_to_beginning(*tps: TopicPartition) -> None:
+        waited.append(tps)
+
+    consumer = GroupConsumer(SimpleNamespace(  # type: ignore[arg-type]
+        _fetcher=SimpleNamespace(request_offset_reset=request_offset_reset),
+        assignment=lambda: {tp}, seek_to_beginning=seek_to_beginning))
+    await asyncio.wait_for(consumer.seek_to_beginning(tp), 1)
+    assert resets == [[tp]] and not waited
+    # A partition not assigned goes through the consumer, which refuses it.
+    await consumer.seek_to_beginning(other)
+    assert waited == [(other,)]
+    never.cancel()

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: How long a commit waits for the delivery reports of the records in flight.
 FLUSH_TIMEOUT_S = 30.0
+#: How long a stopping thread waits for records still in flight.
+CLOSE_FLUSH_TIMEOUT_S = 5.0
 #: How long a thread waits between two attempts at handing records to a full queue.
 ROOM_WAIT_S = 0.005
 #: aiokafka's request limit, which Relay's record size limit leaves room under.
@@ -180,6 +182,7 @@ class Deliveries:
                                 f"{FLUSH_TIMEOUT_S:.0f}s")
 
     async def close(self) -> None:
-        """Wait (bounded) for what is in flight; the producer is released with this object."""
+        """Wait briefly for what is in flight (records no commit covers: delivered, they
+        are only not repeated); the producer is released with this object."""
         if len(self.producer):
-            await asyncio.to_thread(self.producer.flush, FLUSH_TIMEOUT_S)
+            await asyncio.to_thread(self.producer.flush, CLOSE_FLUSH_TIMEOUT_S)

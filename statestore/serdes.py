@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -27,12 +28,24 @@ class Serde(Protocol):
     def loads(self, data: bytes) -> Any: ...
 
 
+class _Packers(threading.local):
+    """One reusable msgpack packer per OS thread (a packer holds a buffer, so it is not
+    shared between threads); ``msgpack.packb`` builds a new one per call."""
+
+    def __init__(self) -> None:
+        self.packer = msgpack.Packer(use_bin_type=True)
+
+
+_packers = _Packers()
+
+
 class MsgPackSerde:
     name = "msgpack"
 
     def dumps(self, value: Any) -> bytes:
         try:
-            return msgpack.packb(value, use_bin_type=True)
+            # A packer resets its buffer when packing fails, so it stays usable.
+            return _packers.packer.pack(value)
         except (TypeError, ValueError, OverflowError) as exc:
             raise SerdeError(f"msgpack cannot encode {type(value).__name__}: {exc}") from exc
 
@@ -92,6 +105,7 @@ _END, _NONE, _FALSE_TRUE, _INT = 0x00, 0x05, 0x08, 0x10
 _FLOAT, _STR, _BYTES, _TUPLE = 0x18, 0x20, 0x30, 0x40
 _INT_BIAS = 1 << 63
 _TERMINATOR = b"\x00\x01"
+_STR_TAG = bytes([_STR])
 
 
 def _escape(raw: bytes) -> bytes:
@@ -108,6 +122,9 @@ class OrderedKeySerde:
     name = "ordered"
 
     def dumps(self, value: Any) -> bytes:
+        if type(value) is str:
+            # The common key, in one expression (what ``_encode`` writes for a str).
+            return _STR_TAG + value.encode().replace(b"\x00", b"\x00\xff") + _TERMINATOR
         out = bytearray()
         self._encode(value, out)
         return bytes(out)

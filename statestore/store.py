@@ -49,7 +49,7 @@ from statestore.errors import (
     StoreReadError,
     StoreWriteError,
 )
-from statestore.record_size import check_record_size
+from statestore.record_size import MAX_RECORD_BYTES, check_record_size
 from statestore.serdes import MsgPackSerde, OrderedKeySerde, Serde, serde_from_name
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,9 @@ ChangelogRecord = tuple[bytes, bytes | None]
 #: restored store knows where its input must resume. Scans never show it.
 INPUT_POSITION_KEY = b"\xff\xffrelay.input-position"
 RESERVED_PREFIX = b"\xff\xff"
+#: Key types whose encoding cannot change while the object lives: a key object ``get`` just
+#: encoded is not encoded again by the ``put`` after it.
+_IMMUTABLE_KEY_TYPES = (str, bytes, int)
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,9 @@ class KeyValueStore:
         self.has_checkpoint = False
         #: Opened for restoration only (see ``open``); ``end_bulk_load`` makes it readable.
         self.bulk_loading = False
+        # The last key ``get`` encoded, and its encoding.
+        self._last_key: Any = None
+        self._last_raw_key = b""
 
     @property
     def name(self) -> str:
@@ -371,8 +377,16 @@ class KeyValueStore:
     # -- reads and writes ------------------------------------------------------------------
 
     def get(self, key: Any, default: Any = None) -> Any:
-        raw = self._raw_get(self.spec.key_serde.dumps(key))
+        raw_key = self.spec.key_serde.dumps(key)
+        # Kept for a put of the same key object right after (read-modify-write).
+        self._last_key, self._last_raw_key = key, raw_key
+        raw = self._raw_get(raw_key)
         return default if raw is None else self.spec.value_serde.loads(raw)
+
+    def _encoded_key(self, key: Any) -> bytes:
+        if key is self._last_key and type(key) in _IMMUTABLE_KEY_TYPES:
+            return self._last_raw_key
+        return self.spec.key_serde.dumps(key)
 
     def __contains__(self, key: Any) -> bool:
         return self._raw_get(self.spec.key_serde.dumps(key)) is not None
@@ -381,18 +395,19 @@ class KeyValueStore:
         if value is None:
             self.delete(key)
             return
-        raw_key = self.spec.key_serde.dumps(key)
+        raw_key = self._encoded_key(key)
         raw_value = self.spec.value_serde.dumps(value)
-        if self.changelog_topic is not None:
+        if self.changelog_topic is not None and len(raw_key) + len(raw_value) > MAX_RECORD_BYTES:
             # Refused here, while the record that made it can still be a bad record, rather
             # than by the producer when the changelog is shipped.
             check_record_size(self.changelog_topic, raw_key, raw_value)
         self._require_open()
         self._buffer.put(raw_key, raw_value)
-        self._queue(raw_key, raw_value)
+        if self.changelog_topic is not None:
+            self._pending.append((raw_key, raw_value))
 
     def delete(self, key: Any) -> None:
-        raw_key = self.spec.key_serde.dumps(key)
+        raw_key = self._encoded_key(key)
         self._require_open()
         self._buffer.put(raw_key, None)
         self._queue(raw_key, None)

@@ -25,6 +25,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.client import AIOKafkaClient, ConnectionGroup
 from aiokafka.consumer import fetcher as fetcher_module
+from aiokafka.consumer.fetcher import OffsetResetStrategy
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.errors import (
     CommitFailedError,
@@ -80,7 +81,16 @@ class GroupConsumer:
         self._consumer.seek(tp, offset)
 
     async def seek_to_beginning(self, tp: TopicPartition) -> None:
-        await self._consumer.seek_to_beginning(tp)
+        """Move ``tp`` to its earliest offset. The reset is requested, not waited for: the
+        fetcher does not fetch the partition before it has resolved the position, and
+        waiting (up to a fetch's max wait, 0.5 s) would hold the thread's processing of its
+        other tasks meanwhile."""
+        fetcher = getattr(self._consumer, "_fetcher", None)
+        if fetcher is None or tp not in self._consumer.assignment():
+            await self._consumer.seek_to_beginning(tp)  # raises for a partition not assigned
+            return
+        resolved = fetcher.request_offset_reset([tp], OffsetResetStrategy.EARLIEST)
+        resolved.add_done_callback(_retrieve_outcome)
 
     def pause(self, *tps: TopicPartition) -> None:
         self._consumer.pause(*tps)
@@ -245,6 +255,13 @@ def install_read_committed_records() -> None:
     """Make aiokafka's fetcher build :class:`ReadCommittedRecords` (idempotent)."""
     if fetcher_module.PartitionRecords is not ReadCommittedRecords:
         fetcher_module.PartitionRecords = ReadCommittedRecords  # type: ignore[misc]
+
+
+def _retrieve_outcome(future: Any) -> None:
+    # Nobody waits for the reset; an error of it is the fetcher's to retry, but unretrieved
+    # it would be reported as "never retrieved".
+    if not future.cancelled():
+        future.exception()
 
 
 def new_group_consumer(

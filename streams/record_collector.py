@@ -1,20 +1,21 @@
 """The record collector: ships a thread's output, dead-letter and changelog records through
-its producer and tracks their acknowledgements.
+its data producer (:mod:`streams.delivery`) and tracks their acknowledgements.
 
-A send waits while the producer's buffer is full. Cancelled there (a thread stopping), the
-records not handed over yet stay queued (outputs in the task, changelog records in their
-store), so the final commit ships them instead of dropping them.
+Records are handed without a per-record await; the handing waits only while the producer's
+queue is full. Cancelled there (a thread stopping), the records not handed over yet stay
+queued (outputs in the task, changelog records in their store), so the final commit ships
+them instead of dropping them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable
 from typing import Any
 
-from statestore.changelog import ChangelogWriter
 from statestore.record_size import truncated_payload
+from statestore.store import KeyValueStore
+from streams.delivery import Deliveries
 from streams.metrics import Metrics
 from streams.task import MAX_ERROR_CHARS, RecordError, StreamTask
 
@@ -25,45 +26,62 @@ class RecordCollector:
     def __init__(self, producer: Any, dead_letter_topic: str, metrics: Metrics | None = None,
                  metrics_label: str = "") -> None:
         self.producer = producer
+        self.deliveries = Deliveries(producer)
         self._metrics = metrics
         self._label = metrics_label
-        self.changelog = ChangelogWriter(producer)
         self._dead_letter_topic = dead_letter_topic
-        self._output_futures: list[asyncio.Future[Any]] = []
         self.dead_lettered = 0
 
     async def ship(self, tasks: Iterable[StreamTask]) -> None:
         """Hand every queued output and changelog record of ``tasks`` to the producer, with
         each task's input position written into its stores first."""
+        deliveries = self.deliveries
         for task in tasks:
             task.record_input_position()
             outputs = task.take_outputs()
             handed = 0
             try:
-                for output in outputs:
-                    future = await self.producer.send(
-                        output.topic, value=output.value, key=output.key,
-                        timestamp_ms=output.timestamp_ms,
-                    )
-                    self._output_futures.append(future)
-                    handed += 1
+                handed = deliveries.hand(outputs, 0)
+                while handed < len(outputs):
+                    await deliveries.room()
+                    handed = deliveries.hand(outputs, handed)
             finally:
                 task.context.outputs[:0] = outputs[handed:]
-            await self.changelog.send_pending(task.stores.values())
+            await self._send_pending(task.stores.values())
+        deliveries.serve()
+
+    async def _send_pending(self, stores: Iterable[KeyValueStore]) -> None:
+        deliveries = self.deliveries
+        for store in stores:
+            topic = store.changelog_topic
+            if topic is None:
+                continue
+            records = store.drain_changelog()
+            if not records:
+                continue
+            tracked = deliveries.for_store(store)
+            handed = 0
+            try:
+                handed = deliveries.hand(records, 0, topic, store.partition, tracked)
+                while handed < len(records):
+                    await deliveries.room()
+                    handed = deliveries.hand(records, handed, topic, store.partition, tracked)
+            finally:
+                # Cancelled while the queue was full (a thread stopping), the records not yet
+                # handed over must stay queued, or the input offsets committed next would
+                # cover state the changelog never got.
+                store.requeue_changelog(records[handed:])
 
     async def send_changelogs(self, tasks: Iterable[StreamTask]) -> None:
         for task in tasks:
-            await self.changelog.send_pending(task.stores.values())
+            await self._send_pending(task.stores.values())
 
     async def dead_letter(self, error: RecordError, task_id: str = "") -> None:
         record = error.record
         log.warning("%s; sent to %s", str(error)[:MAX_ERROR_CHARS], self._dead_letter_topic)
         key, value, cut = truncated_payload(record.key, record.value)
-        future = await self.producer.send(
-            self._dead_letter_topic, value=value, key=key,
-            headers=error.dead_letter_headers() + cut,
-        )
-        self._output_futures.append(future)
+        await self.deliveries.send(self._dead_letter_topic, key, value,
+                                   error.dead_letter_headers() + cut)
         self.dead_lettered += 1
         if self._metrics is not None:
             self._metrics.record_dead_letters(self._label, task_id)
@@ -71,10 +89,8 @@ class RecordCollector:
     async def wait_acknowledged(self) -> None:
         """Every output, dead letter and changelog record sent so far is acknowledged (the
         stores' changelog positions move on); raises the first send error."""
-        futures, self._output_futures = self._output_futures, []
-        if futures:
-            await asyncio.gather(*futures)
-        await self.changelog.wait_acknowledged()
+        await self.deliveries.wait_acknowledged()
 
     async def close(self) -> None:
-        """Nothing of its own to close: the thread stops the shared producer."""
+        """Wait (bounded) for what is in flight; the thread stops its other producer."""
+        await self.deliveries.close()

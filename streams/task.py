@@ -19,6 +19,7 @@ closed before a restart stay closed after it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -37,7 +38,8 @@ log = logging.getLogger(__name__)
 class RecordError(Exception):
     """A record could not be deserialized or processed; carries where it came from."""
 
-    def __init__(self, stage: str, record: ConsumerRecord, cause: BaseException) -> None:
+    def __init__(self, stage: str, record: ConsumerRecord, cause: BaseException,
+                 index: int = 0) -> None:
         super().__init__(
             f"{stage} failed for {record.topic}[{record.partition}]@{record.offset}: "
             f"{type(cause).__name__}: {cause}"
@@ -45,6 +47,8 @@ class RecordError(Exception):
         self.stage = stage
         self.record = record
         self.cause = cause
+        #: The record's place in the batch it was processed in.
+        self.index = index
 
     def dead_letter_headers(self) -> list[tuple[str, bytes]]:
         """The headers a dead-lettered record carries: what failed, where it came from."""
@@ -115,6 +119,8 @@ class StreamTask:
         self.records_skipped = 0
         self._recorded: dict[TopicPartition, int] = {}
         self._recorded_stream_time = -1
+        #: The key of each input partition in ``processed``, made once.
+        self._partition_keys: dict[tuple[str, int], TopicPartition] = {}
         self._window_nodes = [n for n in walk_nodes(sub.sources.values())
                              if isinstance(n, WindowAggregateNode)]
 
@@ -125,32 +131,63 @@ class StreamTask:
         to the dead-letter topic instead). A machine error propagates as it is and the record
         does not count as processed.
         """
-        tp = TopicPartition(record.topic, record.partition)
-        if record.offset < self.processed.get(tp, -1):
-            self.records_skipped += 1
-            return False
-        source = self.sources[record.topic]
-        try:
-            key = None if record.key is None else source.key_serde.loads(record.key)
-            value = None if record.value is None else source.value_serde.loads(record.value)
-        except Exception as exc:
-            self.processed[tp] = record.offset + 1
-            raise RecordError("deserialize", record, exc) from exc
+        return self.process_batch((record,)) == 1
+
+    def process_batch(self, records: Sequence[ConsumerRecord]) -> int:
+        """Run ``records`` through the topology in order, each as :meth:`process` would;
+        returns how many ran (the others were at or below the processed position: dropped).
+
+        A :class:`RecordError` stops the batch; its ``index`` is the bad record's place in
+        ``records`` (it and those before it are done, the caller goes on after it)."""
+        processed = self.processed
+        sources = self.sources
         ctx = self.context
-        ctx.topic, ctx.partition, ctx.offset = record.topic, record.partition, record.offset
-        ctx.timestamp_ms = record.timestamp
+        ran = 0
+        tp: TopicPartition | None = None
+        topic, partition = "", -1
+        # Per record, only what changes: the partition's key is looked up once per run of
+        # records from one partition (a fetch's batch is one partition's).
         try:
-            source.process(ctx, key, value)
-        except MACHINE_ERRORS:
-            raise
-        except Exception as exc:
-            self.processed[tp] = record.offset + 1
-            ctx.stream_time_ms = max(ctx.stream_time_ms, record.timestamp)
-            raise RecordError("process", record, exc) from exc
-        self.processed[tp] = record.offset + 1
-        ctx.stream_time_ms = max(ctx.stream_time_ms, record.timestamp)
-        self.records_processed += 1
-        return True
+            for index, record in enumerate(records):
+                if record.partition != partition or record.topic != topic:
+                    topic, partition = record.topic, record.partition
+                    tp = self._partition_keys.get((topic, partition))
+                    if tp is None:
+                        tp = self._partition_keys[(topic, partition)] = TopicPartition(
+                            topic, partition)
+                    source = sources[topic]
+                    loads_key, loads_value = source.key_serde.loads, source.value_serde.loads
+                offset = record.offset
+                if offset < processed.get(tp, -1):
+                    self.records_skipped += 1
+                    continue
+                try:
+                    raw = record.key
+                    key = None if raw is None else loads_key(raw)
+                    raw = record.value
+                    value = None if raw is None else loads_value(raw)
+                except Exception as exc:
+                    processed[tp] = offset + 1  # type: ignore[index]
+                    raise RecordError("deserialize", record, exc, index) from exc
+                timestamp = record.timestamp
+                ctx.topic, ctx.partition, ctx.offset = topic, partition, offset
+                ctx.timestamp_ms = timestamp
+                try:
+                    source.process(ctx, key, value)
+                except MACHINE_ERRORS:
+                    raise
+                except Exception as exc:
+                    processed[tp] = offset + 1  # type: ignore[index]
+                    if timestamp > ctx.stream_time_ms:
+                        ctx.stream_time_ms = timestamp
+                    raise RecordError("process", record, exc, index) from exc
+                processed[tp] = offset + 1  # type: ignore[index]
+                if timestamp > ctx.stream_time_ms:
+                    ctx.stream_time_ms = timestamp
+                ran += 1
+        finally:
+            self.records_processed += ran
+        return ran
 
     def record_input_position(self) -> None:
         """Write the input offsets processed so far and the stream time into every store,

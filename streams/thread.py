@@ -49,6 +49,7 @@ from streams.queries import store_layouts
 from streams.rebalance import RelayAssignor, TaskLayout
 from streams.rebalance_listener import RebalanceListener
 from streams.record_collector import RecordCollector
+from streams.routing import route_by_task
 from streams.state_updater import StateUpdater
 from streams.static_followers import ControlSender, StaticFollowers
 from streams.status import status_topic_name
@@ -574,31 +575,33 @@ class StreamThread:
             if batches:
                 # Passes that fetched nothing only measure the fetch's wait.
                 self.metrics.observe_loop(self._label, time.perf_counter() - started)
+            # With records buffered, neither the fetch nor the shipping suspends: without this
+            # the loop would hold the event loop until the buffer ran dry, and restoration,
+            # heartbeats and status reports would wait for it.
+            await asyncio.sleep(0)
 
     async def _process(self, batches: dict[TopicPartition, list[Any]]) -> None:
-        by_task: dict[str, list[list[Any]]] = {}
-        for tp, records in batches.items():
-            task = self.registry.task_for(tp)
-            # Records the task already processed (a batch fetched before a rebalance sought
-            # the partition back) are skipped by the task itself.
-            if task is not None and records:
-                by_task.setdefault(task.task_id, []).append(records)
+        by_task = route_by_task(batches, self.registry.task_for)
         rebalancing = self.consumer.rebalancing
-        for task_id, inputs in by_task.items():
-            task = self.registry.active[task_id]
+        for task, inputs in by_task:
             if rebalancing:
                 self.records_during_rebalance += sum(len(i) for i in inputs)
             # Across a task's input partitions, older records first; within one partition,
-            # always in offset order.
+            # always in offset order. Records the task already processed (a batch fetched
+            # before a rebalance sought the partition back) are dropped by the task itself.
+            records = inputs[0] if len(inputs) == 1 else list(
+                heapq.merge(*inputs, key=lambda r: r.timestamp))
             before = task.records_processed
             try:
-                for record in heapq.merge(*inputs, key=lambda r: r.timestamp):
+                while records:
                     try:
-                        task.process(record)
+                        task.process_batch(records)
+                        break
                     except RecordError as error:
                         await self._bad_record(task, error)
+                        records = records[error.index + 1:]
             finally:
-                self.metrics.record_processed(self._label, task_id,
+                self.metrics.record_processed(self._label, task.task_id,
                                               task.records_processed - before)
             self.late_records_dropped += task.context.late_records_dropped
             task.context.late_records_dropped = 0

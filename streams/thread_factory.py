@@ -19,6 +19,7 @@ from statestore.store import KeyValueStore
 from streams.broker_quirks import BrokerQuirks, Quirk
 from streams.commit import Committer
 from streams.config import AppConfig
+from streams.delivery import new_data_producer
 from streams.departed_members import remove_departed_members
 from streams.driver import GroupConsumer, new_group_consumer, new_producer, producer_client
 from streams.metrics import Metrics
@@ -48,6 +49,7 @@ class ThreadClients:
     from ``bootstrap_servers``."""
 
     consumer: GroupConsumer | None = None
+    #: Status, control and group requests (aiokafka's interface).
     producer: Any = None
     #: Restores new actives' stores.
     restorer: Any = None
@@ -57,6 +59,9 @@ class ThreadClients:
     transactional_producer: Callable[[str], Any] | None = None
     #: Exactly-once only: the group metadata transactions commit offsets with.
     group_metadata: Callable[[], Any] | None = None
+    #: At-least-once outputs, dead letters and changelog records (confluent-kafka's
+    #: interface; see :mod:`streams.delivery`).
+    data_producer: Any = None
 
 
 def build_stream_thread(
@@ -77,8 +82,10 @@ def build_stream_thread(
     quirks: BrokerQuirks | None = None,
 ) -> StreamThread:
     clients = clients or ThreadClients()
-    if bootstrap_servers is None and None in (clients.consumer, clients.producer,
-                                               clients.restorer, clients.follower):
+    needed = [clients.consumer, clients.producer, clients.restorer, clients.follower]
+    if not config.exactly_once:
+        needed.append(clients.data_producer)
+    if bootstrap_servers is None and any(client is None for client in needed):
         raise ValueError("bootstrap_servers is needed for the clients not given")
     layout = TaskLayout(tuple(subs))
     static_id = f"{config.group_instance_id}-thread-{index}" if config.group_instance_id else None
@@ -105,7 +112,9 @@ def build_stream_thread(
     consumer = clients.consumer or new_group_consumer(
         config, bootstrap_servers, static_id, index, assignor,  # type: ignore[arg-type]
         committed_by_markers=Quirk.STUCK_LAST_STABLE_OFFSET in quirks)
-    producer = clients.producer or new_producer(bootstrap_servers)  # type: ignore[arg-type]
+    # Checked against None: a producer with an empty queue has length 0.
+    producer = (clients.producer if clients.producer is not None
+                else new_producer(bootstrap_servers))  # type: ignore[arg-type]
     restorer = clients.restorer or ChangelogReader(
         bootstrap_servers, client_id=f"{instance}-restore")  # type: ignore[arg-type]
     follower = clients.follower or ChangelogReader(
@@ -159,7 +168,9 @@ def build_stream_thread(
             lambda: [*tasks.active, *tasks.restoring],
             name, task_failed, metrics, label)
     else:
-        collector = RecordCollector(producer, config.dead_letters, metrics, label)
+        data_producer = (clients.data_producer if clients.data_producer is not None
+                         else new_data_producer(bootstrap_servers or "", f"{label}-data"))
+        collector = RecordCollector(data_producer, config.dead_letters, metrics, label)
         committer = Committer(collector, consumer, lambda: list(tasks.active.values()), name,
                               metrics, label)
     async def remove_departed() -> list[str]:

@@ -8,6 +8,7 @@ broker."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,7 +123,13 @@ class Sent:
 class FakeProducer:
     """Sends land in ``sent``; acknowledgements come at once, or when the test calls
     :meth:`ack` (``auto_ack=False``). Like aiokafka's, a send over ``max_request_size`` raises
-    at once; a send to a topic in ``failing`` raises that topic's error."""
+    at once; a send to a topic in ``failing`` raises that topic's error, and a topic in
+    ``refusing`` gets that error in its delivery report.
+
+    It speaks aiokafka's interface (``send``: the thread's status and control records) and
+    confluent-kafka's (``produce``, ``poll``, ``flush``: the data producer of
+    :mod:`streams.delivery`), whose delivery reports are served by ``poll`` and ``flush``,
+    the latter waiting (in a worker thread, as the runtime calls it) for :meth:`ack`."""
 
     #: aiokafka's default request limit.
     max_request_size = 1_048_576
@@ -135,6 +142,11 @@ class FakeProducer:
         self._offsets: dict[tuple[str, int], int] = {}
         self.client = None
         self.failing: dict[str, Exception] = {}
+        self.refusing: dict[str, Exception] = {}
+        self._reports = threading.Condition()
+        #: Produced and not acknowledged; acknowledged and not reported.
+        self._queued: list[tuple[Any, Sent]] = []
+        self._ready: list[tuple[Any, Any, Sent, int]] = []
 
     async def start(self) -> None:
         pass
@@ -163,19 +175,83 @@ class FakeProducer:
 
     def ack(self) -> None:
         unacked, self._unacked = self._unacked, []
-        if unacked:
-            self.events.append("ack")
+        with self._reports:
+            queued, self._queued = self._queued, []
+            if unacked or queued:
+                self.events.append("ack")
+            for callback, record in queued:
+                self._ready.append((callback, self.refusing.get(record.topic), record,
+                                    self._next_offset(record)))
+            self._reports.notify_all()
         for future, record in unacked:
             partition = record.partition or 0
-            offset = self._offsets.get((record.topic, partition), 0)
-            self._offsets[(record.topic, partition)] = offset + 1
             future.set_result(RecordMetadata(
                 topic=record.topic, partition=partition,
-                topic_partition=TopicPartition(record.topic, partition), offset=offset,
+                topic_partition=TopicPartition(record.topic, partition),
+                offset=self._next_offset(record),
                 timestamp=None, timestamp_type=0, log_start_offset=0))
+
+    def _next_offset(self, record: Sent) -> int:
+        partition = record.partition or 0
+        offset = self._offsets.get((record.topic, partition), 0)
+        self._offsets[(record.topic, partition)] = offset + 1
+        return offset
+
+    # -- confluent-kafka's interface -------------------------------------------------------
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                partition: int | None = None, on_delivery: Any = None,
+                timestamp: int | None = None, headers: Any = None) -> None:
+        if len(key or b"") + len(value or b"") > self.max_request_size:
+            raise MessageSizeTooLargeError(f"the message is over {self.max_request_size} bytes")
+        if topic in self.failing:
+            raise self.failing[topic]
+        record = Sent(topic, key, value, partition, headers)
+        self.sent.append(record)
+        with self._reports:
+            self._queued.append((on_delivery, record))
+        if self.auto_ack:
+            self.ack()
+
+    def poll(self, timeout: float = 0) -> int:
+        with self._reports:
+            ready, self._ready = self._ready, []
+        for callback, error, record, offset in ready:
+            if callback is not None:
+                callback(error, _Delivered(record.topic, record.partition or 0, offset))
+        return len(ready)
+
+    def flush(self, timeout: float = -1) -> int:
+        with self._reports:
+            self._reports.wait_for(lambda: not self._queued,
+                                   None if timeout < 0 else timeout)
+        self.poll()
+        return len(self)
+
+    def __len__(self) -> int:
+        with self._reports:
+            return len(self._queued) + len(self._ready)
 
     def to(self, topic: str) -> list[Sent]:
         return [s for s in self.sent if s.topic == topic]
+
+
+@dataclass
+class _Delivered:
+    """The message a delivery report carries (confluent-kafka's ``Message``)."""
+
+    _topic: str
+    _partition: int
+    _offset: int
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
 
 
 class FencedError(Exception):
@@ -396,8 +472,10 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
         subs: list[SubTopology] | None = None, **settings: Any) -> Rig:
     events = events if events is not None else []
     transactions = TransactionLog(events)
-    clients = ThreadClients(FakeConsumer(events), FakeProducer(events),
+    producer = FakeProducer(events)
+    clients = ThreadClients(FakeConsumer(events), producer,
                             FakeChangelogReader(events), FakeChangelogReader(),
+                            data_producer=producer,
                             transactional_producer=transactions.producer,
                             group_metadata=lambda: b"group-metadata")
     control = FakeControl()

@@ -18,6 +18,7 @@ from streams.state_updater import UNKNOWN_LAG, StateUpdater
 from streams.task import StreamTask
 from streams.tasks import Tasks
 from streams.transitions import Role
+from tests.conftest import wait_until
 from tests.streams.fakes import SINK, SOURCE, FakeChangelogReader, counting_subs
 
 
@@ -68,18 +69,19 @@ def test_learners_ready_are_reported_once_by_policy(policy: str) -> None:
 
 
 class _BlockingProducer:
-    """Takes ``room`` records, then blocks (a full buffer)."""
+    """Takes ``room`` records, then its queue stays full (confluent-kafka's interface)."""
 
     def __init__(self, room: int) -> None:
         self.room = room
         self.sent: list[Any] = []
 
-    async def send(self, topic: str, **kwargs: Any) -> asyncio.Future[Any]:
+    def produce(self, topic: str, **kwargs: Any) -> None:
         if len(self.sent) >= self.room:
-            await asyncio.Event().wait()
+            raise BufferError("Local: Queue full")
         self.sent.append(kwargs.get("value"))
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        return future
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
 
 
 async def test_outputs_not_handed_over_stay_queued_when_shipping_is_cancelled(
@@ -91,7 +93,7 @@ async def test_outputs_not_handed_over_stay_queued_when_shipping_is_cancelled(
     producer = _BlockingProducer(room=1)
     collector = RecordCollector(producer, "dead-letters")
     shipping = asyncio.create_task(collector.ship([task]))
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: producer.sent == [b"1"], timeout_s=5, message="one handed over")
     shipping.cancel()
     with pytest.raises(asyncio.CancelledError):
         await shipping
@@ -135,3 +137,27 @@ def test_the_driver_sends_a_heartbeat_of_its_own_to_the_coordinator() -> None:
     assert asyncio.run(consumer.heartbeat()) is None
     assert [node for node, _ in sent] == [3, 3]
     assert asyncio.run(GroupConsumer(SimpleNamespace()).heartbeat()) == "NOT_A_MEMBER"  # type: ignore[arg-type]
+
+
+async def test_seeking_to_the_beginning_asks_the_fetcher_without_waiting() -> None:
+    tp, other = TopicPartition("in", 0), TopicPartition("in", 1)
+    never: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    resets: list[Any] = []
+    waited: list[Any] = []
+
+    def request_offset_reset(tps: list[TopicPartition], strategy: Any) -> asyncio.Future[Any]:
+        resets.append(tps)
+        return never
+
+    async def seek_to_beginning(*tps: TopicPartition) -> None:
+        waited.append(tps)
+
+    consumer = GroupConsumer(SimpleNamespace(  # type: ignore[arg-type]
+        _fetcher=SimpleNamespace(request_offset_reset=request_offset_reset),
+        assignment=lambda: {tp}, seek_to_beginning=seek_to_beginning))
+    await asyncio.wait_for(consumer.seek_to_beginning(tp), 1)
+    assert resets == [[tp]] and not waited
+    # A partition not assigned goes through the consumer, which refuses it.
+    await consumer.seek_to_beginning(other)
+    assert waited == [(other,)]
+    never.cancel()

@@ -109,8 +109,9 @@ def reporting_rig(state_dir: Path, reports: RoundReports, member_id: str,
                   **settings: object) -> Rig:
     consumer = FakeConsumer()
     consumer.member_id, consumer.generation = member_id, 4
-    clients = ThreadClients(consumer, FakeProducer(), FakeChangelogReader(),
-                            FakeChangelogReader())
+    producer = FakeProducer()
+    clients = ThreadClients(consumer, producer, FakeChangelogReader(),
+                            FakeChangelogReader(), data_producer=producer)
     control = FakeControl()
     thread = build_stream_thread(config(state_dir, **settings), 0, counting_subs(),
                                  clients=clients,

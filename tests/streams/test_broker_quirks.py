@@ -75,8 +75,9 @@ async def test_the_broker_is_asked_only_when_the_quirks_are_detected() -> None:
                          ids=["all", "none"])
 def test_each_quirk_turns_its_workaround_on_in_the_thread(quirks: BrokerQuirks,
                                                          tmp_path: Path) -> None:
-    clients = ThreadClients(FakeConsumer(), FakeProducer(), FakeChangelogReader(),
-                            FakeChangelogReader())
+    producer = FakeProducer()
+    clients = ThreadClients(FakeConsumer(), producer, FakeChangelogReader(),
+                            FakeChangelogReader(), data_producer=producer)
     thread = build_stream_thread(config(tmp_path), 0, counting_subs(), clients=clients,
                                  instance_id="unit-instance", control=FakeControl(),
                                  round_reports=RoundReports(), quirks=quirks)

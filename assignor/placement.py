@@ -501,9 +501,13 @@ def _place_actives(
             unplaced.append(task)
             continue
         inst = instances[current.instance_id]
+        # A promotion decided in an earlier round whose revoke did not take (its owner missed
+        # that assignment, or the round was redone) stands, asked for again or not: nobody
+        # asks twice for a learner the leader already promoted.
+        decided = task in memory.moving
         ready = (_open_copy(task, learner_lags, instances, config.acceptable_lag,
                             inst.instance_id)
-                 if promote and kind and task in learner_lags else None)
+                 if (promote or decided) and kind and task in learner_lags else None)
         destination: str | None = inst.instance_id
         if inst.leaving and open_ids:
             if _expired(inst, now_ms) or not kind or not use_learners:

@@ -405,7 +405,15 @@ class StreamThread:
             being_promoted(assignment.notes, (self.instance_id, self.index)))
         self._being_learned = tuple(assignment.being_learned)
         self._schedule_rejoin(assignment.rejoin_after_ms)
-        if assignment.shutdown:
+        if assignment.shutdown and assignment.revoked:
+            # A leaving member is told to shut down in the round that revokes its last tasks.
+            # It still takes part in the follow-up round, which gives them to their learners:
+            # leaving at once would leave them unassigned until its departure starts a round,
+            # and a broker may start none for a static member's LeaveGroup until its session
+            # expires.
+            log.info("%s: told to shut down; leaving after the round that assigns %s",
+                     self.name, list(assignment.revoked))
+        elif assignment.shutdown:
             log.info("%s: told to shut down (nothing left to run)", self.name)
             self.shutdown_requested = True
             self._stop.set()

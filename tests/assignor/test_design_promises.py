@@ -330,6 +330,25 @@ def test_a_round_promotes_ready_learners_only_when_a_member_asks_and_then_all_of
     assert len(fresh) == 2
 
 
+def test_a_promotion_whose_revoke_did_not_take_stands_in_a_round_nobody_asked_for() -> None:
+    # The owner missed the assignment that revoked the task (it rejoined and got a cached
+    # one): the round it asks for next promotes the same learner again, though the member
+    # that asked for the promotion does not ask twice.
+    tasks = [Task(f"0_{n}") for n in range(4)]
+    config = AssignorConfig(max_learners=2, acceptable_lag=0)
+    old = Member("a", "A", 0, frozenset(t.task_id for t in tasks), asks_promotion=False)
+    learner = Member("n", "N", 0, learners={"0_0": 0, "0_1": 0}, asks_promotion=True)
+    out, memory = assign(tasks, [old, learner], config, 0, None)
+    assert out["a"].revoked == ("0_0", "0_1")
+    redo = [old, replace(learner, asks_promotion=False)]
+    out, memory = assign(tasks, redo, config, 1_000, memory)
+    assert out["a"].revoked == ("0_0", "0_1")
+    # Once revoked, the learner runs them.
+    done = [replace(old, active=frozenset({"0_2", "0_3"})), replace(learner, asks_promotion=False)]
+    out, _ = assign(tasks, done, config, 2_000, memory)
+    assert out["n"].active == ("0_0", "0_1") and not out["a"].revoked
+
+
 def test_a_learner_stays_on_the_thread_that_holds_it() -> None:
     # Moving a copy to a sibling thread starts its restore over; its move then waits, and
     # the rounds of a big move stop lining up. Two learners on thread 0 stay there.

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 #: A record's key and value as fetched (either may be None: validation says if it may).
 FetchedRecord = tuple[bytes | None, bytes | None]
 
+READ_UNCOMMITTED = 0
 READ_COMMITTED = 1
 _EARLIEST = -2
 
@@ -90,11 +91,22 @@ def decode_records(
     """The data records of ``raw`` from ``fetch_offset`` on, and the offset after the last
     complete batch (``fetch_offset`` when there is none). A transactional batch whose outcome
     the response does not show yet ends the fetch before it: the next fetch starts there."""
+    changes, next_offset, _ = _decode(tp, raw, fetch_offset, aborted_transactions)
+    return changes, next_offset
+
+
+def _decode(
+    tp: TopicPartition,
+    raw: bytes,
+    fetch_offset: int,
+    aborted_transactions: list[tuple[int, int]] | None = None,
+) -> tuple[list[FetchedRecord], int, bool]:
+    """:func:`decode_records`, and whether an undecided transaction ended the records."""
     changes: list[FetchedRecord] = []
     next_offset = fetch_offset
     for batch, is_data in _walk_batches(raw, aborted_transactions or []):
         if is_data is None:
-            return changes, max(fetch_offset, _base_offset(batch))
+            return changes, max(fetch_offset, _base_offset(batch)), True
         # The batch header says where it ends, whatever the records inside (compaction may
         # have removed the last ones): the next fetch starts there.
         batch_end = batch.next_offset
@@ -106,7 +118,7 @@ def decode_records(
         next_offset = max(next_offset, batch_end)
     if next_offset == fetch_offset and raw and not changes:
         _check_not_truncated(tp, raw, fetch_offset)
-    return changes, next_offset
+    return changes, next_offset, False
 
 
 def _walk_batches(
@@ -161,22 +173,34 @@ def complete_batches(raw: bytes) -> list[Any]:
 
 def _outcomes_from_markers(batches: list[Any]) -> tuple[set[int], set[int], int | None]:
     """The indexes of transactional data batches that an abort marker of their producer
-    follows, the indexes of the abort markers, and the index of the first transactional
-    batch no marker follows (None: every one is decided). A batch's records can be read
-    once only, so each marker is read here and nowhere else."""
-    open_batches: dict[int, list[int]] = {}
+    follows (or a marker of a later epoch of it), the indexes of the abort markers, and the
+    index of the first transactional batch no marker follows (None: every one is decided).
+    A batch's records can be read once only, so each marker is read here and nowhere else.
+
+    A marker decides its producer's open batches of its own epoch; batches of an earlier
+    epoch belong to a fenced producer (a zombie: the new owner of its transactional id bumped
+    the epoch) and never commit. Apache Kafka refuses a fenced producer's writes; Tansu 0.6
+    appends them, after the abort marker of its fencing, where the new owner's commit marker
+    would otherwise seem to commit them."""
+    open_batches: dict[int, list[tuple[int, int]]] = {}
     aborted: set[int] = set()
     abort_markers: set[int] = set()
     for index, batch in enumerate(batches):
         if batch.is_control_batch:
             decided = open_batches.pop(batch.producer_id, [])
-            if _is_abort_marker(batch):
+            abort = _is_abort_marker(batch)
+            if abort:
                 abort_markers.add(index)
-                aborted.update(decided)
+            epoch = _epoch(batch)
+            aborted.update(i for i, e in decided if abort or e < epoch)
         elif batch.is_transactional:
-            open_batches.setdefault(batch.producer_id, []).append(index)
-    undecided = min((i for indexes in open_batches.values() for i in indexes), default=None)
+            open_batches.setdefault(batch.producer_id, []).append((index, _epoch(batch)))
+    undecided = min((i for opened in open_batches.values() for i, _ in opened), default=None)
     return aborted, abort_markers, undecided
+
+
+def _epoch(batch: Any) -> int:
+    return int(getattr(batch, "producer_epoch", -1))
 
 
 def _base_offset(batch: Any) -> int:
@@ -208,6 +232,13 @@ class FetchSettings:
     retry_backoff_ms: int = 100
     #: How long a fetch round waits for a metadata refresh after a retriable error.
     metadata_wait_ms: int = 2_000
+    #: Broker quirk ``stuck-last-stable-offset`` (see streams.broker_quirks): fetch
+    #: read_uncommitted up to the high watermark and keep committed transactions only, told
+    #: by their markers; the end is where the first undecided transaction starts (what the
+    #: last stable offset means), or the high watermark. Tansu 0.6 can hold a partition's
+    #: last stable offset behind transactions long committed, and a restore that ended
+    #: there restored nothing of them.
+    committed_by_markers: bool = False
 
 
 class ChangelogFetcher:
@@ -309,8 +340,9 @@ class ChangelogFetcher:
         by_topic: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
         for tp, offset in wanted:
             by_topic[tp.topic].append((tp.partition, offset, settings.max_partition_bytes))
+        isolation = READ_UNCOMMITTED if settings.committed_by_markers else READ_COMMITTED
         request = FetchRequest(
-            settings.max_wait_ms, 1, settings.max_bytes, READ_COMMITTED, list(by_topic.items())
+            settings.max_wait_ms, 1, settings.max_bytes, isolation, list(by_topic.items())
         )
         try:
             # Connected first, send() writes the request before it first waits: whoever
@@ -332,7 +364,8 @@ class ChangelogFetcher:
                 offset = asked[tp]
                 error = kafka_errors.for_code(error_code)
                 if error is kafka_errors.NoError:
-                    fetched.append(_decoded(tp, offset, highwater, rest, response.API_VERSION))
+                    fetched.append(_decoded(tp, offset, highwater, rest, response.API_VERSION,
+                                            settings.committed_by_markers))
                 elif error is kafka_errors.OffsetOutOfRangeError:
                     fetched.append(await self._reset_to_earliest(leader, tp, offset))
                 elif error.retriable:
@@ -387,7 +420,8 @@ class ChangelogFetcher:
 
 
 def _decoded(
-    tp: TopicPartition, offset: int, highwater: int, rest: list[Any], api_version: int
+    tp: TopicPartition, offset: int, highwater: int, rest: list[Any], api_version: int,
+    committed_by_markers: bool = False,
 ) -> FetchedPartition:
     # The partition data after the high watermark: v4 (lso, aborted, records), v5 to v10
     # (lso, log start, aborted, records), v11 (lso, log start, aborted, preferred replica,
@@ -400,6 +434,13 @@ def _decoded(
     else:
         lso, aborted = -1, None
     aborted = [(int(producer), int(first)) for producer, first in aborted or []]
-    changes, next_offset = decode_records(tp, raw, offset, aborted)
-    end = lso if lso is not None and lso >= 0 else highwater
+    changes, next_offset, undecided = _decode(tp, raw, offset, aborted)
+    if committed_by_markers:
+        # An undecided transaction ends what can be read only when the response reached the
+        # high watermark: otherwise its marker may just lie past the fetch's size.
+        batches = complete_batches(raw) if undecided else []
+        reached = batches[-1].next_offset if batches else offset
+        end = next_offset if undecided and reached >= highwater else highwater
+    else:
+        end = lso if lso is not None and lso >= 0 else highwater
     return FetchedPartition(tp, offset, next_offset, end, changes, len(raw), raw, aborted)

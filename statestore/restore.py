@@ -103,13 +103,15 @@ class ChangelogReader:
         fetch_max_bytes: int = 64 * 1024 * 1024,
         max_partition_fetch_bytes: int = 16 * 1024 * 1024,
         fetch_max_wait_ms: int = 100,
+        committed_by_markers: bool = False,
     ) -> None:
         """``max_records`` caps the records one poll applies per partition (None: all that
-        a fetch returned)."""
+        a fetch returned); ``committed_by_markers``: see :class:`FetchSettings`."""
         settings = FetchSettings(
             max_wait_ms=fetch_max_wait_ms,
             max_bytes=fetch_max_bytes,
             max_partition_bytes=max_partition_fetch_bytes,
+            committed_by_markers=committed_by_markers,
         )
         self._fetcher = ChangelogFetcher(bootstrap_servers, client_id, settings)
         self._validate = validate

@@ -109,16 +109,19 @@ def build_stream_thread(
     # Without the broker's quirks known (tests building a thread alone), assume the embedded
     # broker's.
     quirks = quirks if quirks is not None else BrokerQuirks.every()
+    by_markers = Quirk.STUCK_LAST_STABLE_OFFSET in quirks
     consumer = clients.consumer or new_group_consumer(
         config, bootstrap_servers, static_id, index, assignor,  # type: ignore[arg-type]
-        committed_by_markers=Quirk.STUCK_LAST_STABLE_OFFSET in quirks)
+        committed_by_markers=by_markers)
     # Checked against None: a producer with an empty queue has length 0.
     producer = (clients.producer if clients.producer is not None
                 else new_producer(bootstrap_servers))  # type: ignore[arg-type]
     restorer = clients.restorer or ChangelogReader(
-        bootstrap_servers, client_id=f"{instance}-restore")  # type: ignore[arg-type]
+        bootstrap_servers, client_id=f"{instance}-restore",  # type: ignore[arg-type]
+        committed_by_markers=by_markers)
     follower = clients.follower or ChangelogReader(
-        bootstrap_servers, client_id=f"{instance}-copies")  # type: ignore[arg-type]
+        bootstrap_servers, client_id=f"{instance}-copies",  # type: ignore[arg-type]
+        committed_by_markers=by_markers)
 
     tasks = Tasks()
     producers: TaskProducers | None = None

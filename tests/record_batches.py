@@ -16,8 +16,8 @@ MARKER_VALUE = struct.pack(">hi", 0, 0)
 
 def record_batch(base_offset: int, records: list[tuple[bytes, bytes | None]], *,
                  producer_id: int = -1, transactional: bool = False,
-                 control: bool = False) -> bytes:
-    builder = DefaultRecordBatchBuilder(2, 0, int(transactional), producer_id, 0, 0, 2**20)
+                 control: bool = False, epoch: int = 0) -> bytes:
+    builder = DefaultRecordBatchBuilder(2, 0, int(transactional), producer_id, epoch, 0, 2**20)
     for delta, (key, value) in enumerate(records):
         builder.append(delta, 1_000, key, value, [])
     raw = bytearray(builder.build())
@@ -30,7 +30,8 @@ def record_batch(base_offset: int, records: list[tuple[bytes, bytes | None]], *,
     return bytes(raw)
 
 
-def marker(base_offset: int, producer_id: int, *, abort: bool) -> bytes:
+def marker(base_offset: int, producer_id: int, *, abort: bool, epoch: int = 0) -> bytes:
     """A transaction's commit or abort marker."""
     return record_batch(base_offset, [(ABORT_KEY if abort else COMMIT_KEY, MARKER_VALUE)],
-                        producer_id=producer_id, transactional=True, control=True)
+                        producer_id=producer_id, transactional=True, control=True,
+                        epoch=epoch)

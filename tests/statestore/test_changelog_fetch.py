@@ -21,13 +21,13 @@ from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 from aiokafka.structs import TopicPartition
 
 from statestore.errors import ChangelogDecodeError
-from statestore.fetch import ChangelogFetcher, decode_records
+from statestore.fetch import ChangelogFetcher, _decoded, decode_records
 from statestore.restore import ChangelogReader
 from statestore.serdes import MsgPackSerde, OrderedKeySerde
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
 from tests.conftest import wait_until
-from tests.record_batches import record_batch
+from tests.record_batches import marker, record_batch
 
 KEYS, VALUES = OrderedKeySerde(), MsgPackSerde()
 
@@ -316,6 +316,52 @@ def test_aborted_transactions_are_found_from_their_markers_when_the_broker_lists
     tail = record_batch(5, [(abort, marker)], producer_id=9, transactional=True, control=True)
     assert decode_records(tp, b"".join([*head, tail]), 0) == ([(b"b", b"2")], 6)
     assert decode_records(tp, b"".join([*head[4:], tail]), 4) == ([], 6)
+
+
+def test_a_fenced_producers_late_writes_never_commit() -> None:
+    """A zombie stopped mid-transaction is fenced by the new owner of its transactional id
+    (same producer id, a later epoch), which aborts its transaction. Continued, the zombie's
+    queued records still land on Tansu, after that abort marker: the new owner's commit
+    marker must not commit them."""
+    raw = b"".join([
+        record_batch(0, [(b"k", b"zombie-1")], producer_id=7, transactional=True, epoch=3),
+        marker(1, 7, abort=True, epoch=4),
+        record_batch(2, [(b"k", b"zombie-late")], producer_id=7, transactional=True, epoch=3),
+        record_batch(3, [(b"k", b"owner-1")], producer_id=7, transactional=True, epoch=4),
+        marker(4, 7, abort=False, epoch=4),
+        record_batch(5, [(b"k", b"plain")]),
+    ])
+    tp = TopicPartition("t", 0)
+    assert decode_records(tp, raw, 0) == ([(b"k", b"owner-1"), (b"k", b"plain")], 6)
+
+
+def test_read_by_markers_a_partition_ends_where_its_first_undecided_transaction_starts(
+) -> None:
+    """With the broker's last stable offset not to be trusted (Tansu holds it back while any
+    transaction is open), the end a restore reads to is the start of the first transaction
+    whose marker is not written yet when the response reached the high watermark, and the
+    high watermark when every transaction read is decided or the response stopped short."""
+    decided = [
+        record_batch(0, [(b"k", b"1")], producer_id=7, transactional=True),
+        marker(1, 7, abort=False),
+    ]
+    open_ = [record_batch(2, [(b"k", b"2")], producer_id=7, transactional=True)]
+    rest = [0, 0, [], None]  # last stable offset (held back at 0), log start, aborts, replica
+    by_markers = _decoded(TopicPartition("t", 0), 0, 3, [*rest, b"".join(decided + open_)],
+                          11, committed_by_markers=True)
+    assert (by_markers.changes, by_markers.next_offset, by_markers.end) == (
+        [(b"k", b"1")], 2, 2)
+    # The broker's last stable offset, held back, would have ended the restore at once.
+    trusting = _decoded(TopicPartition("t", 0), 0, 3, [*rest, b"".join(decided + open_)], 11)
+    assert trusting.end == 0
+    # Everything decided: the high watermark.
+    done = _decoded(TopicPartition("t", 0), 0, 2, [*rest, b"".join(decided)], 11,
+                    committed_by_markers=True)
+    assert done.end == 2
+    # The response stopped before the high watermark: the marker may lie past it.
+    short = _decoded(TopicPartition("t", 0), 0, 9, [*rest, b"".join(decided + open_)], 11,
+                     committed_by_markers=True)
+    assert short.end == 9
 
 
 def test_message_format_v1_batches_are_read() -> None:

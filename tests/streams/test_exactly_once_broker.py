@@ -49,8 +49,15 @@ def each_count_once(outputs: list[tuple[Any, Any]], produced: dict[str, int]) ->
     by_key: dict[str, list[Any]] = {}
     for key, value in outputs:
         by_key.setdefault(key, []).append(value)
-    return {key: by_key.get(key) for key, n in produced.items()
-            if by_key.get(key) != list(range(1, n + 1))}
+    wrong: dict[str, Any] = {}
+    for key, n in produced.items():
+        counts = by_key.get(key, [])
+        if counts != list(range(1, n + 1)):
+            repeated = sorted({c for c in counts if counts.count(c) > 1})
+            out_of_order = [(i, c) for i, c in enumerate(counts) if i and c != counts[i - 1] + 1]
+            wrong[key] = {"outputs": len(counts), "records": n, "repeated": repeated[:10],
+                          "breaks": out_of_order[:5]}
+    return wrong
 
 
 async def exact_committed_counts(bootstrap: str, sink: str, produced: dict[str, int]) -> None:

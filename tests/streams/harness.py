@@ -316,7 +316,7 @@ def spawn_worker(app_id: str, bootstrap: str, state_dir: Path, source: str, sink
     state_dir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [sys.executable, "-m", "streams", "run", "tests.streams.apps.counting:app",
-         "--log-level", os.environ.get("RELAY_TEST_WORKER_LOG_LEVEL", "WARNING")],
+         "--log-level", os.environ.get("TEST_WORKER_LOG_LEVEL", "WARNING")],
         cwd=state_dir.parent, env=env,
     )
 

@@ -104,6 +104,9 @@ class TaskTransaction:
     acks: dict[int, _StoreAcks] = field(default_factory=dict)
     errors: list[Any] = field(default_factory=list)
     produced: int = 0
+    #: One delivery callback per store (the store kept to tell a reopened one apart).
+    _callbacks: dict[int, tuple[KeyValueStore, Callable[[Any, Any], None]]] = field(
+        default_factory=dict)
 
     def _delivered(self, store: KeyValueStore | None, err: Any, msg: Any) -> None:
         # Called from the thread that flushes or polls the producer.
@@ -148,6 +151,64 @@ class TaskTransaction:
                 self.errors.append(exc)
                 return
         self.produced += 1
+
+    def hand(self, records: list[Any], start: int, topic: str | None = None,
+             partition: int | None = None, store: KeyValueStore | None = None) -> int:
+        """Hand ``records[start:]`` to the transaction without awaiting each one, until the
+        producer's queue is full; returns the index of the first record not handed (the
+        caller waits for room and calls again). Each record is an output (``topic``,
+        ``key``, ``value``, ``timestamp_ms``) or, with ``topic`` and ``store`` given, a
+        changelog ``(key, value)`` pair for ``partition``. A producer that refuses records
+        (fenced, failed) fails the transaction at commit: the rest are dropped here."""
+        if self.errors:
+            return len(records)
+        if not self.open:
+            try:
+                self.producer.begin_transaction()
+            except Exception as exc:
+                self.errors.append(exc)
+                return len(records)
+            self.open = True
+        produce = self.producer.produce
+        index = start
+        try:
+            if store is not None:
+                callback = self._store_callback(store)
+                for key, value in records[start:]:
+                    produce(topic, value=value, key=key, partition=partition,
+                            on_delivery=callback)
+                    index += 1
+            else:
+                callback = self._output_callback
+                for output in records[start:]:
+                    if output.timestamp_ms:
+                        produce(output.topic, value=output.value, key=output.key,
+                                timestamp=output.timestamp_ms, on_delivery=callback)
+                    else:
+                        produce(output.topic, value=output.value, key=output.key,
+                                on_delivery=callback)
+                    index += 1
+        except BufferError:
+            pass  # the queue is full: the caller waits for room
+        except Exception as exc:
+            self.errors.append(exc)
+            index = len(records)
+        self.produced += index - start
+        return index
+
+    def _output_callback(self, err: Any, msg: Any) -> None:
+        self._delivered(None, err, msg)
+
+    def _store_callback(self, store: KeyValueStore) -> Callable[[Any, Any], None]:
+        callback = self._callbacks.get(id(store))
+        if callback is None or callback[0] is not store:
+            callback = (store, lambda err, msg: self._delivered(store, err, msg))
+            self._callbacks[id(store)] = callback
+        return callback[1]
+
+    async def room(self) -> None:
+        """Wait for the full queue to drain a little (off the event loop)."""
+        await asyncio.to_thread(self.producer.poll, 0.1)
 
     def reset(self) -> None:
         self.open = False
@@ -256,15 +317,18 @@ class TransactionalCollector:
             if not outputs and not any(records for _, records in changelogs):
                 continue
             transaction = await self.transaction(task.task_id)
-            for output in outputs:
-                await transaction.produce(output.topic, output.key, output.value,
-                                          timestamp_ms=output.timestamp_ms)
+            handed = transaction.hand(outputs, 0)
+            while handed < len(outputs):
+                await transaction.room()
+                handed = transaction.hand(outputs, handed)
             for store, records in changelogs:
-                if store.changelog_topic is None:
+                topic = store.changelog_topic
+                if topic is None:
                     continue
-                for key, value in records:
-                    await transaction.produce(store.changelog_topic, key, value,
-                                              partition=store.partition, store=store)
+                handed = transaction.hand(records, 0, topic, store.partition, store)
+                while handed < len(records):
+                    await transaction.room()
+                    handed = transaction.hand(records, handed, topic, store.partition, store)
 
     async def send_changelogs(self, tasks: Iterable[StreamTask]) -> None:
         await self.ship(tasks)
@@ -318,10 +382,14 @@ class TransactionalCommitter:
         (its offsets are not a group commit)."""
         started = time.perf_counter()
         tasks = self._tasks()
-        for task in tasks:
-            try:
-                await self._commit_task(task)
-            except Exception as exc:
+        # The tasks' transactions are independent (a producer each): their flushes and
+        # commits, round trips to the broker, overlap.
+        outcomes = await asyncio.gather(*(self._commit_task(task) for task in tasks),
+                                        return_exceptions=True)
+        for task, exc in zip(tasks, outcomes, strict=True):
+            if isinstance(exc, BaseException) and not isinstance(exc, Exception):
+                raise exc
+            if exc is not None:
                 self.failures += 1
                 log.warning("%s: transaction of task %s failed, its writes are discarded: "
                             "%s: %s", self._name, task.task_id, type(exc).__name__, exc)

@@ -141,3 +141,43 @@ async def test_an_aborted_transaction_leaves_the_database_at_the_last_commit(
         store.abort()
         assert store.get("a") == 1 and store.uncommitted == 0
         assert task.restored_input_position() == {TP0: 1}
+
+
+class _QueueFullOnce:
+    """A transactional producer whose queue is full once, after ``room`` records."""
+
+    def __init__(self, inner: object, room: int) -> None:
+        self.inner, self.room, self.full_once = inner, room, True
+
+    def produce(self, *args: object, **kwargs: object) -> None:
+        if self.full_once and len(self.inner.pending) >= self.room:  # type: ignore[attr-defined]
+            self.full_once = False
+            raise BufferError("queue full")
+        self.inner.produce(*args, **kwargs)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+async def test_records_handed_to_a_full_queue_wait_for_room_and_keep_their_order() -> None:
+    from streams.transactions import TaskTransaction
+    from tests.streams.fakes import FakeTransactionalProducer
+
+    log = TransactionLog()
+    inner = FakeTransactionalProducer("app-0_0", log)
+    inner.init_transactions()
+    records = [(f"k{i}".encode(), f"{i}".encode()) for i in range(5)]
+
+    class Output:
+        def __init__(self, key: bytes, value: bytes) -> None:
+            self.topic, self.key, self.value, self.timestamp_ms = "out", key, value, 0
+
+    outputs = [Output(k, v) for k, v in records]
+    transaction = TaskTransaction("0_0", _QueueFullOnce(inner, room=2))
+    handed = transaction.hand(outputs, 0)
+    assert handed == 2 and transaction.open
+    while handed < len(outputs):
+        handed = transaction.hand(outputs, handed)
+    inner.commit_transaction()
+    assert [(c.key, c.value) for c in log.records] == records
+    assert transaction.produced == 5 and not transaction.errors

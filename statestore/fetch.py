@@ -364,7 +364,7 @@ class ChangelogFetcher:
                 offset = asked[tp]
                 error = kafka_errors.for_code(error_code)
                 if error is kafka_errors.NoError:
-                    fetched.append(_decoded(tp, offset, highwater, rest, response.API_VERSION,
+                    fetched.append(decoded_partition(tp, offset, highwater, rest, response.API_VERSION,
                                             settings.committed_by_markers))
                 elif error is kafka_errors.OffsetOutOfRangeError:
                     fetched.append(await self._reset_to_earliest(leader, tp, offset))
@@ -419,7 +419,7 @@ class ChangelogFetcher:
             await asyncio.wait_for(refresh, self.settings.metadata_wait_ms / 1000)
 
 
-def _decoded(
+def decoded_partition(
     tp: TopicPartition, offset: int, highwater: int, rest: list[Any], api_version: int,
     committed_by_markers: bool = False,
 ) -> FetchedPartition:

@@ -21,7 +21,7 @@ from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 from aiokafka.structs import TopicPartition
 
 from statestore.errors import ChangelogDecodeError
-from statestore.fetch import ChangelogFetcher, _decoded, decode_records
+from statestore.fetch import ChangelogFetcher, decode_records, decoded_partition
 from statestore.restore import ChangelogReader
 from statestore.serdes import MsgPackSerde, OrderedKeySerde
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
@@ -347,19 +347,19 @@ def test_read_by_markers_a_partition_ends_where_its_first_undecided_transaction_
     ]
     open_ = [record_batch(2, [(b"k", b"2")], producer_id=7, transactional=True)]
     rest = [0, 0, [], None]  # last stable offset (held back at 0), log start, aborts, replica
-    by_markers = _decoded(TopicPartition("t", 0), 0, 3, [*rest, b"".join(decided + open_)],
+    by_markers = decoded_partition(TopicPartition("t", 0), 0, 3, [*rest, b"".join(decided + open_)],
                           11, committed_by_markers=True)
     assert (by_markers.changes, by_markers.next_offset, by_markers.end) == (
         [(b"k", b"1")], 2, 2)
     # The broker's last stable offset, held back, would have ended the restore at once.
-    trusting = _decoded(TopicPartition("t", 0), 0, 3, [*rest, b"".join(decided + open_)], 11)
+    trusting = decoded_partition(TopicPartition("t", 0), 0, 3, [*rest, b"".join(decided + open_)], 11)
     assert trusting.end == 0
     # Everything decided: the high watermark.
-    done = _decoded(TopicPartition("t", 0), 0, 2, [*rest, b"".join(decided)], 11,
+    done = decoded_partition(TopicPartition("t", 0), 0, 2, [*rest, b"".join(decided)], 11,
                     committed_by_markers=True)
     assert done.end == 2
     # The response stopped before the high watermark: the marker may lie past it.
-    short = _decoded(TopicPartition("t", 0), 0, 9, [*rest, b"".join(decided + open_)], 11,
+    short = decoded_partition(TopicPartition("t", 0), 0, 9, [*rest, b"".join(decided + open_)], 11,
                      committed_by_markers=True)
     assert short.end == 9
 

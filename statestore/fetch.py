@@ -364,8 +364,9 @@ class ChangelogFetcher:
                 offset = asked[tp]
                 error = kafka_errors.for_code(error_code)
                 if error is kafka_errors.NoError:
-                    fetched.append(decoded_partition(tp, offset, highwater, rest, response.API_VERSION,
-                                            settings.committed_by_markers))
+                    fetched.append(decoded_partition(
+                        tp, offset, highwater, rest, response.API_VERSION,
+                        settings.committed_by_markers))
                 elif error is kafka_errors.OffsetOutOfRangeError:
                     fetched.append(await self._reset_to_earliest(leader, tp, offset))
                 elif error.retriable:

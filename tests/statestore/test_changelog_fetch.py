@@ -352,7 +352,8 @@ def test_read_by_markers_a_partition_ends_where_its_first_undecided_transaction_
     assert (by_markers.changes, by_markers.next_offset, by_markers.end) == (
         [(b"k", b"1")], 2, 2)
     # The broker's last stable offset, held back, would have ended the restore at once.
-    trusting = decoded_partition(TopicPartition("t", 0), 0, 3, [*rest, b"".join(decided + open_)], 11)
+    trusting = decoded_partition(TopicPartition("t", 0), 0, 3,
+                                 [*rest, b"".join(decided + open_)], 11)
     assert trusting.end == 0
     # Everything decided: the high watermark.
     done = decoded_partition(TopicPartition("t", 0), 0, 2, [*rest, b"".join(decided)], 11,

@@ -179,9 +179,8 @@ def _outcomes_from_markers(batches: list[Any]) -> tuple[set[int], set[int], int 
 
     A marker decides its producer's open batches of its own epoch; batches of an earlier
     epoch belong to a fenced producer (a zombie: the new owner of its transactional id bumped
-    the epoch) and never commit. Apache Kafka refuses a fenced producer's writes; Tansu 0.6
-    appends them, after the abort marker of its fencing, where the new owner's commit marker
-    would otherwise seem to commit them."""
+    the epoch) and never commit, as in Kafka. Any such batch that got in after the fencing
+    would otherwise seem committed by the new owner's commit marker (same producer id)."""
     open_batches: dict[int, list[tuple[int, int]]] = {}
     aborted: set[int] = set()
     abort_markers: set[int] = set()

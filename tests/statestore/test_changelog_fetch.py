@@ -320,9 +320,9 @@ def test_aborted_transactions_are_found_from_their_markers_when_the_broker_lists
 
 def test_a_fenced_producers_late_writes_never_commit() -> None:
     """A zombie stopped mid-transaction is fenced by the new owner of its transactional id
-    (same producer id, a later epoch), which aborts its transaction. Continued, the zombie's
-    queued records still land on Tansu, after that abort marker: the new owner's commit
-    marker must not commit them."""
+    (same producer id, a later epoch), which aborts its transaction. Should any of the
+    zombie's records land after that abort marker, the new owner's commit marker must not
+    commit them (Kafka's rule: a fenced epoch never commits)."""
     raw = b"".join([
         record_batch(0, [(b"k", b"zombie-1")], producer_id=7, transactional=True, epoch=3),
         marker(1, 7, abort=True, epoch=4),

@@ -100,8 +100,8 @@ async def read_committed(bootstrap: str, topic: str, partitions: int) -> list[An
     """Every committed record of a topic as (key, value), msgpack-decoded, in per-partition
     order: what a read_committed consumer sees. Read with the changelog fetcher by the
     transactions' markers up to the high watermark, as the README tells users of the embedded
-    broker to: it lists no aborted transactions, and a fenced zombie's late records (which it
-    accepts) hold its last stable offset back for good."""
+    broker to: it lists no aborted transactions, and holds a partition's last stable offset
+    back while any transaction on it is open."""
     fetcher = ChangelogFetcher(bootstrap, "read-committed",
                                FetchSettings(committed_by_markers=True))
     await fetcher.start()

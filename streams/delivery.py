@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,40 @@ def new_data_producer(bootstrap_servers: str, client_id: str = "") -> Any:
         settings["client.id"] = client_id
     # librdkafka's own log lines (a broker gone at shutdown) go through Python's logging.
     return Producer(settings, logger=log)
+
+
+def hand_outputs(produce: Callable[..., None], outputs: list[Any], start: int,
+                 on_delivery: Callable[[Any, Any], None]) -> int:
+    """Hand ``outputs[start:]`` (each with ``topic``, ``key``, ``value``, ``timestamp_ms``) to
+    a confluent-kafka ``produce`` until its queue is full; returns the index of the first
+    one not handed (the caller waits for room and calls again)."""
+    index = start
+    try:
+        for output in outputs[start:]:
+            if output.timestamp_ms:
+                produce(output.topic, value=output.value, key=output.key,
+                        timestamp=output.timestamp_ms, on_delivery=on_delivery)
+            else:
+                produce(output.topic, value=output.value, key=output.key,
+                        on_delivery=on_delivery)
+            index += 1
+    except BufferError:
+        pass  # the queue is full
+    return index
+
+
+def hand_changelog(produce: Callable[..., None], records: list[Any], start: int, topic: str,
+                   partition: int | None, on_delivery: Callable[[Any, Any], None]) -> int:
+    """:func:`hand_outputs` for a store's changelog ``(key, value)`` pairs, to ``partition``
+    of ``topic``."""
+    index = start
+    try:
+        for key, value in records[start:]:
+            produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery)
+            index += 1
+    except BufferError:
+        pass  # the queue is full
+    return index
 
 
 class DeliveryError(Exception):
@@ -108,28 +143,11 @@ class Deliveries:
         of the first record not handed. Each record is an output (with ``topic``, ``key``,
         ``value``, ``timestamp_ms``) or, with ``topic`` and ``store`` given, a changelog
         ``(key, value)`` pair for ``partition``."""
-        produce = self.producer.produce
-        index = start
-        try:
-            if store is not None:
-                callback = store.delivered
-                for key, value in records[start:]:
-                    produce(topic, value=value, key=key, partition=partition,
-                            on_delivery=callback)
-                    index += 1
-                    store.handed += 1
-            else:
-                callback = self._delivered
-                for output in records[start:]:
-                    if output.timestamp_ms:
-                        produce(output.topic, value=output.value, key=output.key,
-                                timestamp=output.timestamp_ms, on_delivery=callback)
-                    else:
-                        produce(output.topic, value=output.value, key=output.key,
-                                on_delivery=callback)
-                    index += 1
-        except BufferError:
-            pass  # the queue is full: the caller waits for room
+        if store is None:
+            return hand_outputs(self.producer.produce, records, start, self._delivered)
+        index = hand_changelog(self.producer.produce, records, start, topic or "", partition,
+                               store.delivered)
+        store.handed += index - start
         return index
 
     async def room(self) -> None:

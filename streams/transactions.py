@@ -36,6 +36,7 @@ from typing import Any
 from aiokafka.structs import TopicPartition
 
 from statestore.store import KeyValueStore
+from streams.delivery import hand_changelog, hand_outputs
 from streams.metrics import Metrics
 from streams.task import RecordError, StreamTask
 
@@ -170,27 +171,14 @@ class TaskTransaction:
                 return len(records)
             self.open = True
         produce = self.producer.produce
-        index = start
         try:
             if store is not None:
-                callback = self._store_callback(store)
-                for key, value in records[start:]:
-                    produce(topic, value=value, key=key, partition=partition,
-                            on_delivery=callback)
-                    index += 1
+                index = hand_changelog(produce, records, start, topic or "", partition,
+                                       self._store_callback(store))
             else:
-                callback = self._output_callback
-                for output in records[start:]:
-                    if output.timestamp_ms:
-                        produce(output.topic, value=output.value, key=output.key,
-                                timestamp=output.timestamp_ms, on_delivery=callback)
-                    else:
-                        produce(output.topic, value=output.value, key=output.key,
-                                on_delivery=callback)
-                    index += 1
-        except BufferError:
-            pass  # the queue is full: the caller waits for room
+                index = hand_outputs(produce, records, start, self._output_callback)
         except Exception as exc:
+            # A fenced or failed producer refuses records: the commit reports it.
             self.errors.append(exc)
             index = len(records)
         self.produced += index - start

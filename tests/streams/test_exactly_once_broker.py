@@ -67,8 +67,12 @@ async def exact_committed_counts(bootstrap: str, sink: str, produced: dict[str, 
     async def exact() -> bool:
         return latest(await read_committed(bootstrap, sink, 1)) == produced
 
+    # Generous: this checks what the outputs come to, not how fast. A static member that
+    # restarts at once can join for over a session timeout on the embedded broker before
+    # the stuck-joining remedy (asking the leader) gets the group going again, and then
+    # works off its backlog.
     try:
-        await wait_until(exact, timeout_s=90, message="exact committed counts")
+        await wait_until(exact, timeout_s=180, message="exact committed counts")
     except AssertionError:
         counted = latest(await read_committed(bootstrap, sink, 1))
         over = {k: counted[k] - n for k, n in produced.items() if counted.get(k, 0) > n}
@@ -76,6 +80,7 @@ async def exact_committed_counts(bootstrap: str, sink: str, produced: dict[str, 
         raise AssertionError(f"over: {over}; under: {under}") from None
 
 
+@pytest.mark.timeout(420)
 async def test_workers_killed_mid_transaction_leave_every_result_exactly_once(
     tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched,
 ) -> None:
@@ -114,6 +119,7 @@ async def test_workers_killed_mid_transaction_leave_every_result_exactly_once(
 
 
 
+@pytest.mark.timeout(420)
 async def test_a_member_stopped_past_its_session_is_fenced_and_duplicates_nothing(
     tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched,
 ) -> None:

@@ -133,7 +133,9 @@ class TaskManager:
                 await self._consumer.seek_to_beginning(tp)
         self.tasks.add_running(task)
         self._consumer.resume(*[tp for tp in task.partitions if tp in assigned])
-        log.info("%s: task %s restored and running", self._name, task_id)
+        log.info("%s: task %s restored and running from %s", self._name, task_id,
+                 {f"{tp.topic}[{tp.partition}]": committed.get(tp, "the beginning")
+                  for tp in task.partitions if tp in assigned} or "no assigned partition")
         return True
 
     # -- stopping, demoting, closing -------------------------------------------------------

@@ -6,8 +6,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BASE   := $(VENV)/.installed-base
 DEV    := $(VENV)/.installed-dev
-# Broker tests mostly wait on group rounds: six workers overlap those waits.
-TEST_WORKERS ?= 6
+# Broker tests mostly wait on group rounds: seven workers overlap those waits.
+TEST_WORKERS ?= 7
 
 .PHONY: setup demo test lint bench clean
 

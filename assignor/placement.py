@@ -950,9 +950,9 @@ def _assignments(
             mid = member.member_id
             revoked = ordered(plan.revoke.get(mid, ()))
             mine = ordered(plan.active.get(mid, ()))
-            # A leaving instance shuts down once told to revoke its last tasks (the learner
-            # design): its leaving starts the round that assigns them, and no round is spent
-            # on its departure alone.
+            # A leaving instance is told to shut down in the round that revokes its last
+            # tasks (the learner design). The runtime has it take part in the next round,
+            # which assigns them, before it leaves: its departure alone may start no round.
             shutdown = inst.leaving and not mine and not targeted[inst.instance_id]
             result[mid] = MemberAssignment(
                 active=mine,

@@ -62,8 +62,9 @@ def moves_by_cause(
     """How many tasks a round moved to another member, by cause.
 
     A task revoked this round for another member (``moving_now``, the leader's new memory) is
-    counted now, when its cause is known: its owner, leaving, may be gone by the next round
-    (a leaving instance shuts down upon revoking its last tasks). A task the last round
+    counted now, when its cause is known: its owner may be gone by the next round (a leaving
+    instance is told to shut down in the round that revokes its last tasks; a crash takes any
+    owner away). A task the last round
     revoked for the member that now runs it (``moving_before``) was counted then. Any other
     task is counted when it runs elsewhere: its new active compared with its previous owner
     (instance and thread, so a static member that restarts and gets its tasks back has moved

@@ -161,3 +161,22 @@ async def test_seeking_to_the_beginning_asks_the_fetcher_without_waiting() -> No
     await consumer.seek_to_beginning(other)
     assert waited == [(other,)]
     never.cancel()
+
+
+async def test_a_member_told_to_shut_down_while_revoking_leaves_after_the_next_round(
+        tmp_path: Path) -> None:
+    """A leaving member told to shut down in the round that revokes its last tasks takes part
+    in the round that assigns them elsewhere; it stops only when told again with nothing left
+    to revoke (its departure alone may start no round on the broker)."""
+    from tests.streams.fakes import assign, rig
+
+    r = rig(tmp_path)
+    try:
+        await assign(r, ("0_0",))
+        assert r.thread.registry.active
+        await assign(r, (), revoked=("0_0",), shutdown=True, rejoin_after_ms=0)
+        assert not r.thread.shutdown_requested and not r.thread._stop.is_set()
+        await assign(r, (), shutdown=True)
+        assert r.thread.shutdown_requested and r.thread._stop.is_set()
+    finally:
+        r.thread.task_manager.close_all()

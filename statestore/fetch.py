@@ -42,6 +42,7 @@ FetchedRecord = tuple[bytes | None, bytes | None]
 READ_UNCOMMITTED = 0
 READ_COMMITTED = 1
 _EARLIEST = -2
+_LATEST = -1
 
 
 @dataclass
@@ -394,24 +395,37 @@ class ChangelogFetcher:
 
     async def earliest_offset(self, tp: TopicPartition, leader: int | None = None) -> int:
         """The partition's log start offset (ListOffsets "earliest", asked of its leader)."""
+        return await self._list_offset(tp, _EARLIEST, "earliest", leader)
+
+    async def latest_offset(self, tp: TopicPartition) -> int:
+        """What the leader answers ListOffsets "latest" with. On Tansu that is short of the
+        end (the last batch's base offset + 1): use it as a hint, never as the end."""
+        return await self._list_offset(tp, _LATEST, "latest")
+
+    async def _list_offset(self, tp: TopicPartition, which: int, name: str,
+                           leader: int | None = None) -> int:
         client = self.client
         if leader is None:
             leader = client.cluster.leader_for_partition(tp)
+            if leader is None or leader == -1:
+                await self._wait_metadata(client.force_metadata_update())
+                leader = client.cluster.leader_for_partition(tp)
         if leader is None or leader == -1:
             raise StateStoreError(f"no leader known for {tp.topic}[{tp.partition}]")
-        request = OffsetRequest(-1, READ_COMMITTED, [(tp.topic, [(tp.partition, _EARLIEST)])])
+        isolation = READ_UNCOMMITTED if which == _LATEST else READ_COMMITTED
+        request = OffsetRequest(-1, isolation, [(tp.topic, [(tp.partition, which)])])
         response = await client.send(leader, request)
         for _topic, partitions in response.topics:
             for _partition, error_code, *info in partitions:
                 error = kafka_errors.for_code(error_code)
                 if error is not kafka_errors.NoError:
                     raise StateStoreError(
-                        f"ListOffsets(earliest) for {tp.topic}[{tp.partition}] failed: "
+                        f"ListOffsets({name}) for {tp.topic}[{tp.partition}] failed: "
                         f"{error.__name__}"
                     )
                 # v0 answers a list of offsets; later versions (timestamp, offset[, epoch]).
                 return int(info[0][0] if response.API_VERSION == 0 else info[1])
-        raise StateStoreError(f"ListOffsets(earliest) did not answer {tp.topic}[{tp.partition}]")
+        raise StateStoreError(f"ListOffsets({name}) did not answer {tp.topic}[{tp.partition}]")
 
     async def _wait_metadata(self, refresh: asyncio.Future[Any]) -> None:
         # A refresh that takes long is not an error here: the next fetch round tries again.

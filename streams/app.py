@@ -26,7 +26,7 @@ from aiokafka.errors import KafkaConnectionError
 from statestore.serdes import Serde
 from statestore.store import changelog_topic_name
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics, existing_partition_counts
-from streams.broker_quirks import Quirk, broker_quirks
+from streams.broker_quirks import BrokerQuirks, Quirk, broker_quirks
 from streams.config import AppConfig
 from streams.control import ControlChannel, ControlListener, LeavingMark, control_topic_name
 from streams.dsl import Stream, Table, stream_from_topic, table_from_topic
@@ -44,6 +44,7 @@ from streams.static_followers import StaticFollowers
 from streams.status import read_status, status_topic_name
 from streams.store_handover import ProcessStores
 from streams.synced_round import RoundReports
+from streams.task_positions import TaskPositions, positions_topic_name
 from streams.thread import FatalThreadError, StreamThread
 from streams.thread_factory import build_stream_thread
 from streams.topology import SubTopology, TopicDecl, Topology
@@ -134,6 +135,9 @@ class App:
         self.instance_id = self.config.group_instance_id or (
             f"{socket.gethostname()}-{os.getpid()}-{next(_APP_COUNTER)}")
         self.static_followers = StaticFollowers(enabled=False)
+        #: Where exactly-once tasks record their input positions (broker quirk
+        #: ``deferred-transactional-offsets``); None when not needed.
+        self.task_positions: TaskPositions | None = None
         #: The app's Prometheus metrics, recorded by its threads (one registry per app).
         self.metrics = Metrics()
         #: Serving them while the app runs with ``metrics_port`` set.
@@ -189,8 +193,10 @@ class App:
 
     # -- running --------------------------------------------------------------------------
 
-    async def prepare(self, admin: AIOKafkaAdminClient) -> list[SubTopology]:
-        """Check source topics, size the sub-topologies, create the internal topics."""
+    async def prepare(self, admin: AIOKafkaAdminClient,
+                      quirks: BrokerQuirks | None = None) -> list[SubTopology]:
+        """Check source topics, size the sub-topologies, create the internal topics (the
+        positions topic too, for exactly-once on a broker whose quirks need it)."""
         subs = self.topology.sub_topologies()
         if not subs:
             raise ValueError("the app declares no streams or tables: nothing to run")
@@ -213,8 +219,20 @@ class App:
         specs.append(TopicSpec(self.config.dead_letters, 1))
         specs.append(TopicSpec(status_topic_name(self.config.application_id), 1, COMPACTED))
         specs.append(TopicSpec(control_topic_name(self.config.application_id), 1, COMPACTED))
+        if self._records_positions(quirks):
+            tasks = sum(sub.partitions for sub in subs)
+            specs.append(TopicSpec(positions_topic_name(self.config.application_id), tasks,
+                                   COMPACTED))
+        # An existing topic with another partition count is refused here, as a changelog is.
         await ensure_topics(admin, specs)
+        if self._records_positions(quirks):
+            self.task_positions = TaskPositions.of(
+                self.config.application_id, [t for sub in subs for t in sub.task_ids()])
         return subs
+
+    def _records_positions(self, quirks: BrokerQuirks | None) -> bool:
+        return (self.config.exactly_once and quirks is not None
+                and Quirk.DEFERRED_TRANSACTIONAL_OFFSETS in quirks)
 
     def check_environment(self) -> None:
         """Before anything starts: the internal topics' names are legal and ``state_dir`` can
@@ -224,6 +242,7 @@ class App:
             *self.topology.repartition_topics,
             *(changelog_topic_name(app, store) for store in self.topology.stores),
             self.config.dead_letters, status_topic_name(app), control_topic_name(app),
+            positions_topic_name(app),
         ])
         check_state_dir(self.config.state_dir)
 
@@ -258,8 +277,10 @@ class App:
                 # Reachable a moment ago (or answering, but not as a Kafka broker).
                 raise UnreachableBrokerError(
                     f"bootstrap_servers {bootstrap!r}: no Kafka broker answers ({exc})") from None
+            quirks = await broker_quirks(self.config.broker_quirks,
+                                         self.config.static_follower_digests, bootstrap, embedded)
             try:
-                subs = await self.prepare(admin)
+                subs = await self.prepare(admin, quirks)
             finally:
                 await admin.close()
             await self._refuse_duplicate_instance()
@@ -274,8 +295,6 @@ class App:
                 round_reports.record,
             )
             control = ControlChannel(listener)
-            quirks = await broker_quirks(self.config.broker_quirks,
-                                         self.config.static_follower_digests, bootstrap, embedded)
             self.static_followers = StaticFollowers(Quirk.CACHED_STATIC_REJOIN in quirks, control)
             process_stores = ProcessStores()
             self.threads = [
@@ -285,6 +304,7 @@ class App:
                     static_followers=self.static_followers, control=control,
                     process_stores=process_stores, leaving=lambda: self.leaving,
                     metrics=self.metrics, round_reports=round_reports, quirks=quirks,
+                    positions=self.task_positions,
                 )
                 for i in range(self.config.num_threads)
             ]

@@ -19,8 +19,13 @@ has a name here, lives in one module, and is on only when the broker needs it:
   partition's last stable offset does not move while any transaction on it is open, so an
   exactly-once member reads its input (a repartition topic several tasks write) up to the
   high watermark and keeps only committed transactions, told by their markers.
+- ``deferred-transactional-offsets`` (:mod:`streams.task_positions`): a committed
+  transaction's input offsets reach the group only once no transaction overlapping it on a
+  partition is open, which with several tasks writing one topic may be never while input
+  flows; so each exactly-once task also writes its input offsets, in its transaction, to an
+  internal positions topic it alone writes, and starts from the later of the two.
 
-Tansu (the embedded broker) needs all five. Apache Kafka needs none of them; they are
+Tansu (the embedded broker) needs all six. Apache Kafka needs none of them; they are
 harmless there but cost messages and waits. The setting ``broker_quirks`` chooses: ``auto``
 (detected: all for the embedded broker and for brokers whose cluster id says Tansu, none
 otherwise), ``all``, ``none``, or a comma-separated list of names.
@@ -47,6 +52,7 @@ class Quirk(StrEnum):
     LEADER_WEDGE = "leader-wedge"
     DEPARTED_STATIC_LEADER = "departed-static-leader"
     STUCK_LAST_STABLE_OFFSET = "stuck-last-stable-offset"
+    DEFERRED_TRANSACTIONAL_OFFSETS = "deferred-transactional-offsets"
 
 
 #: Cluster ids (prefixes, lower case) of brokers that have every quirk.

@@ -28,6 +28,7 @@ from streams.rebalance import TaskLayout
 from streams.state_updater import StateUpdater
 from streams.store_handover import ProcessStores
 from streams.task import StreamTask
+from streams.task_positions import PositionReader
 from streams.tasks import Tasks
 from streams.transitions import Plan, Role, plan_transitions
 
@@ -44,8 +45,12 @@ class TaskManager:
         state_updater: StateUpdater,
         process_stores: ProcessStores,
         open_stores: Callable[[str], dict[str, KeyValueStore]],
+        positions: PositionReader | None = None,
     ) -> None:
         self._name = name
+        #: Each task's input positions beside the group's offsets (broker quirk
+        #: ``deferred-transactional-offsets``); None where the group's offsets suffice.
+        self._positions = positions
         self._layout = layout
         self.tasks = tasks
         self._consumer = consumer
@@ -108,6 +113,12 @@ class TaskManager:
         """Run ``task_id`` if it is still restoring these stores; False if it was revoked."""
         if self.tasks.restoring.get(task_id) is not stores:
             return False
+        recorded: dict[TopicPartition, int] = {}
+        if self._positions is not None:
+            recorded = await self._positions.latest(
+                task_id, [TopicPartition(t, p) for t, p in self._layout.partitions_of(task_id)])
+            if self.tasks.restoring.get(task_id) is not stores:
+                return False  # revoked while its positions were read
         self.tasks.remove_restoring(task_id)
         for store in stores.values():
             store.end_bulk_load()  # the task reads it from now on
@@ -118,6 +129,10 @@ class TaskManager:
             offset = await self._consumer.committed(tp)
             if offset is not None and offset >= 0:
                 committed[tp] = offset
+            # The group's offset may lag the last committed transaction (see
+            # streams.task_positions): the task's own record of it is then later.
+            if tp in recorded and recorded[tp] > committed.get(tp, -1):
+                committed[tp] = recorded[tp]
             # The state may already reflect records past the committed offset (a member that
             # died after its changelog was written but before it committed): skip those.
             if tp in restored_position and restored_position[tp] > committed.get(tp, -1):

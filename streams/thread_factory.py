@@ -31,6 +31,7 @@ from streams.store_handover import ProcessStores
 from streams.synced_round import RoundReports
 from streams.task import open_task_stores
 from streams.task_manager import TaskManager
+from streams.task_positions import PositionReader, TaskPositions
 from streams.tasks import Tasks
 from streams.thread import StreamThread, ThreadIdentity
 from streams.topology import SubTopology
@@ -80,6 +81,7 @@ def build_stream_thread(
     metrics: Metrics | None = None,
     round_reports: RoundReports | None = None,
     quirks: BrokerQuirks | None = None,
+    positions: TaskPositions | None = None,
 ) -> StreamThread:
     clients = clients or ThreadClients()
     needed = [clients.consumer, clients.producer, clients.restorer, clients.follower]
@@ -151,7 +153,16 @@ def build_stream_thread(
                                 config.state_dir, snapshots, bulk_load=True)
 
     name = static_id or f"thread {index}"
-    manager = TaskManager(name, layout, tasks, consumer, updater, process_stores, open_stores)
+    # Exactly-once on a broker that defers transactional offsets: each task also records
+    # its input positions in its transaction, and starts from the later of the two.
+    if not (config.exactly_once and Quirk.DEFERRED_TRANSACTIONAL_OFFSETS in quirks):
+        positions = None
+    reader = (PositionReader(positions, restorer.fetcher)
+              if positions is not None and isinstance(restorer, ChangelogReader) else None)
+    if reader is None:
+        positions = None
+    manager = TaskManager(name, layout, tasks, consumer, updater, process_stores, open_stores,
+                          reader)
     collector: RecordCollector | TransactionalCollector
     committer: Committer | TransactionalCommitter
     if producers is not None:
@@ -169,7 +180,7 @@ def build_stream_thread(
                 lambda: new_group_metadata(bootstrap_servers or "", config.application_id)),
             lambda: list(tasks.active.values()),
             lambda: [*tasks.active, *tasks.restoring],
-            name, task_failed, metrics, label)
+            name, task_failed, metrics, label, positions)
     else:
         data_producer = (clients.data_producer if clients.data_producer is not None
                          else new_data_producer(bootstrap_servers or "", f"{label}-data"))

@@ -39,6 +39,7 @@ from statestore.store import KeyValueStore
 from streams.delivery import hand_changelog, hand_outputs
 from streams.metrics import Metrics
 from streams.task import RecordError, StreamTask
+from streams.task_positions import TaskPositions
 
 log = logging.getLogger(__name__)
 
@@ -348,8 +349,12 @@ class TransactionalCommitter:
     def __init__(self, collector: TransactionalCollector, group_metadata: Callable[[], Any],
                  tasks: Callable[[], list[StreamTask]], held: Callable[[], Iterable[str]],
                  name: str, on_failed: Callable[[str, BaseException], Awaitable[None] | None],
-                 metrics: Metrics | None = None, metrics_label: str = "") -> None:
+                 metrics: Metrics | None = None, metrics_label: str = "",
+                 positions: TaskPositions | None = None) -> None:
         self._collector = collector
+        #: Where each task also records its input offsets (broker quirk
+        #: ``deferred-transactional-offsets``); None where the group's offsets suffice.
+        self._positions = positions
         self._group_metadata = group_metadata
         self._metadata: Any = None
         self._tasks = tasks
@@ -404,6 +409,13 @@ class TransactionalCommitter:
         if not transaction.open:
             producer.begin_transaction()
             transaction.open = True
+        if offsets and self._positions is not None:
+            # Every input partition's position, not only those that moved: the last
+            # transaction's records then hold them all, and a reader finds them at the end.
+            partition = self._positions.partition_of(task.task_id)
+            for key, value in self._positions.records(task.processed):
+                await transaction.produce(self._positions.topic, key, value,
+                                          partition=partition)
         unsent = await asyncio.to_thread(producer.flush, TRANSACTION_TIMEOUT_S)
         if transaction.errors:
             raise TransactionFailed(f"sends failed: {transaction.errors[0]}")

@@ -151,12 +151,16 @@ def make_app(app_id: str, bootstrap: str, state_dir: Path, **settings: Any) -> A
 
 
 def counting_app(app_id: str, bootstrap: str, state_dir: Path, source: str, sink: str,
-                 instance: str | None = None, **settings: Any) -> App:
-    """The tests' workhorse: counts records per key into the store ``counts``."""
+                 instance: str | None = None, stages: int = 1, **settings: Any) -> App:
+    """The tests' workhorse: counts records per key into the store ``counts``; with
+    ``stages=2`` behind a repartition topic (a stateless first stage, then the count)."""
     if instance is not None:
         settings = {**STATIC, "group_instance_id": instance, **settings}
     app = make_app(app_id, bootstrap, state_dir, **settings)
-    app.stream(source).group_by_key().count(store="counts").to_stream().to(sink)
+    stream = app.stream(source)
+    if stages == 2:
+        stream = stream.select_key(lambda key, _value: key).repartition()
+    stream.group_by_key().count(store="counts").to_stream().to(sink)
     return app
 
 
@@ -310,11 +314,13 @@ async def run_relay(*args: str, bootstrap: str | None = None) -> tuple[int, str]
 
 
 def spawn_worker(app_id: str, bootstrap: str, state_dir: Path, source: str, sink: str,
-                 **settings: object) -> subprocess.Popen[bytes]:
-    """The counting app as a worker process of its own (so that it can be killed)."""
+                 stages: int = 1, **settings: object) -> subprocess.Popen[bytes]:
+    """The counting app as a worker process of its own (so that it can be killed); with
+    ``stages=2`` it counts behind a repartition topic."""
     python_path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
     env = {**os.environ, "PYTHONPATH": python_path, "COUNTING_INPUT": source,
-           "COUNTING_OUTPUT": sink, "RELAY_APPLICATION_ID": app_id,
+           "COUNTING_OUTPUT": sink, "COUNTING_STAGES": str(stages),
+           "RELAY_APPLICATION_ID": app_id,
            "RELAY_BOOTSTRAP_SERVERS": bootstrap, "RELAY_STATE_DIR": str(state_dir)}
     for key, value in {**FAST_GROUP, **settings}.items():
         env[f"RELAY_{key.upper()}"] = str(value)
@@ -346,9 +352,9 @@ class Launched:
         await asyncio.wait_for(self.runs[id(app)][1], timeout_s)
 
     def worker(self, app_id: str, bootstrap: str, state_dir: Path, source: str, sink: str,
-               **settings: object) -> subprocess.Popen[bytes]:
+               stages: int = 1, **settings: object) -> subprocess.Popen[bytes]:
         """The counting app in a worker process of its own (so that it can be killed)."""
-        process = spawn_worker(app_id, bootstrap, state_dir, source, sink, **settings)
+        process = spawn_worker(app_id, bootstrap, state_dir, source, sink, stages, **settings)
         self.workers.append(process)
         return process
 

@@ -1,9 +1,11 @@
-"""Exactly-once against the embedded broker: workers killed mid-transaction under steady
-input leave every result in the sink exactly once; a member stopped past its session (its
-tasks move) and then continued is fenced and duplicates nothing; a second owner of a task
-fences the first, whose late transaction never becomes visible; a worker killed between its
-store writes and its commit restarts without a full restore. Sinks are read as a read_committed
-consumer sees them (aborted transactions left out, see ``harness.read_committed``)."""
+"""Exactly-once against the embedded broker: workers of a two-stage app killed
+mid-transaction under steady input leave every result in the sink exactly once; a member
+stopped past its session (its tasks move) and then continued is fenced and duplicates
+nothing; a second owner of a task fences the first, whose late transaction never becomes
+visible; a worker killed between its store writes and its commit restarts without a full
+restore; a first stage resumes where its last transaction ended while the group's offsets
+lag. Sinks are read as a read_committed consumer sees them (aborted transactions left out,
+see ``harness.read_committed``)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from aiokafka.structs import TopicPartition
 from confluent_kafka import KafkaException
 
 from streams.status import read_status
@@ -90,15 +93,18 @@ async def test_workers_killed_mid_transaction_leave_every_result_exactly_once(
     settings = {**STATIC, **EXACTLY_ONCE}
 
     def start(name: str) -> Any:
-        return launched.worker(app_id, bootstrap, tmp_path / name, source, sink,
+        # Two stages: each worker's stateless first-stage task writes the repartition topic
+        # in transactions that overlap the other's, and has no state to keep its position.
+        return launched.worker(app_id, bootstrap, tmp_path / name, source, sink, stages=2,
                                group_instance_id=name, **settings)
 
     workers = {name: start(name) for name in ("a", "b")}
 
     async def processing(name: str) -> bool:
-        """The worker's current process runs its two tasks and has processed records."""
+        """The worker's current process runs its four tasks (two stages of four partitions
+        over two workers) and has processed records."""
         status = (await read_status(bootstrap, app_id)).get(f"{name}-thread-0", {})
-        return (status.get("pid") == workers[name].pid and len(status.get("active", [])) == 2
+        return (status.get("pid") == workers[name].pid and len(status.get("active", [])) == 4
                 and status.get("processed", 0) > 0)
 
     traffic.start()
@@ -343,3 +349,52 @@ async def test_a_worker_killed_between_its_store_writes_and_its_commit_needs_no_
 async def _processed(bootstrap: str, app_id: str, records: int) -> bool:
     statuses = (await read_status(bootstrap, app_id)).values()
     return any(int(status.get("processed", 0)) >= records for status in statuses)
+
+
+async def test_a_first_stage_task_resumes_where_its_last_transaction_ended_not_at_the_group_offset(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str],
+) -> None:
+    """Broker quirk ``deferred-transactional-offsets``: the embedded broker applies a
+    committed transaction's input offsets to the group only once no transaction overlapping
+    it is open. An upstream producer keeps one open on the repartition topic while the
+    stateless first stage of a two-stage app processes everything and commits; the group's
+    offsets then still say nothing. A new instance of the app resumes the first stage where
+    its last transaction ended (its positions topic), so nothing is counted twice."""
+    app_id = unique("eos-deferred")
+    source, sink, traffic = await counting_topics(bootstrap, app_id, partitions=2)
+    first = counting_app(app_id, bootstrap, tmp_path, source, sink, stages=2, **EXACTLY_ONCE)
+    (repartition,) = first.topology.repartition_topics
+    await create_topics(bootstrap, {repartition: 2})
+    upstream = new_transactional_producer(bootstrap, f"{app_id}-upstream")
+    await asyncio.to_thread(upstream.init_transactions, 10)
+    upstream.begin_transaction()
+    for partition in range(2):
+        upstream.produce(repartition, key=msgpack.packb("upstream"), value=msgpack.packb(0),
+                         partition=partition)
+    assert await asyncio.to_thread(upstream.flush, 10) == 0
+    await traffic.produce(200)
+    try:
+        async with running(first):
+            async def first_stage_committed() -> bool:
+                # The second stage waits behind the open upstream transaction: what was
+                # processed and committed is the first stage's.
+                return bool(first.threads) and sum(
+                    first.threads[0].committer.committed.get(TopicPartition(source, p), 0)
+                    for p in range(2)) == 200
+
+            await wait_until(first_stage_committed, timeout_s=90,
+                             message="the first stage committed all 200 records")
+        second = counting_app(app_id, bootstrap, tmp_path, source, sink, stages=2,
+                              **EXACTLY_ONCE)
+        async with running(second):
+            async def first_stage_running() -> bool:
+                return bool(second.threads) and {"0_0", "0_1"} <= set(
+                    second.threads[0].registry.active)
+
+            await wait_until(first_stage_running, timeout_s=90,
+                             message="the new instance runs the first stage")
+            await asyncio.to_thread(upstream.abort_transaction, 10)
+            await exact_committed_counts(bootstrap, sink, traffic.produced)
+    finally:
+        with contextlib.suppress(KafkaException):
+            await asyncio.to_thread(upstream.abort_transaction, 10)

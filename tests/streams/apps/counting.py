@@ -1,4 +1,7 @@
-"""A counting app run as a separate worker process by the tests (settings from RELAY_*)."""
+"""A counting app run as a separate worker process by the tests (settings from RELAY_*).
+
+With ``COUNTING_STAGES=2`` the records go through a repartition topic first: a stateless
+first stage whose tasks all write that topic, then the counting stage."""
 
 from __future__ import annotations
 
@@ -7,8 +10,11 @@ import os
 from streams.app import App
 
 app = App()
+stream = app.stream(os.environ["COUNTING_INPUT"])
+if os.environ.get("COUNTING_STAGES", "1") == "2":
+    stream = stream.select_key(lambda key, _value: key).repartition()
 (
-    app.stream(os.environ["COUNTING_INPUT"])
+    stream
     .group_by_key()
     .count(store="counts")
     .to_stream()

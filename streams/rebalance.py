@@ -246,10 +246,20 @@ class RelayAssignor(AbstractPartitionAssignor):
             for task_id in member.active:
                 previous[task_id] = member.key
         keys = {m.member_id: m.key for m in members}
+        moves: list[str] = []
         for member_id, assignment in assignments.items():
             for task_id in assignment.active:
                 if member_id in keys:
                     self._placed[task_id] = keys[member_id]
+                    was = previous.get(task_id)
+                    if was is not None and was != keys[member_id]:
+                        moves.append(f"{task_id} {_member_name(was)} -> "
+                                     f"{_member_name(keys[member_id])}")
+        if moves:
+            # Said once per round, for a post-mortem of why work moved; a new leader knows
+            # the previous owners only from the notes the members echo.
+            log.info("leader%s moves %s", "" if previous_memory is not None
+                     else " (new: memory from the members' notes)", ", ".join(sorted(moves)))
         if self._metrics is None:
             return
         # A new leader knows the moves under way from the notes the members echo.
@@ -282,6 +292,10 @@ class RelayAssignor(AbstractPartitionAssignor):
             self.memory = None
         self.received_digest = assignment_digest(assignment.user_data or b"")
         self._on_assigned(decode_assignment(assignment.user_data))
+
+
+def _member_name(key: MemberKey) -> str:
+    return f"{key[0]}-thread-{key[1]}"
 
 
 def assignment_digest(user_data: bytes) -> str:

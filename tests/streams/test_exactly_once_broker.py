@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -43,8 +44,9 @@ EXACTLY_ONCE = {"processing_guarantee": "exactly_once", "commit_interval_ms": 50
 #: Kills of the SIGKILL test. Each restart of a static member costs a join round on the
 #: embedded broker (about 20 s with the 30 s sessions static membership needs there); the
 #: two workers are killed in turn, usually within one round, so four kills take about 45 s.
-#: Ten kills (about 130 s) passed as well, too long for the suite.
-KILLS = 4
+#: ``RELAY_TEST_EOS_KILLS=10`` runs the ten kills the exactly-once issue asks for (about
+#: 130 s, too long for the suite).
+KILLS = int(os.environ.get("RELAY_TEST_EOS_KILLS", "4"))
 
 
 def each_count_once(outputs: list[tuple[Any, Any]], produced: dict[str, int]) -> dict[str, Any]:

@@ -5,8 +5,10 @@ A store is passive: it opens, reads, writes, commits and closes; what state it s
 from (a checkpoint, a snapshot, a full restore) is decided by :mod:`statestore.recovery`.
 
 Writes go to a write buffer (:mod:`statestore.buffer`) that reads see, and are queued as
-changelog records; the task drains the queue into its producer (see
-:mod:`statestore.changelog`), which reports each acknowledgement back. ``commit``, called once
+changelog records, the latest per key: a key written many times between two drains sends one
+record, as Kafka Streams' record cache and Quix's transactions do. The task drains the queue
+into its producer (see :mod:`streams.record_collector`), which reports each acknowledgement
+back. ``commit``, called once
 every queued record was acknowledged, applies the buffer to RocksDB in one WriteBatch, flushes
 and writes the changelog position the database now reflects to the checkpoint file. So the
 database never holds a write its changelog might not have: after a crash the store is at its
@@ -64,6 +66,8 @@ RESERVED_PREFIX = b"\xff\xff"
 #: Key types whose encoding cannot change while the object lives: a key object ``get`` just
 #: encoded is not encoded again by the ``put`` after it.
 _IMMUTABLE_KEY_TYPES = (str, bytes, int)
+#: What a lookup of a key the write buffer does not hold returns (None is a buffered delete).
+_ABSENT = object()
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,14 @@ class KeyValueStore:
         self._db: Rdict | None = None
         self._lock_fd: int | None = None
         self._buffer = WriteBuffer()
-        self._pending: list[ChangelogRecord] = []
+        # Changelog records not drained yet, the latest per key. ``_covered``: written before
+        # the last input position (which ends it); ``_pending``: written after it. Coalescing
+        # never moves a write across an input position: a restored state then reflects
+        # exactly the input that position names.
+        self._covered: dict[bytes, bytes | None] = {}
+        self._pending: dict[bytes, bytes | None] = {}
+        #: Bytes of the changelog records queued since the last drain (before coalescing).
+        self.changelog_bytes = 0
         # Changelog records handed to the producer and not acknowledged yet.
         self._unacked = 0
         # Records handed over before an abort: their acknowledgements move nothing (the
@@ -256,7 +267,7 @@ class KeyValueStore:
             self._queue(key, value)
         position = self._db_get(db, INPUT_POSITION_KEY)
         if position is not None:
-            self._queue(INPUT_POSITION_KEY, position)
+            self._queue_position(position)
         log.warning(
             "%r: its changelog ends with %d writes no input position covers (a writer "
             "stopped mid-commit); they were not applied, and the restored values are written "
@@ -274,7 +285,7 @@ class KeyValueStore:
         if self._db is None:
             return
         try:
-            unconfirmed = len(self._pending) + self._unacked
+            unconfirmed = self.unacknowledged
             if unconfirmed:
                 log.warning(
                     "%r closes with %d changelog records not sent or not acknowledged: its %d "
@@ -297,7 +308,9 @@ class KeyValueStore:
         """Drop the writes since the last commit and the changelog records not acknowledged
         yet; the database and its position stay at the last commit."""
         self._buffer.clear()
+        self._covered.clear()
         self._pending.clear()
+        self.changelog_bytes = 0
         self._stale_acks += self._unacked
         self._unacked = 0
         self._acked_to = self.position
@@ -326,9 +339,10 @@ class KeyValueStore:
         :class:`StoreWriteError`.
         """
         db = self._require_open()
-        if self._pending or self._unacked:
+        if self._covered or self._pending or self._unacked:
             raise StateStoreError(
-                f"{self!r}: {len(self._pending)} changelog records were not sent yet and "
+                f"{self!r}: {len(self._covered) + len(self._pending)} changelog records were "
+                f"not sent yet and "
                 f"{self._unacked} not acknowledged; commit after the changelog has them"
             )
         try:
@@ -366,13 +380,27 @@ class KeyValueStore:
 
     def _raw_get(self, key: bytes) -> bytes | None:
         db = self._require_open()
-        if key in self._buffer:
-            return self._buffer.get(key)
+        buffered = self._buffer.entries.get(key, _ABSENT)
+        if buffered is not _ABSENT:
+            return buffered  # type: ignore[return-value]
         return self._db_get(db, key)
 
     def _queue(self, key: bytes, value: bytes | None) -> None:
         if self.changelog_topic is not None:
-            self._pending.append((key, value))
+            self._pending[key] = value
+            self.changelog_bytes += len(key) + (0 if value is None else len(value))
+
+    def _queue_position(self, raw: bytes) -> None:
+        """Queue an input position: it covers every write queued before it."""
+        if self.changelog_topic is None:
+            return
+        covered = self._covered
+        covered.pop(INPUT_POSITION_KEY, None)
+        if self._pending:
+            covered.update(self._pending)
+            self._pending = {}
+        covered[INPUT_POSITION_KEY] = raw
+        self.changelog_bytes += len(INPUT_POSITION_KEY) + len(raw)
 
     # -- reads and writes ------------------------------------------------------------------
 
@@ -397,14 +425,16 @@ class KeyValueStore:
             return
         raw_key = self._encoded_key(key)
         raw_value = self.spec.value_serde.dumps(value)
-        if self.changelog_topic is not None and len(raw_key) + len(raw_value) > MAX_RECORD_BYTES:
-            # Refused here, while the record that made it can still be a bad record, rather
-            # than by the producer when the changelog is shipped.
-            check_record_size(self.changelog_topic, raw_key, raw_value)
         self._require_open()
-        self._buffer.put(raw_key, raw_value)
         if self.changelog_topic is not None:
-            self._pending.append((raw_key, raw_value))
+            size = len(raw_key) + len(raw_value)
+            if size > MAX_RECORD_BYTES:
+                # Refused here, while the record that made it can still be a bad record,
+                # rather than by the producer when the changelog is shipped.
+                check_record_size(self.changelog_topic, raw_key, raw_value)
+            self._pending[raw_key] = raw_value
+            self.changelog_bytes += size
+        self._buffer.entries[raw_key] = raw_value
 
     def delete(self, key: Any) -> None:
         raw_key = self._encoded_key(key)
@@ -419,7 +449,7 @@ class KeyValueStore:
         raw = msgpack.packb(offsets)
         self._require_open()
         self._buffer.put(INPUT_POSITION_KEY, raw)
-        self._queue(INPUT_POSITION_KEY, raw)
+        self._queue_position(raw)
 
     def read_input_position(self) -> dict[str, int]:
         raw = self._raw_get(INPUT_POSITION_KEY)
@@ -544,18 +574,31 @@ class KeyValueStore:
     # -- changelog side --------------------------------------------------------------------
 
     def drain_changelog(self) -> list[ChangelogRecord]:
-        """Hand over the changelog records queued since the last drain, oldest first. The
-        store counts them as unacknowledged until ``acknowledged`` (or ``requeue_changelog``)
-        is called for each."""
-        pending, self._pending = self._pending, []
-        self._unacked += len(pending)
-        return pending
+        """Hand over the changelog records queued since the last drain: the latest write of
+        each key, an input position after the writes it covers. The store counts them as
+        unacknowledged until ``acknowledged`` (or ``requeue_changelog``) is called for each."""
+        if self._covered:
+            records = [*self._covered.items(), *self._pending.items()]
+        else:
+            records = list(self._pending.items())
+        self._covered = {}
+        self._pending = {}
+        self.changelog_bytes = 0
+        self._unacked += len(records)
+        return records
 
     def requeue_changelog(self, records: list[ChangelogRecord]) -> None:
         """Put records drained but never handed to the producer back in front of the queue."""
-        if records:
-            self._pending[:0] = records
-            self._unacked -= len(records)
+        if not records:
+            return
+        self._unacked -= len(records)
+        newer = [*self._covered.items(), *self._pending.items()]
+        self._covered, self._pending, self.changelog_bytes = {}, {}, 0
+        for key, value in (*records, *newer):
+            if key == INPUT_POSITION_KEY and value is not None:
+                self._queue_position(value)
+            else:
+                self._queue(key, value)
 
     def acknowledged(self, next_offset: int, records: int = 1) -> None:
         """The changelog holds ``records`` more of this store's writes, the last one ending
@@ -570,7 +613,7 @@ class KeyValueStore:
     @property
     def unacknowledged(self) -> int:
         """Changelog records queued or handed over and not acknowledged yet."""
-        return len(self._pending) + self._unacked
+        return len(self._covered) + len(self._pending) + self._unacked
 
     def apply_restore_batch(self, records: list[ChangelogRecord], next_offset: int) -> None:
         """Apply changelog records (already encoded) in one WriteBatch; tombstones delete."""

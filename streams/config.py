@@ -62,6 +62,10 @@ class AppConfig:
     #: Static membership: each thread joins as ``<group_instance_id>-thread-<n>``.
     group_instance_id: str | None = None
     commit_interval_ms: int = 1_000
+    #: Changelog records a thread's stores may hold, coalesced to the latest write per key,
+    #: before they are sent ahead of the next commit (bytes as written, before coalescing);
+    #: 0 sends them after every batch.
+    changelog_buffer_bytes: int = 10 * 1024 * 1024
     session_timeout_ms: int = 45_000
     heartbeat_interval_ms: int = 3_000
     max_poll_interval_ms: int = 300_000
@@ -144,7 +148,8 @@ class AppConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, not {getattr(self, name)}")
         for name in ("num_standbys", "acceptable_lag", "lost_task_delay_ms",
-                     "initial_delay_ms", "scale_down_timeout_ms", "learner_batch_wait_ms"):
+                     "initial_delay_ms", "scale_down_timeout_ms", "learner_batch_wait_ms",
+                     "changelog_buffer_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)}")
         if self.heartbeat_interval_ms >= self.session_timeout_ms:

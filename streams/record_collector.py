@@ -1,10 +1,13 @@
 """The record collector: ships a thread's output, dead-letter and changelog records through
 its data producer (:mod:`streams.delivery`) and tracks their acknowledgements.
 
-Records are handed without a per-record await; the handing waits only while the producer's
-queue is full. Cancelled there (a thread stopping), the records not handed over yet stay
-queued (outputs in the task, changelog records in their store), so the final commit ships
-them instead of dropping them.
+Outputs are handed after every batch, without a per-record await; the handing waits only
+while the producer's queue is full. Changelog records wait in their stores, coalesced to the
+latest write per key, until the commit or until the thread's stores hold more than
+``changelog_buffer_bytes`` of them: a key counted a thousand times between two commits costs
+one changelog record, not a thousand. Cancelled while the queue is full (a thread stopping),
+the records not handed over yet stay queued (outputs in the task, changelog records in their
+store), so the final commit ships them instead of dropping them.
 """
 
 from __future__ import annotations
@@ -22,22 +25,37 @@ from streams.task import MAX_ERROR_CHARS, RecordError, StreamTask
 log = logging.getLogger(__name__)
 
 
+def changelogs_due(tasks: Iterable[StreamTask], buffer_bytes: int) -> bool:
+    """Whether the changelog records the stores of ``tasks`` hold have outgrown the buffer."""
+    queued = 0
+    for task in tasks:
+        for store in task.stores.values():
+            queued += store.changelog_bytes
+    return queued > buffer_bytes
+
+
 class RecordCollector:
     def __init__(self, producer: Any, dead_letter_topic: str, metrics: Metrics | None = None,
-                 metrics_label: str = "") -> None:
+                 metrics_label: str = "", changelog_buffer_bytes: int = 0) -> None:
         self.producer = producer
+        self.changelog_buffer_bytes = changelog_buffer_bytes
         self.deliveries = Deliveries(producer)
         self._metrics = metrics
         self._label = metrics_label
         self._dead_letter_topic = dead_letter_topic
         self.dead_lettered = 0
 
-    async def ship(self, tasks: Iterable[StreamTask]) -> None:
-        """Hand every queued output and changelog record of ``tasks`` to the producer, with
-        each task's input position written into its stores first."""
+    async def ship_outputs(self, tasks: Iterable[StreamTask]) -> None:
+        """After a batch: hand the queued outputs of ``tasks`` to the producer, and their
+        changelog records too once they outgrew ``changelog_buffer_bytes``."""
+        tasks = list(tasks)
+        await self.ship(tasks, changelogs=changelogs_due(tasks, self.changelog_buffer_bytes))
+
+    async def ship(self, tasks: Iterable[StreamTask], changelogs: bool = True) -> None:
+        """Hand every queued output and (``changelogs``) changelog record of ``tasks`` to the
+        producer, with each task's input position written into its stores first."""
         deliveries = self.deliveries
         for task in tasks:
-            task.record_input_position()
             outputs = task.take_outputs()
             handed = 0
             try:
@@ -47,7 +65,9 @@ class RecordCollector:
                     handed = deliveries.hand(outputs, handed)
             finally:
                 task.context.outputs[:0] = outputs[handed:]
-            await self._send_pending(task.stores.values())
+            if changelogs and task.stores:
+                task.record_input_position()
+                await self._send_pending(task.stores.values())
         deliveries.serve()
 
     async def _send_pending(self, stores: Iterable[KeyValueStore]) -> None:

@@ -576,7 +576,7 @@ class StreamThread:
                 if self._awaiting_assignment:
                     continue
                 await self._process(batches)
-                await self.collector.ship(self.registry.active.values())
+                await self.collector.ship_outputs(self.registry.active.values())
                 if time.monotonic() - last_commit >= self.config.commit_interval_ms / 1000:
                     await self.committer.commit()
                     last_commit = time.monotonic()

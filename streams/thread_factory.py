@@ -166,7 +166,8 @@ def build_stream_thread(
     collector: RecordCollector | TransactionalCollector
     committer: Committer | TransactionalCommitter
     if producers is not None:
-        collector = TransactionalCollector(producers, config.dead_letters, metrics, label)
+        collector = TransactionalCollector(producers, config.dead_letters, metrics, label,
+                                           config.changelog_buffer_bytes)
 
         def task_failed(task_id: str, error: BaseException) -> None:
             # Its writes were discarded: closed, the task reopens from its committed state
@@ -184,7 +185,8 @@ def build_stream_thread(
     else:
         data_producer = (clients.data_producer if clients.data_producer is not None
                          else new_data_producer(bootstrap_servers or "", f"{label}-data"))
-        collector = RecordCollector(data_producer, config.dead_letters, metrics, label)
+        collector = RecordCollector(data_producer, config.dead_letters, metrics, label,
+                                    config.changelog_buffer_bytes)
         committer = Committer(collector, consumer, lambda: list(tasks.active.values()), name,
                               metrics, label)
     async def remove_departed() -> list[str]:

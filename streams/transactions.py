@@ -38,6 +38,7 @@ from aiokafka.structs import TopicPartition
 from statestore.store import KeyValueStore
 from streams.delivery import hand_changelog, hand_outputs
 from streams.metrics import Metrics
+from streams.record_collector import changelogs_due
 from streams.task import RecordError, StreamTask
 from streams.task_positions import TaskPositions
 
@@ -281,8 +282,10 @@ class TransactionalCollector:
     acknowledgements count only once the transaction commits (see the committer)."""
 
     def __init__(self, producers: TaskProducers, dead_letter_topic: str,
-                 metrics: Metrics | None = None, metrics_label: str = "") -> None:
+                 metrics: Metrics | None = None, metrics_label: str = "",
+                 changelog_buffer_bytes: int = 0) -> None:
         self.producers = producers
+        self.changelog_buffer_bytes = changelog_buffer_bytes
         self._dead_letter_topic = dead_letter_topic
         self._metrics = metrics
         self._label = metrics_label
@@ -296,21 +299,32 @@ class TransactionalCollector:
             transaction = await self.producers.start_task(task_id)
         return transaction
 
-    async def ship(self, tasks: Iterable[StreamTask]) -> None:
-        """Hand every queued output and changelog record of ``tasks`` to their task's
-        transaction, with each task's input position written into its stores first."""
+    async def ship_outputs(self, tasks: Iterable[StreamTask]) -> None:
+        """After a batch: hand the queued outputs of ``tasks`` to their transactions, and
+        their changelog records too once they outgrew ``changelog_buffer_bytes``."""
+        tasks = list(tasks)
+        await self.ship(tasks, changelogs=changelogs_due(tasks, self.changelog_buffer_bytes))
+
+    async def ship(self, tasks: Iterable[StreamTask], changelogs: bool = True) -> None:
+        """Hand every queued output and (``changelogs``) changelog record of ``tasks`` to
+        their task's transaction, with each task's input position written into its stores
+        first."""
         for task in tasks:
-            task.record_input_position()
             outputs = task.take_outputs()
-            changelogs = [(store, store.drain_changelog()) for store in task.stores.values()]
-            if not outputs and not any(records for _, records in changelogs):
+            if changelogs and task.stores:
+                task.record_input_position()
+                changelogs_of = [(store, store.drain_changelog())
+                                 for store in task.stores.values()]
+            else:
+                changelogs_of = []
+            if not outputs and not any(records for _, records in changelogs_of):
                 continue
             transaction = await self.transaction(task.task_id)
             handed = transaction.hand(outputs, 0)
             while handed < len(outputs):
                 await transaction.room()
                 handed = transaction.hand(outputs, handed)
-            for store, records in changelogs:
+            for store, records in changelogs_of:
                 topic = store.changelog_topic
                 if topic is None:
                     continue

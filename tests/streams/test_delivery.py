@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from statestore.store import KeyValueStore, StoreSpec
+from statestore.store import INPUT_POSITION_KEY, KeyValueStore, StoreSpec
 from streams.delivery import DeliveryError
 from streams.record_collector import RecordCollector
 from streams.task import StreamTask
 from tests.conftest import wait_until
-from tests.streams.fakes import FakeProducer, counting_subs
+from tests.streams.fakes import SINK, FakeProducer, counting_subs, record
 
 pytestmark = pytest.mark.asyncio
 
@@ -114,3 +114,40 @@ async def test_changelog_records_not_handed_over_stay_queued_when_shipping_is_ca
     await collector.wait_acknowledged()
     assert store.unacknowledged == 0
     assert len(producer.to(CHANGELOG)) == 2
+
+
+def counted(task: StreamTask, keys: list[str], first_offset: int = 0) -> None:
+    """Run one input record per key through the counting task."""
+    task.process_batch([record(2, first_offset + i, key) for i, key in enumerate(keys)])
+
+
+async def test_changelog_records_wait_for_the_commit_and_go_as_one_per_key(
+    store: KeyValueStore,
+) -> None:
+    producer = FakeProducer()
+    collector = RecordCollector(producer, "dead-letters", changelog_buffer_bytes=10_000)
+    task = task_with(store)
+    counted(task, ["a", "b"] * 500)
+    await collector.ship_outputs([task])
+    # Every output goes after its batch; the changelog waits, under the buffer's bound.
+    assert len(producer.to(SINK)) == 1_000 and producer.to(CHANGELOG) == []
+    await collector.ship([task])  # what the commit does
+    await collector.wait_acknowledged()
+    keys = [s.key for s in producer.to(CHANGELOG)]
+    assert keys == [store.spec.key_serde.dumps("a"), store.spec.key_serde.dumps("b"),
+                    INPUT_POSITION_KEY]
+    assert store.spec.value_serde.loads(producer.to(CHANGELOG)[0].value) == 500
+    assert store.unacknowledged == 0
+
+
+async def test_changelog_records_go_before_the_commit_once_they_outgrow_the_buffer(
+    store: KeyValueStore,
+) -> None:
+    producer = FakeProducer()
+    collector = RecordCollector(producer, "dead-letters", changelog_buffer_bytes=100)
+    task = task_with(store)
+    counted(task, [f"k{i}" for i in range(20)])
+    await collector.ship_outputs([task])
+    sent = producer.to(CHANGELOG)
+    assert len(sent) == 21 and sent[-1].key == INPUT_POSITION_KEY
+    assert store.changelog_bytes == 0

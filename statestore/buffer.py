@@ -19,36 +19,37 @@ class WriteBuffer:
     """Encoded key -> latest value (or None for a delete), with an ordered view for scans."""
 
     def __init__(self) -> None:
-        self._entries: dict[bytes, Buffered] = {}
-        # Sorted keys, rebuilt on the first scan after a new key arrived: processing writes
-        # far more often than it scans.
-        self._sorted: list[bytes] | None = []
+        #: The writes by encoded key. The store's hot path reads and writes it directly: a
+        #: key, once in, stays until ``clear`` (a delete is a None value).
+        self.entries: dict[bytes, Buffered] = {}
+        # Sorted keys, rebuilt on the first scan after a new key arrived (the count of keys
+        # grew, as keys only leave all at once): processing writes far more often than it
+        # scans.
+        self._sorted: list[bytes] = []
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)
 
     def __bool__(self) -> bool:
-        return bool(self._entries)
+        return bool(self.entries)
 
     def __contains__(self, key: bytes) -> bool:
-        return key in self._entries
+        return key in self.entries
 
     def get(self, key: bytes) -> Buffered:
         """The buffered value (None: a delete); check ``in`` first to tell from absence."""
-        return self._entries[key]
+        return self.entries[key]
 
     def put(self, key: bytes, value: Buffered) -> None:
-        if key not in self._entries:
-            self._sorted = None
-        self._entries[key] = value
+        self.entries[key] = value
 
     def clear(self) -> None:
-        self._entries.clear()
+        self.entries.clear()
         self._sorted = []
 
     def items(self) -> Iterator[tuple[bytes, Buffered]]:
         """Every buffered write in key order."""
-        return ((key, self._entries[key]) for key in self._keys())
+        return ((key, self.entries[key]) for key in self._keys())
 
     def scan(
         self, lower: bytes | None, upper: bytes | None, reverse: bool = False
@@ -60,11 +61,11 @@ class WriteBuffer:
         chosen = keys[start:end]
         if reverse:
             chosen.reverse()
-        return [(key, self._entries[key]) for key in chosen]
+        return [(key, self.entries[key]) for key in chosen]
 
     def _keys(self) -> list[bytes]:
-        if self._sorted is None:
-            self._sorted = sorted(self._entries)
+        if len(self._sorted) != len(self.entries):
+            self._sorted = sorted(self.entries)
         return self._sorted
 
 

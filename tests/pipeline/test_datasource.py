@@ -16,7 +16,9 @@ from pipeline.kafka import produce
 from pipeline.writer import write_topic
 from tests.pipeline.conftest import create_topic
 
-pytestmark = pytest.mark.broker
+# The Spark tests share one worker (one local Spark session, a JVM, per worker would crowd
+# a small machine).
+pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("spark")]
 PARTITIONS = 3
 # (partition, key, value, headers): null keys and values (tombstones) and headers included.
 RECORDS = [

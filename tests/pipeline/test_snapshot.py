@@ -32,7 +32,9 @@ from tests.pipeline.conftest import (
     write_history,
 )
 
-pytestmark = pytest.mark.broker
+# The Spark tests share one worker (one local Spark session, a JVM, per worker would crowd
+# a small machine).
+pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("spark")]
 PARTITIONS = 2
 
 

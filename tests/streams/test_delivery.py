@@ -116,18 +116,21 @@ async def test_changelog_records_not_handed_over_stay_queued_when_shipping_is_ca
     assert len(producer.to(CHANGELOG)) == 2
 
 
-def counted(task: StreamTask, keys: list[str], first_offset: int = 0) -> None:
-    """Run one input record per key through the counting task."""
-    task.process_batch([record(2, first_offset + i, key) for i, key in enumerate(keys)])
+def counted(store: KeyValueStore, keys: list[str], buffer_bytes: int,
+            ) -> tuple[FakeProducer, RecordCollector, StreamTask]:
+    """A collector with a changelog buffer of ``buffer_bytes``, and the counting task after
+    one input record per key."""
+    producer = FakeProducer()
+    collector = RecordCollector(producer, "dead-letters", changelog_buffer_bytes=buffer_bytes)
+    task = task_with(store)
+    task.process_batch([record(2, i, key) for i, key in enumerate(keys)])
+    return producer, collector, task
 
 
 async def test_changelog_records_wait_for_the_commit_and_go_as_one_per_key(
     store: KeyValueStore,
 ) -> None:
-    producer = FakeProducer()
-    collector = RecordCollector(producer, "dead-letters", changelog_buffer_bytes=10_000)
-    task = task_with(store)
-    counted(task, ["a", "b"] * 500)
+    producer, collector, task = counted(store, ["a", "b"] * 500, buffer_bytes=10_000)
     await collector.ship_outputs([task])
     # Every output goes after its batch; the changelog waits, under the buffer's bound.
     assert len(producer.to(SINK)) == 1_000 and producer.to(CHANGELOG) == []
@@ -143,10 +146,7 @@ async def test_changelog_records_wait_for_the_commit_and_go_as_one_per_key(
 async def test_changelog_records_go_before_the_commit_once_they_outgrow_the_buffer(
     store: KeyValueStore,
 ) -> None:
-    producer = FakeProducer()
-    collector = RecordCollector(producer, "dead-letters", changelog_buffer_bytes=100)
-    task = task_with(store)
-    counted(task, [f"k{i}" for i in range(20)])
+    producer, collector, task = counted(store, [f"k{i}" for i in range(20)], buffer_bytes=100)
     await collector.ship_outputs([task])
     sent = producer.to(CHANGELOG)
     assert len(sent) == 21 and sent[-1].key == INPUT_POSITION_KEY

@@ -73,7 +73,9 @@ class Member:
     ``notes`` are the leader's notes it echoes from its last assignment (None if it has none).
     ``asks_promotion``: it asked for this round to promote its ready learners; ready learners
     (of any member) are promoted only in a round some member asks that of. Members that do
-    not say (older ones) count as asking.
+    not say (older ones) count as asking. ``unsynced``: the leader saw no sign that it got
+    its assignment of the last round (it may still be waiting for it): a task arriving on
+    its instance goes to another thread of the instance when there is one.
     """
 
     member_id: str
@@ -87,6 +89,7 @@ class Member:
     scale_down_timeout_ms: int | None = None
     notes: LeaderNotes | None = None
     asks_promotion: bool = True
+    unsynced: bool = False
 
     @property
     def key(self) -> MemberKey:

@@ -831,11 +831,15 @@ def _per_thread(
                                     copy_holders.setdefault(t, m.member_id)
                     if task in copy_holders:
                         preferred[task] = copy_holders[task]
+            unsynced = {m.member_id for m in inst.members if m.unsynced}
             if inst.leaving:
                 # A leaving instance only hands tasks over: no moves between its threads.
                 placed = {t: preferred[t] for t in tasks if t in preferred}
                 rest = [t for t in tasks if t not in preferred]
                 placed.update(_distribute(inst.members, rest, {}))
+            elif unsynced and len(unsynced) < len(inst.members):
+                placed = _distribute_around(inst.members, tasks, preferred, unsynced, owner,
+                                            got_extra)
             else:
                 placed = _distribute(inst.members, tasks, preferred, got_extra)
             counts: dict[str, int] = defaultdict(int)
@@ -851,6 +855,29 @@ def _per_thread(
                 top = max(counts.values(), default=0)
                 got_extra = {m for m, c in counts.items() if c == top} if len(
                     set(counts.values())) > 1 else set()
+
+
+def _distribute_around(
+    members: list[Member],
+    tasks: list[str],
+    preferred: dict[str, str],
+    unsynced: set[str],
+    owner: dict[str, Member],
+    extra_first: set[str] | None = None,
+) -> dict[str, str]:
+    """:func:`_distribute` when some threads may still wait for their last assignment: they
+    keep the tasks they run, and every other task goes to the other threads (a copy a waiting
+    thread holds is handed over within the process). Balance between the threads returns in
+    a later round, once they all have their assignments."""
+    kept = {t: preferred[t] for t in tasks if preferred.get(t) in unsynced
+            and owner.get(t) is not None and owner[t].member_id == preferred[t]}
+    others = [m for m in members if m.member_id not in unsynced]
+    rest = [t for t in tasks if t not in kept]
+    placed = dict(kept)
+    placed.update(_distribute(others, rest,
+                              {t: p for t, p in preferred.items() if p not in unsynced},
+                              extra_first))
+    return placed
 
 
 # -- assignments -----------------------------------------------------------------------------

@@ -154,6 +154,7 @@ class RelayAssignor(AbstractPartitionAssignor):
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         metrics: Metrics | None = None,
         metrics_label: str = "",
+        unsynced: Callable[[list[str]], set[str]] = lambda previous_round: set(),
     ) -> None:
         self._layout = layout
         self._config = config
@@ -161,6 +162,12 @@ class RelayAssignor(AbstractPartitionAssignor):
         self._on_assigned = on_assigned
         self._fresh_subscription = fresh_subscription
         self._clock_ms = clock_ms
+        #: Which members of the previous round (given their ids) have not reported having
+        #: their assignment of it (see :func:`streams.synced_round.unsynced_members`).
+        self._unsynced = unsynced
+        #: The member ids of the last round this member assigned as leader (empty when
+        #: another member led it).
+        self._last_round: list[str] = []
         self.memory: LeaderMemory | None = None
         self._metrics = metrics
         self._label = metrics_label
@@ -206,6 +213,14 @@ class RelayAssignor(AbstractPartitionAssignor):
                 decoded.append(Member(member_id, member_id, 0, frozenset(), {}, {}))
             else:
                 decoded.append(member_from_subscription(member_id, subscription))
+        waiting = self._unsynced(self._last_round) & set(members)
+        if waiting:
+            log.info("leader: %d member(s) of the last round have not reported their "
+                     "assignment; tasks arriving on their instances go to other threads: %s",
+                     len(waiting), ", ".join(sorted(waiting)))
+            decoded = [replace(m, unsynced=True) if m.member_id in waiting else m
+                       for m in decoded]
+        self._last_round = sorted(members)
         log.debug("leader sees %s", [
             (m.member_id[:24], sorted(m.active), m.leaving, dict(m.learners)) for m in decoded])
         previous_memory = self.memory
@@ -290,6 +305,7 @@ class RelayAssignor(AbstractPartitionAssignor):
             # Another member leads now: should this one lead again later, it rebuilds the
             # memory from the notes members echo, not from what it knew rounds ago.
             self.memory = None
+            self._last_round = []
         self.received_digest = assignment_digest(assignment.user_data or b"")
         self._on_assigned(decode_assignment(assignment.user_data))
 

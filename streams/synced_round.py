@@ -16,11 +16,15 @@ assignment (:mod:`streams.control`); each process keeps the latest report per me
 (``group_size``). :func:`may_rejoin` decides, from plain data, whether a waiting member asks
 now. The wait is bounded: a member that never reports (it crashed, or runs a Relay that does
 not report) delays the request by :data:`SYNC_WAIT_LIMIT_S` at most.
+
+The leader reads the same reports: :func:`unsynced_members` names the members of its last
+round still waiting for their assignment, which get no task they do not already run (see
+``Member.unsynced``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 #: The longest a member waits for the others' reports before it asks anyway: about the stall
@@ -65,6 +69,18 @@ def may_rejoin(view: RoundView, reports: Mapping[str, int],
     if view.waited_s >= limit_s:
         return True
     return members_synced(view.generation, reports) >= view.group_size
+
+
+def unsynced_members(previous_round: Iterable[str], leader: str,
+                     reports: Mapping[str, int]) -> set[str]:
+    """Members of the leader's previous round that have not reported having their assignment
+    of it, though the leader has: a follower whose SyncGroup answer was lost when the next
+    round began waits for it a round or two. Nothing when the leader's own report is missing
+    (it knows no round to compare with)."""
+    generation = reports.get(leader)
+    if generation is None:
+        return set()
+    return {m for m in previous_round if m != leader and reports.get(m) != generation}
 
 
 @dataclass

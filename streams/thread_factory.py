@@ -28,7 +28,7 @@ from streams.record_collector import RecordCollector
 from streams.state_updater import StateUpdater
 from streams.static_followers import ControlSender, StaticFollowers
 from streams.store_handover import ProcessStores
-from streams.synced_round import RoundReports
+from streams.synced_round import RoundReports, unsynced_members
 from streams.task import open_task_stores
 from streams.task_manager import TaskManager
 from streams.task_positions import PositionReader, TaskPositions
@@ -100,6 +100,16 @@ def build_stream_thread(
     process_stores = process_stores or ProcessStores()
     thread: StreamThread  # bound below; the callbacks run only once the thread runs
 
+    # Without the broker's quirks known (tests building a thread alone), assume the embedded
+    # broker's.
+    quirks = quirks if quirks is not None else BrokerQuirks.every()
+    reports = round_reports if Quirk.LATE_FOLLOWER_SYNC in quirks else None
+
+    def unsynced(previous_round: list[str]) -> set[str]:
+        if reports is None:
+            return set()
+        return unsynced_members(previous_round, consumer.member_id, reports.generations)
+
     assignor = RelayAssignor(
         layout, config.assignor_config(),
         subscription=lambda: thread.subscription(),
@@ -107,10 +117,8 @@ def build_stream_thread(
         cooperative=config.cooperative,
         fresh_subscription=static_followers.fresh_subscription,
         metrics=metrics, metrics_label=label,
+        unsynced=unsynced,
     )
-    # Without the broker's quirks known (tests building a thread alone), assume the embedded
-    # broker's.
-    quirks = quirks if quirks is not None else BrokerQuirks.every()
     by_markers = Quirk.STUCK_LAST_STABLE_OFFSET in quirks
     consumer = clients.consumer or new_group_consumer(
         config, bootstrap_servers, static_id, index, assignor,  # type: ignore[arg-type]
@@ -202,7 +210,7 @@ def build_stream_thread(
         task_manager=manager, state_updater=updater, collector=collector,
         committer=committer, static_followers=static_followers, control=control,
         leaving=leaving, metrics=metrics,
-        round_reports=round_reports if Quirk.LATE_FOLLOWER_SYNC in quirks else None,
+        round_reports=reports,
         remove_departed=(remove_departed if clients.producer is None
                          and Quirk.DEPARTED_STATIC_LEADER in quirks else None),
         leave_from_formed_group=Quirk.LEADER_WEDGE in quirks,

@@ -500,3 +500,25 @@ def test_without_learners_stateful_tasks_move_at_once_and_cooperatively() -> Non
     members = [Member("a", "A", 0, kept), Member("b", "B", 0)]
     out, _ = assign(tasks, members, AssignorConfig(), 1, memory, use_learners=False)
     assert set(out["b"].active) == {"0_0", "0_1", "0_2", "0_3"} - kept
+
+
+def test_a_task_arriving_on_an_instance_skips_a_thread_still_waiting_for_its_assignment() -> None:
+    """A lost task goes to the instance with its warm copy; when the thread holding the copy
+    never reported its last assignment (its SyncGroup answer may be lost), a sibling thread
+    takes it (the copy is handed over within the process), and the waiting thread keeps what
+    it runs."""
+    tasks = [Task(f"0_{n}") for n in range(4)]
+
+    def members(unsynced: bool) -> list[Member]:
+        return [
+            Member("w0", "W", 0, frozenset({"0_0"}), standbys={"0_3": 0}, unsynced=unsynced),
+            Member("w1", "W", 1, frozenset({"0_1"})),
+            Member("v0", "V", 0, frozenset({"0_2"})),
+        ]
+
+    config = AssignorConfig(num_standbys=1)
+    usual, _ = assign(tasks, members(False), config, 0, None)
+    assert "0_3" in usual["w0"].active  # the thread holding the copy
+    waiting, _ = assign(tasks, members(True), config, 0, None)
+    assert "0_3" in waiting["w1"].active
+    assert waiting["w0"].active == ("0_0",) and not waiting["w0"].revoked

@@ -72,3 +72,13 @@ def test_the_query_settings_are_checked_and_name_the_advertised_host() -> None:
     assert AppConfig("a", query_advertised_host="w1.internal").query_endpoint_host == \
         "w1.internal"
     assert AppConfig("a").query_endpoint_host not in ("", "0.0.0.0")
+
+
+def test_the_changelog_buffer_is_a_size_in_bytes_from_a_keyword_or_the_environment() -> None:
+    assert AppConfig("a").changelog_buffer_bytes == 10 * 1024 * 1024
+    assert AppConfig.from_env({"RELAY_CHANGELOG_BUFFER_BYTES": "0"},
+                              application_id="a").changelog_buffer_bytes == 0
+    with pytest.raises(ConfigError, match="changelog_buffer_bytes must be >= 0"):
+        App("a", bootstrap_servers="127.0.0.1:1", changelog_buffer_bytes=-1)
+    with pytest.raises(ConfigError, match="changelog_buffer_bytes"):
+        AppConfig.from_env({"RELAY_CHANGELOG_BUFFER_BYTES": "ten"}, application_id="a")

@@ -17,6 +17,14 @@ import pytest
 from streams.embedded_broker import EmbeddedBroker
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup`` the Spark tests share one worker: one local
+    Spark session (a JVM of its own) per worker would crowd a small machine."""
+    for item in items:
+        if item.nodeid.startswith("tests/pipeline/") or "snapshot_restore" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
 @pytest.fixture(scope="session")
 def bootstrap() -> Iterator[str]:
     external = os.environ.get("RELAY_TEST_BOOTSTRAP")

@@ -12,7 +12,6 @@ from benchmarks import restore
 
 
 @pytest.mark.broker
-@pytest.mark.xdist_group("spark")  # builds its snapshot with Spark: the Spark tests' worker
 def test_restore_benchmark_with_snapshot(bootstrap: str, tmp_path: Path) -> None:
     out = tmp_path / "restore.json"
     restore.main(["--records", "2000", "--repeat", "1", "--snapshot", "--bootstrap", bootstrap,

@@ -19,9 +19,7 @@ from tests.conftest import wait_until
 from tests.pipeline.conftest import open_store, state
 from tests.streams.harness import counting_app, create_topics, latest, produce, read_all, running
 
-# The Spark tests share one worker (one local Spark session, a JVM, per worker would crowd
-# a small machine).
-pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("spark")]
+pytestmark = pytest.mark.broker
 PARTITIONS = 2
 USERS = [f"user-{i}" for i in range(6)]
 

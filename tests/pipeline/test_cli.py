@@ -16,9 +16,7 @@ from pyspark.sql import SparkSession
 from statestore.snapshot import MANIFEST_FILE, read_manifest
 from tests.pipeline.conftest import create_changelog, open_store, write_history
 
-# The Spark tests share one worker (one local Spark session, a JVM, per worker would crowd
-# a small machine).
-pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("spark")]
+pytestmark = pytest.mark.broker
 ROOT = Path(__file__).resolve().parents[2]
 
 

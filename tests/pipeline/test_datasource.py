@@ -16,9 +16,7 @@ from pipeline.kafka import produce
 from pipeline.writer import write_topic
 from tests.pipeline.conftest import create_topic
 
-# The Spark tests share one worker (one local Spark session, a JVM, per worker would crowd
-# a small machine).
-pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("spark")]
+pytestmark = pytest.mark.broker
 PARTITIONS = 3
 # (partition, key, value, headers): null keys and values (tombstones) and headers included.
 RECORDS = [

@@ -32,9 +32,7 @@ from tests.pipeline.conftest import (
     write_history,
 )
 
-# The Spark tests share one worker (one local Spark session, a JVM, per worker would crowd
-# a small machine).
-pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("spark")]
+pytestmark = pytest.mark.broker
 PARTITIONS = 2
 
 

@@ -4,11 +4,13 @@ gets its tasks back with no rebalance of the others and no state movement."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from streams.embedded_broker import EmbeddedBroker
 from streams.thread import FatalThreadError
 from tests.conftest import wait_until
 from tests.streams.harness import (
@@ -22,6 +24,18 @@ from tests.streams.harness import (
 )
 
 pytestmark = pytest.mark.broker
+
+
+@pytest.fixture(scope="module")
+def bootstrap() -> Iterator[str]:
+    """A broker of this module's own: its tests time a static member's rejoin against the
+    broker's rounds, and no group another test left behind shares its coordinator."""
+    external = os.environ.get("RELAY_TEST_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    with EmbeddedBroker() as broker:
+        yield broker.bootstrap_servers
 
 
 async def test_a_static_restart_moves_nothing(

@@ -7,6 +7,7 @@ Set RELAY_TEST_BOOTSTRAP to run the broker tests against another Kafka-protocol 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
@@ -44,14 +45,22 @@ def _join_group(item: pytest.Item, group: str) -> None:
         item._nodeid = nodeid
 
 
-@pytest.fixture(scope="session")
-def bootstrap() -> Iterator[str]:
+@contextlib.contextmanager
+def broker_servers() -> Iterator[str]:
+    """The bootstrap servers of RELAY_TEST_BOOTSTRAP, else of an embedded broker started for
+    the block."""
     external = os.environ.get("RELAY_TEST_BOOTSTRAP")
     if external:
         yield external
         return
     with EmbeddedBroker() as broker:
         yield broker.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> Iterator[str]:
+    with broker_servers() as servers:
+        yield servers
 
 
 @pytest.fixture

@@ -4,15 +4,13 @@ gets its tasks back with no rebalance of the others and no state movement."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from streams.embedded_broker import EmbeddedBroker
 from streams.thread import FatalThreadError
-from tests.conftest import wait_until
+from tests.conftest import broker_servers, wait_until
 from tests.streams.harness import (
     Launched,
     counting_app,
@@ -30,12 +28,8 @@ pytestmark = pytest.mark.broker
 def bootstrap() -> Iterator[str]:
     """A broker of this module's own: its tests time a static member's rejoin against the
     broker's rounds, and no group another test left behind shares its coordinator."""
-    external = os.environ.get("RELAY_TEST_BOOTSTRAP")
-    if external:
-        yield external
-        return
-    with EmbeddedBroker() as broker:
-        yield broker.bootstrap_servers
+    with broker_servers() as servers:
+        yield servers
 
 
 async def test_a_static_restart_moves_nothing(

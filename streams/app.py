@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaConnectionError
 
 from statestore.serdes import Serde
@@ -37,6 +38,7 @@ from streams.environment import (
     check_topic_names,
 )
 from streams.metrics import Metrics, MetricsServer, serve_metrics
+from streams.predecessors import MemberFiles, evict_predecessors, stale_members
 from streams.queries import LocalStores, StoreQuery, UnknownStoreError
 from streams.query_routing import RoutingTable, StatusFollower
 from streams.query_server import QueryServer, QueryService
@@ -267,6 +269,7 @@ class App:
         else:
             await check_reachable(str(self.bootstrap_servers))
         bootstrap = str(self.bootstrap_servers)
+        member_files: MemberFiles | None = None
         try:
             self.metrics_server = serve_metrics(self.metrics, self.config.metrics_port,
                                                 self.config.metrics_host)
@@ -288,6 +291,9 @@ class App:
             await self._refuse_duplicate_instance()
             topics = sorted({t for s in subs for t in s.sources})
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
+            member_files = MemberFiles.claim(self.config.state_dir, self.config.application_id,
+                                             self.config.num_threads)
+            await self._remove_predecessors(bootstrap, member_files, quirks)
             # Which round each member has its assignment of, for the threads' requests for the
             # next round (see streams.synced_round).
             round_reports = RoundReports()
@@ -306,7 +312,7 @@ class App:
                     static_followers=self.static_followers, control=control,
                     process_stores=process_stores, leaving=lambda: self.leaving,
                     metrics=self.metrics, round_reports=round_reports, quirks=quirks,
-                    positions=self.task_positions,
+                    positions=self.task_positions, member_files=member_files,
                 )
                 for i in range(self.config.num_threads)
             ]
@@ -345,6 +351,8 @@ class App:
             if error is not None:
                 raise error
         finally:
+            if member_files is not None:
+                member_files.release()
             if self.query_server is not None:
                 await self.query_server.close()
                 self.query_server = None
@@ -354,6 +362,28 @@ class App:
             if self._broker is not None:
                 self._broker.stop()
                 self._broker = None
+
+    async def _remove_predecessors(self, bootstrap: str, files: MemberFiles,
+                                   quirks: BrokerQuirks) -> None:
+        """Remove from the group the members a crashed earlier run on this state directory
+        left there, before this run joins (see :mod:`streams.predecessors`)."""
+        own = ({f"{self.config.group_instance_id}-thread-{n}"
+                for n in range(self.config.num_threads)}
+               if self.config.group_instance_id else set())
+        stale = stale_members(files.predecessors, own)
+        if not stale:
+            return
+        client = AIOKafkaClient(bootstrap_servers=bootstrap)
+        try:
+            await client.bootstrap()
+            await evict_predecessors(client, self.config.application_id, stale,
+                                     Quirk.LEADER_WEDGE in quirks,
+                                     self.config.session_timeout_ms / 1000)
+        except Exception as exc:
+            log.warning("could not look for the members a crashed earlier run left in the "
+                        "group (%s: %s)", type(exc).__name__, exc)
+        finally:
+            await client.close()
 
     async def _serve_queries(self, bootstrap: str) -> StatusFollower | None:
         """With ``query_port`` set, start the query server (the threads publish its

@@ -51,7 +51,7 @@ class LeaveGroupRequest_v3(RequestStruct):
 class LeaveGroupV3(Request[LeaveGroupRequest_v3]):
     API_KEY = 13
 
-    def __init__(self, group: str, members: list[tuple[str, str]]) -> None:
+    def __init__(self, group: str, members: list[tuple[str, str | None]]) -> None:
         self._group = group
         self._members = members
 
@@ -108,9 +108,11 @@ async def describe_group(client: AIOKafkaClient, group: str) -> GroupDescription
 
 
 async def leave_group(
-    client: AIOKafkaClient, group: str, members: list[tuple[str, str]]
+    client: AIOKafkaClient, group: str, members: list[tuple[str, str | None]]
 ) -> dict[str, str | None]:
-    """Remove ``(member_id, group_instance_id)`` pairs; returns each instance's error or None."""
+    """Remove ``(member_id, group_instance_id)`` pairs (the instance id None for a dynamic
+    member); returns the error or None of each, keyed by its instance id, or by its member
+    id when it has none."""
     node = await _coordinator(client, group)
     response = await client.send(node, LeaveGroupV3(group, members))
     if response.error_code:
@@ -118,8 +120,8 @@ async def leave_group(
             f"LeaveGroup for {group} failed: {for_code(response.error_code).__name__}"
         )
     return {
-        instance: (for_code(code).__name__ if code else None)
-        for _member, instance, code in response.members
+        (instance or member): (for_code(code).__name__ if code else None)
+        for member, instance, code in response.members
     }
 
 

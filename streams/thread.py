@@ -45,6 +45,7 @@ from streams.join_watch import JoinWatch
 from streams.learner_readiness import being_promoted
 from streams.membership import leave_as_static_member
 from streams.metrics import Metrics
+from streams.predecessors import MemberFiles
 from streams.queries import store_layouts
 from streams.rebalance import RelayAssignor, TaskLayout
 from streams.rebalance_listener import RebalanceListener
@@ -133,8 +134,12 @@ class StreamThread:
         round_reports: RoundReports | None = None,
         remove_departed: Callable[[], Awaitable[list[str]]] | None = None,
         leave_from_formed_group: bool = True,
+        member_files: MemberFiles | None = None,
     ) -> None:
         self.config = config
+        #: Where this thread keeps its member id for a restart after a crash to remove
+        #: (see :mod:`streams.predecessors`).
+        self._member_files = member_files
         #: Leave only from a formed group (the leader-wedge quirk, streams.formed_group).
         self._leave_from_formed_group = leave_from_formed_group
         self.index = identity.index
@@ -355,6 +360,9 @@ class StreamThread:
         async with self._lock:
             self._awaiting_assignment = False
             self.status.rebalances += 1
+            if (self._member_files is not None
+                    and self.consumer.member_id != self.status.member_id):
+                self._member_files.record(self.index, self.consumer.member_id, self.static_id)
             self.status.member_id = self.consumer.member_id
             self.status.generation = self.consumer.generation
             if assignment is None:
@@ -721,6 +729,10 @@ class StreamThread:
         member_id = self.consumer.member_id
         with contextlib.suppress(Exception):
             await self.consumer.stop()
+        if self._member_files is not None:
+            # Stopped cleanly: a dynamic member's consumer has left; a static one comes back
+            # as itself. Nothing for a restart to remove.
+            self._member_files.clear(self.index)
         await self.state_updater.stop()
         if self._leaves_explicitly():
             # Sent once its consumer is stopped (through the producer's connection), so that

@@ -23,6 +23,7 @@ from streams.delivery import new_data_producer
 from streams.departed_members import remove_departed_members
 from streams.driver import GroupConsumer, new_group_consumer, new_producer, producer_client
 from streams.metrics import Metrics
+from streams.predecessors import MemberFiles
 from streams.rebalance import RelayAssignor, TaskLayout
 from streams.record_collector import RecordCollector
 from streams.state_updater import StateUpdater
@@ -82,6 +83,7 @@ def build_stream_thread(
     round_reports: RoundReports | None = None,
     quirks: BrokerQuirks | None = None,
     positions: TaskPositions | None = None,
+    member_files: MemberFiles | None = None,
 ) -> StreamThread:
     clients = clients or ThreadClients()
     needed = [clients.consumer, clients.producer, clients.restorer, clients.follower]
@@ -214,6 +216,7 @@ def build_stream_thread(
         remove_departed=(remove_departed if clients.producer is None
                          and Quirk.DEPARTED_STATIC_LEADER in quirks else None),
         leave_from_formed_group=Quirk.LEADER_WEDGE in quirks,
+        member_files=member_files,
     )
     static_followers.add_member(thread)
     return thread

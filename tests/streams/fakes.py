@@ -23,6 +23,7 @@ from assignor import MemberAssignment, parse_task_id
 from assignor.protocol import encode_assignment
 from streams.app import App
 from streams.config import AppConfig
+from streams.predecessors import MemberFiles
 from streams.static_followers import StaticFollowers
 from streams.store_handover import ProcessStores
 from streams.thread import StreamThread
@@ -469,7 +470,8 @@ def config(state_dir: Path, **settings: Any) -> AppConfig:
 def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
         process_stores: ProcessStores | None = None,
         static_followers: StaticFollowers | None = None,
-        subs: list[SubTopology] | None = None, **settings: Any) -> Rig:
+        subs: list[SubTopology] | None = None, member_files: MemberFiles | None = None,
+        **settings: Any) -> Rig:
     events = events if events is not None else []
     transactions = TransactionLog(events)
     producer = FakeProducer(events)
@@ -482,7 +484,7 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
     thread = build_stream_thread(
         config(state_dir, **settings), index, subs or counting_subs(), clients=clients,
         instance_id="unit-instance", control=control, process_stores=process_stores,
-        static_followers=static_followers,
+        static_followers=static_followers, member_files=member_files,
     )
     return Rig(thread, clients.consumer, clients.producer, clients.restorer,  # type: ignore[arg-type]
                clients.follower, control, transactions)

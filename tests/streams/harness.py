@@ -10,7 +10,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -314,9 +314,10 @@ async def run_relay(*args: str, bootstrap: str | None = None) -> tuple[int, str]
 
 
 def spawn_worker(app_id: str, bootstrap: str, state_dir: Path, source: str, sink: str,
-                 stages: int = 1, **settings: object) -> subprocess.Popen[bytes]:
+                 stages: int = 1, log: IO[bytes] | None = None, log_level: str | None = None,
+                 **settings: object) -> subprocess.Popen[bytes]:
     """The counting app as a worker process of its own (so that it can be killed); with
-    ``stages=2`` it counts behind a repartition topic."""
+    ``stages=2`` it counts behind a repartition topic. Its log goes to ``log`` when given."""
     python_path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
     env = {**os.environ, "PYTHONPATH": python_path, "COUNTING_INPUT": source,
            "COUNTING_OUTPUT": sink, "COUNTING_STAGES": str(stages),
@@ -327,8 +328,8 @@ def spawn_worker(app_id: str, bootstrap: str, state_dir: Path, source: str, sink
     state_dir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [sys.executable, "-m", "streams", "run", "tests.streams.apps.counting:app",
-         "--log-level", os.environ.get("TEST_WORKER_LOG_LEVEL", "WARNING")],
-        cwd=state_dir.parent, env=env,
+         "--log-level", log_level or os.environ.get("TEST_WORKER_LOG_LEVEL", "WARNING")],
+        cwd=state_dir.parent, env=env, stderr=log,
     )
 
 

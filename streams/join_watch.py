@@ -7,7 +7,11 @@ held by something only the group can undo, so it acts, each remedy at most every
   rejoining starts a round that the group completes;
 - after about one round it removes static members that are gone but that the broker still
   keeps in the group (:mod:`streams.departed_members`), which can hold a newcomer's round
-  for good on a broker that keeps a departed leader.
+  for good on a broker that keeps a departed leader;
+- at once, when other members' round reports show that its own SyncGroup answer was lost
+  (:func:`streams.synced_round.sync_answer_lost` for :data:`LOST_SYNC_AFTER_S`), it asks the
+  leader to rejoin, once per generation: waiting the stall limit would stop its tasks for
+  about two rounds more.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ log = logging.getLogger(__name__)
 
 #: How often a member stuck joining looks for departed members.
 DEPARTED_CHECK_EVERY_S = 5.0
+#: How long a member waits with the evidence of a lost SyncGroup answer before it acts:
+#: followers' answers come within about a second of each other, and a report takes a
+#: moment to arrive.
+LOST_SYNC_AFTER_S = 3.0
 
 
 class Joining(Protocol):
@@ -39,8 +47,14 @@ class JoinWatch:
 
     def __init__(self, name: str, session_timeout_ms: int, consumer: Joining,
                  control: RebalanceAsker | None,
-                 remove_departed: Callable[[], Awaitable[list[str]]] | None) -> None:
+                 remove_departed: Callable[[], Awaitable[list[str]]] | None,
+                 lost_sync: Callable[[], int | None] | None = None) -> None:
         self.name = name
+        #: The generation whose SyncGroup answer the member's round reports show was lost
+        #: (None: not lost); None: never looked at.
+        self.lost_sync = lost_sync
+        self._lost_since: tuple[int, float] | None = None
+        self._lost_asked: int | None = None
         self.session_timeout_ms = session_timeout_ms
         self.consumer = consumer
         self.control = control
@@ -63,8 +77,30 @@ class JoinWatch:
 
     def check(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        self.check_lost_sync(now)
         self.check_stall(now)
         self.check_departed(now)
+
+    def check_lost_sync(self, now: float | None = None) -> bool:
+        """Ask the leader to rejoin once the member's SyncGroup answer of a generation has
+        looked lost for :data:`LOST_SYNC_AFTER_S`; once per generation."""
+        now = time.monotonic() if now is None else now
+        generation = self.lost_sync() if self.lost_sync is not None else None
+        if generation is None:
+            self._lost_since = None
+            return False
+        if self._lost_since is None or self._lost_since[0] != generation:
+            self._lost_since = (generation, now)
+        if now - self._lost_since[1] < LOST_SYNC_AFTER_S or self._lost_asked == generation:
+            return False
+        self._lost_asked = generation
+        self._last_stall_request = now
+        log.warning("%s: its SyncGroup answer of generation %d looks lost (other members have "
+                    "theirs): asking the leader to rejoin", self.name, generation)
+        if self.control is not None:
+            self.control.request_rebalance(
+                f"{self.name}: SyncGroup answer of generation {generation} lost")
+        return True
 
     def check_stall(self, now: float | None = None) -> bool:
         """Ask the leader to rejoin if joining for longer than :attr:`stall_s`, and again

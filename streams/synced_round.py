@@ -17,6 +17,10 @@ assignment (:mod:`streams.control`); each process keeps the latest report per me
 now. The wait is bounded: a member that never reports (it crashed, or runs a Relay that does
 not report) delays the request by :data:`SYNC_WAIT_LIMIT_S` at most.
 
+A member reads them for itself too: :func:`sync_answer_lost` tells it that its own SyncGroup
+answer was lost, so that it gets a round started at once (see :mod:`streams.join_watch`)
+instead of waiting its stall limit.
+
 The leader reads the same reports: :func:`unsynced_members` names the members of its last
 round still waiting for their assignment, which get no task they do not already run (see
 ``Member.unsynced``).
@@ -81,6 +85,20 @@ def unsynced_members(previous_round: Iterable[str], leader: str,
     if generation is None:
         return set()
     return {m for m in previous_round if m != leader and reports.get(m) != generation}
+
+
+def sync_answer_lost(own_member: str, joined_generation: int, applied_generation: int,
+                     rebalancing: bool, reports: Mapping[str, int]) -> bool:
+    """Whether a member waits for a SyncGroup answer that another member's report shows was
+    given: it joined ``joined_generation`` (its JoinGroup was answered), has applied no
+    assignment of it, and another member already reports having its assignment of that
+    generation or a later one. Followers' answers come within about a second of each other,
+    so a member in that state for longer lost its answer (seen on Tansu when a member's
+    session ended just after a round) and waits until the next round, which nobody starts."""
+    if not rebalancing or joined_generation < 0 or joined_generation <= applied_generation:
+        return False
+    return any(generation >= joined_generation for member, generation in reports.items()
+               if member != own_member)
 
 
 @dataclass

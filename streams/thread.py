@@ -60,6 +60,7 @@ from streams.synced_round import (
     RoundView,
     may_rejoin,
     members_synced,
+    sync_answer_lost,
 )
 from streams.task import RecordError, StreamTask
 from streams.task_manager import TaskManager
@@ -160,7 +161,7 @@ class StreamThread:
         #: What this member does when stuck joining (see :mod:`streams.join_watch`).
         self.join_watch = JoinWatch(identity.static_id or f"thread {identity.index}",
                                     config.session_timeout_ms, consumer, control,
-                                    remove_departed)
+                                    remove_departed, self._lost_sync_generation)
         self._leaving = leaving
         self.listener = RebalanceListener(self.on_revoked, self.on_assigned,
                                           self.rebalance_failed)
@@ -446,6 +447,16 @@ class StreamThread:
             if may_rejoin(view, self._round_reports.generations, limit_s):
                 return
             await asyncio.sleep(ROUND_CHECK_INTERVAL_S)
+
+    def _lost_sync_generation(self) -> int | None:
+        """The generation whose SyncGroup answer this member waits for although another
+        member reports having its own (see :func:`~streams.synced_round.sync_answer_lost`)."""
+        if self._round_reports is None:
+            return None
+        generation = self.consumer.generation
+        lost = sync_answer_lost(self.consumer.member_id, generation, self.status.generation,
+                                self.consumer.rebalancing, self._round_reports.generations)
+        return generation if lost else None
 
     def _report_round(self) -> None:
         """Tell the group this member has its assignment of its generation (in the

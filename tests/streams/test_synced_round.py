@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from streams.control import ROUND_KEY, decode_round_report, encode_round_report
+from streams.join_watch import LOST_SYNC_AFTER_S
 from streams.synced_round import (
     KEEP_MEMBERS,
     SYNC_WAIT_LIMIT_S,
@@ -17,6 +18,7 @@ from streams.synced_round import (
     RoundView,
     may_rejoin,
     members_synced,
+    sync_answer_lost,
 )
 from streams.thread_factory import ThreadClients, build_stream_thread
 from tests.conftest import wait_until
@@ -235,5 +237,50 @@ async def test_a_stop_the_world_member_neither_reports_nor_waits(tmp_path: Path)
         assert r.consumer.rejoins == 1
         await asyncio.sleep(0.1)
         assert not r.producer.to("unit-control")
+    finally:
+        r.thread.task_manager.close_all()
+
+
+def test_a_sync_answer_is_lost_only_when_another_member_reports_the_generation_joined(
+) -> None:
+    reports = {"me": 3, "b": 4}
+    # Joined generation 4 (JoinGroup answered), applied 3, b has its assignment of 4: lost.
+    assert sync_answer_lost("me", 4, 3, True, reports)
+    assert sync_answer_lost("me", 4, 3, True, {"b": 5})
+    # Still joining (the generation is the one it applied), or not in a round: not lost.
+    assert not sync_answer_lost("me", 3, 3, True, reports)
+    assert not sync_answer_lost("me", 4, 3, False, reports)
+    # Nobody else has generation 4 yet; its own report does not count.
+    assert not sync_answer_lost("me", 4, 3, True, {"b": 3, "me": 4})
+    assert not sync_answer_lost("me", -1, -1, True, {"b": 0})
+
+
+async def test_a_member_whose_sync_answer_was_lost_asks_the_leader_once_per_generation(
+        tmp_path: Path) -> None:
+    reports = RoundReports()
+    r = reporting_rig(tmp_path, reports, "member-a")
+    watch = r.thread.join_watch
+    try:
+        await assign(r, ("0_0",), group_size=2)
+        control = r.control
+        # The next round: its JoinGroup was answered (generation 5), no SyncGroup answer yet.
+        r.consumer.rebalancing, r.consumer.generation = True, 5
+        now = 1_000.0
+        assert not watch.check_lost_sync(now)
+        reports.record("member-b", 5)  # b has its assignment of generation 5
+        assert not watch.check_lost_sync(now + 1)
+        assert not watch.check_lost_sync(now + 1 + LOST_SYNC_AFTER_S - 0.5)
+        assert watch.check_lost_sync(now + 1 + LOST_SYNC_AFTER_S)
+        assert control.rebalance_requests == [
+            "thread 0: SyncGroup answer of generation 5 lost"]
+        # Once per generation; the stall remedy stays the fallback.
+        assert not watch.check_lost_sync(now + 100)
+        r.consumer.generation = 6
+        reports.record("member-b", 6)
+        assert not watch.check_lost_sync(now + 101)
+        assert watch.check_lost_sync(now + 101 + LOST_SYNC_AFTER_S)
+        # Answered at last: nothing more.
+        r.consumer.rebalancing = False
+        assert not watch.check_lost_sync(now + 200)
     finally:
         r.thread.task_manager.close_all()

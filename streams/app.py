@@ -285,15 +285,16 @@ class App:
             quirks = await broker_quirks(self.config.broker_quirks,
                                          self.config.static_follower_digests, bootstrap, embedded)
             try:
+                # First of all: a crashed run's tasks wait for this (streams.predecessors).
+                member_files = MemberFiles.claim(
+                    self.config.state_dir, self.config.application_id, self.config.num_threads)
+                await self._remove_predecessors(bootstrap, member_files, quirks)
                 subs = await self.prepare(admin, quirks)
             finally:
                 await admin.close()
             await self._refuse_duplicate_instance()
             topics = sorted({t for s in subs for t in s.sources})
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
-            member_files = MemberFiles.claim(self.config.state_dir, self.config.application_id,
-                                             self.config.num_threads)
-            await self._remove_predecessors(bootstrap, member_files, quirks)
             # Which round each member has its assignment of, for the threads' requests for the
             # next round (see streams.synced_round).
             round_reports = RoundReports()

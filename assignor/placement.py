@@ -758,14 +758,19 @@ def _distribute(
     tasks: list[str],
     preferred: dict[str, str],
     extra_first: set[str] | None = None,
+    running: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Spread ``tasks`` over ``members`` so that counts differ by at most one, keeping as many
     tasks as possible on their preferred member. ``extra_first``: members to give the
-    remainder to last (those that got it for the other kind)."""
+    remainder to last (those that got it for the other kind). ``running``: the member each
+    task runs on now; over its quota, a member keeps the tasks it runs before those that
+    would arrive (moving a running task to a sibling thread costs it two rounds, an arriving
+    one's copy is handed over within the process)."""
     n = len(members)
     q, r = divmod(len(tasks), n)
     mine: dict[str, list[str]] = defaultdict(list)
-    for task in tasks:
+    runs = running or {}
+    for task in sorted(tasks, key=lambda t: runs.get(t) != preferred.get(t)):
         if task in preferred:
             mine[preferred[task]].append(task)
     avoid = extra_first or set()
@@ -841,7 +846,9 @@ def _per_thread(
                 placed = _distribute_around(inst.members, tasks, preferred, unsynced, owner,
                                             got_extra)
             else:
-                placed = _distribute(inst.members, tasks, preferred, got_extra)
+                running = {t: owner[t].member_id for t in tasks
+                           if t in owner and owner[t].instance_id == inst_id}
+                placed = _distribute(inst.members, tasks, preferred, got_extra, running)
             counts: dict[str, int] = defaultdict(int)
             for task, member_id in placed.items():
                 counts[member_id] += 1

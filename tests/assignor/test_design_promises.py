@@ -162,6 +162,23 @@ def test_a_promoted_learners_task_runs_on_the_thread_that_learned_it() -> None:
     assert group.active_by_member() == {"A-0": ["0_0"], "N-0": [], "N-1": ["0_1"]}
 
 
+def test_a_promoted_learner_goes_to_a_sibling_thread_rather_than_move_a_task_that_runs() -> None:
+    """An arriving task prefers the thread that holds its copy, but not at the price of a
+    task that thread already runs: moving that one between threads costs it a revoke round
+    and an assign round, while the copy is handed to the sibling thread within the process
+    (seen in a fault run: a task restored one round was moved to the sibling the next)."""
+    tasks = [Task(f"0_{n}") for n in range(4)]
+    group = Group(tasks, AssignorConfig())
+    group.members["A-0"] = SimMember("A-0", "A", 0, {"0_0", "0_1", "0_2"})
+    group.members["N-0"] = SimMember("N-0", "N", 0, {"0_3"}, learners={"0_1": 0})
+    group.members["N-1"] = SimMember("N-1", "N", 1)
+    promotion = group.round()
+    assert promotion["A-0"].revoked == ("0_1",) and not promotion["N-0"].revoked
+    placement = group.round()
+    assert not placement["N-0"].revoked
+    assert group.active_by_member() == {"A-0": ["0_0", "0_2"], "N-0": ["0_3"], "N-1": ["0_1"]}
+
+
 # -- warm placement --------------------------------------------------------------------------
 
 

@@ -5,7 +5,10 @@ an assignment arrives, and owns the lifecycle of a thread's tasks and copies.
 - demote actives that become standby or learner copies (their stores stay open);
 - open new copies, and hand them to the state updater to follow;
 - start new actives: restoring first (from a copy this member held, if any), running once
-  restored, at the input position their state reflects;
+  restored, at the input position their state reflects. Their committed offsets are asked
+  for as soon as they are assigned: asked for later, while the member joins the next round,
+  the request would wait behind the JoinGroup on the coordinator's connection (a broker
+  answers a connection's requests in order), and the restored task with it;
 - seek kept partitions back to where their task stopped, pause the partitions of actives that
   are still restoring.
 
@@ -16,6 +19,8 @@ lock.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -57,6 +62,8 @@ class TaskManager:
         self._updater = state_updater
         self._process_stores = process_stores
         self._open_stores = open_stores
+        #: The committed offsets of each restoring active, asked for when it was assigned.
+        self._committed: dict[str, asyncio.Future[dict[TopicPartition, int]]] = {}
 
     # -- applying an assignment -------------------------------------------------------------
 
@@ -82,6 +89,7 @@ class TaskManager:
             if stores is None:
                 stores = self._stores_for(task_id)
             self.tasks.add_restoring(task_id, stores)
+            self._ask_committed(task_id)
         # Kept partitions resume where their task stopped; restoring ones wait paused.
         for task in self.tasks.active.values():
             for tp in task.partitions:
@@ -109,6 +117,40 @@ class TaskManager:
 
     # -- restored actives become running tasks ---------------------------------------------
 
+    def _ask_committed(self, task_id: str) -> None:
+        self._forget_committed(task_id)
+        with contextlib.suppress(RuntimeError):  # no running loop: asked at the start
+            self._committed[task_id] = asyncio.ensure_future(
+                self._read_committed(self.partitions_of(task_id)))
+
+    def _forget_committed(self, task_id: str) -> None:
+        future = self._committed.pop(task_id, None)
+        if future is not None:
+            future.cancel()
+
+    async def _read_committed(self, partitions: list[TopicPartition],
+                              ) -> dict[TopicPartition, int]:
+        committed: dict[TopicPartition, int] = {}
+        for tp in partitions:
+            offset = await self._consumer.committed(tp)
+            if offset is not None and offset >= 0:
+                committed[tp] = offset
+        return committed
+
+    async def _committed_offsets(self, task_id: str, partitions: list[TopicPartition],
+                                 ) -> dict[TopicPartition, int]:
+        """The offsets asked for at assignment; asked again if that failed."""
+        future = self._committed.pop(task_id, None)
+        if future is not None:
+            try:
+                return dict(await future)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("%s: asking for %s's committed offsets again (%s)", self._name,
+                         task_id, exc)
+        return await self._read_committed(partitions)
+
     async def start_restored(self, task_id: str, stores: dict[str, KeyValueStore]) -> bool:
         """Run ``task_id`` if it is still restoring these stores; False if it was revoked."""
         if self.tasks.restoring.get(task_id) is not stores:
@@ -123,12 +165,9 @@ class TaskManager:
         for store in stores.values():
             store.end_bulk_load()  # the task reads it from now on
         task = StreamTask(task_id, self._layout.sub_of(task_id), stores)
-        committed: dict[TopicPartition, int] = {}
+        committed = await self._committed_offsets(task_id, list(task.partitions))
         restored_position = task.restored_input_position()
         for tp in task.partitions:
-            offset = await self._consumer.committed(tp)
-            if offset is not None and offset >= 0:
-                committed[tp] = offset
             # The group's offset may lag the last committed transaction (see
             # streams.task_positions): the task's own record of it is then later.
             if tp in recorded and recorded[tp] > committed.get(tp, -1):
@@ -182,6 +221,7 @@ class TaskManager:
         return self._remove_copy(task_id)
 
     def close_task(self, task_id: str) -> None:
+        self._forget_committed(task_id)
         if task_id in self.tasks.active or task_id in self.tasks.restoring:
             stores = self._stop_active(task_id)
         else:

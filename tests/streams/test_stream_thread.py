@@ -315,3 +315,32 @@ async def test_a_bad_record_the_dead_letter_topic_refuses_stops_the_thread_befor
         await asyncio.wait_for(run, 15)
     assert all(offsets.get(tp, 0) <= 1 for offsets in r.consumer.commits)
     assert r.thread.state is ThreadState.DEAD
+
+
+async def test_a_restored_task_starts_while_its_member_joins_the_next_round(
+    tmp_path: Path,
+) -> None:
+    """A broker answers a connection's requests in order, so a committed-offsets request sent
+    while the member's JoinGroup waits is answered only once the round completes. The offsets
+    are asked for when the task is assigned; its restore ending mid-round does not wait for
+    the round (seen in a fault run: a restored task idle for 6 s, then moved)."""
+    r = rig(tmp_path)
+    tp = TopicPartition(SOURCE, 0)
+    r.consumer.committed_offsets[tp] = 5
+    joined = asyncio.Event()
+    ask = r.consumer.committed
+
+    async def committed(partition: TopicPartition) -> int | None:
+        if r.consumer.rebalancing:
+            await joined.wait()  # behind the JoinGroup
+        return await ask(partition)
+
+    r.consumer.committed = committed  # type: ignore[method-assign]
+    async with closing(r):
+        await assign(r, ("0_0",), restore=False)
+        await asyncio.sleep(0)  # the request leaves with the assignment
+        r.consumer.rebalancing = True  # the member then joins the next round
+        await asyncio.wait_for(r.thread.state_updater.restore_pending(), 5)
+        assert "0_0" in r.thread.tasks
+        assert r.thread.tasks["0_0"].processed == {tp: 5}
+        joined.set()

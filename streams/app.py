@@ -38,7 +38,12 @@ from streams.environment import (
     check_topic_names,
 )
 from streams.metrics import Metrics, MetricsServer, serve_metrics
-from streams.predecessors import MemberFiles, evict_predecessors, stale_members
+from streams.predecessors import (
+    MemberFiles,
+    evict_predecessors,
+    possible_leaders,
+    stale_members,
+)
 from streams.queries import LocalStores, StoreQuery, UnknownStoreError
 from streams.query_routing import RoutingTable, StatusFollower
 from streams.query_server import QueryServer, QueryService
@@ -376,10 +381,14 @@ class App:
             return
         client = AIOKafkaClient(bootstrap_servers=bootstrap)
         try:
+            leaders: set[str] = set()
+            if Quirk.LEADER_WEDGE in quirks:
+                statuses = await read_status(bootstrap, self.config.application_id)
+                leaders = possible_leaders(stale, statuses.values())
             await client.bootstrap()
             await evict_predecessors(client, self.config.application_id, stale,
                                      Quirk.LEADER_WEDGE in quirks,
-                                     self.config.session_timeout_ms / 1000)
+                                     self.config.session_timeout_ms / 1000, leaders)
         except Exception as exc:
             log.warning("could not look for the members a crashed earlier run left in the "
                         "group (%s: %s)", type(exc).__name__, exc)

@@ -84,22 +84,39 @@ class Step(enum.Enum):
 
 def eviction_step(state: str, listed: Iterable[str], stale: Iterable[tuple[str, str | None]],
                   leave_from_formed_group: bool, waited_s: float, limit_s: float,
+                  maybe_leaders: Iterable[str] = (),
                   ) -> tuple[Step, list[tuple[str, str | None]]]:
     """What to do about the stale members given the group's state and the member ids the
     broker lists.
 
     Members the broker no longer lists are gone already. Under the leader-wedge quirk a
-    member is removed only from a formed group (a broker with that quirk keeps a member that
-    leaves mid-round as the round's leader, see :mod:`streams.formed_group`), so while the
-    group rebalances this waits, up to ``limit_s``; after that the session timeout has done
-    the work anyway."""
+    broker keeps a member that leaves mid-round as the round's leader (see
+    :mod:`streams.formed_group`). So while the group rebalances, a stale member that may
+    have been the leader (``maybe_leaders``: its last status said so, or it left none) is
+    removed only once the group has formed, waiting up to ``limit_s``; after that the
+    session timeout has done the work anyway. Followers are removed mid-round too: a round
+    that waits for a dead follower is the very stall this removal ends (a crash during
+    another crash's round)."""
     present = set(listed)
     targets = [(m, s) for m, s in stale if m in present]
     if not targets:
         return Step.DONE, []
-    if leave_from_formed_group and state != STABLE:
+    leaders = set(maybe_leaders)
+    if leave_from_formed_group and state != STABLE and any(m in leaders for m, _ in targets):
         return (Step.WAIT, targets) if waited_s < limit_s else (Step.DONE, [])
     return Step.EVICT, targets
+
+
+def possible_leaders(stale: Iterable[tuple[str, str | None]],
+                     statuses: Iterable[dict[str, object]]) -> set[str]:
+    """The stale member ids whose last status record says they led the group, or that left
+    no record to tell."""
+    known: dict[str, bool] = {}
+    for status in statuses:
+        member = status.get("member_id")
+        if isinstance(member, str) and member:
+            known[member] = known.get(member, False) or bool(status.get("leader"))
+    return {m for m, _ in stale if known.get(m, True)}
 
 
 class MemberFiles:
@@ -179,7 +196,7 @@ class MemberFiles:
 
 async def evict_predecessors(
     client: AIOKafkaClient, group: str, stale: list[tuple[str, str | None]],
-    leave_from_formed_group: bool, limit_s: float,
+    leave_from_formed_group: bool, limit_s: float, maybe_leaders: Iterable[str] = (),
 ) -> list[str]:
     """Remove ``stale`` members from ``group``; returns the member ids removed. Errors are
     logged, never raised: the session timeout is the fallback."""
@@ -191,7 +208,7 @@ async def evict_predecessors(
             described = await describe_group(client, group)
             step, targets = eviction_step(
                 described.state, (m.member_id for m in described.members), stale,
-                leave_from_formed_group, time.monotonic() - started, limit_s)
+                leave_from_formed_group, time.monotonic() - started, limit_s, maybe_leaders)
             if step is Step.DONE:
                 return []
             if step is Step.EVICT:

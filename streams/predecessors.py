@@ -148,8 +148,10 @@ class MemberFiles:
             fd = files._lock(name)
             if fd is None:
                 continue
+            # Locked by nobody: whoever wrote it is dead, whatever its pid (a restarted
+            # container often runs under the same one).
             record = _read(fd)
-            if record is not None and record.pid != os.getpid():
+            if record is not None:
                 files.predecessors.append(record)
             if index is not None and index < threads:
                 files._fds[index] = fd
@@ -245,7 +247,11 @@ def _read(fd: int) -> MemberRecord | None:
         if not raw.strip():
             return None
         data = json.loads(raw)
-        return MemberRecord(str(data["member_id"]), data.get("static_id"), int(data["pid"]))
+        member_id, static_id, pid = data["member_id"], data.get("static_id"), data["pid"]
+        if (not isinstance(member_id, str) or not isinstance(pid, int)
+                or not (static_id is None or isinstance(static_id, str))):
+            raise ValueError(f"unexpected fields {sorted(data)!r}")
+        return MemberRecord(member_id, static_id, pid)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("ignoring an unreadable member file (%s)", exc)
         return None

@@ -117,8 +117,23 @@ def test_an_unreadable_member_file_is_skipped(tmp_path: Path) -> None:
     directory.mkdir(parents=True)
     (directory / "thread-0.json").write_text("{not json")
     (directory / "thread-1.json").write_text(json.dumps({"member_id": 7}))
-    files = MemberFiles.claim(tmp_path, APP, 2)
+    (directory / "thread-2.json").write_text(
+        json.dumps({"member_id": "m", "static_id": 3, "pid": 1}))
+    (directory / "thread-3.json").write_text("[1, 2]")
+    files = MemberFiles.claim(tmp_path, APP, 4)
     assert files.predecessors == []
+    files.release()
+
+
+def test_a_dead_run_under_this_very_pid_is_still_a_predecessor(tmp_path: Path) -> None:
+    # A restarted container often runs its process under the same pid: the lock, not the
+    # pid, tells a dead run.
+    directory = tmp_path / APP / MEMBERS_DIRECTORY
+    directory.mkdir(parents=True)
+    (directory / "thread-0.json").write_text(
+        json.dumps({"member_id": "m-0", "static_id": None, "pid": os.getpid()}))
+    files = MemberFiles.claim(tmp_path, APP, 1)
+    assert files.predecessors == [MemberRecord("m-0", None, os.getpid())]
     files.release()
 
 

@@ -44,6 +44,7 @@ from streams.predecessors import (
     possible_leaders,
     stale_members,
 )
+from streams.promotion_asks import PromotionAsks
 from streams.queries import LocalStores, StoreQuery, UnknownStoreError
 from streams.query_routing import RoutingTable, StatusFollower
 from streams.query_server import QueryServer, QueryService
@@ -303,11 +304,14 @@ class App:
             # Which round each member has its assignment of, for the threads' requests for the
             # next round (see streams.synced_round).
             round_reports = RoundReports()
+            # Which ready learners members ask rounds to promote (streams.promotion_asks).
+            promotion_asks = PromotionAsks()
             listener = ControlListener(
                 bootstrap, self.config.application_id, self.instance_id, self._on_mark,
                 self._on_rebalance_request, self._on_fetch_request, self._on_subscription,
-                round_reports.record,
+                round_reports.record, promotion_asks.record,
             )
+            promotion_asks.read_to_end = listener.read_to_end
             control = ControlChannel(listener)
             self.static_followers = StaticFollowers(Quirk.CACHED_STATIC_REJOIN in quirks, control)
             process_stores = ProcessStores()
@@ -319,6 +323,7 @@ class App:
                     process_stores=process_stores, leaving=lambda: self.leaving,
                     metrics=self.metrics, round_reports=round_reports, quirks=quirks,
                     positions=self.task_positions, member_files=member_files,
+                    promotion_asks=promotion_asks,
                 )
                 for i in range(self.config.num_threads)
             ]

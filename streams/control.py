@@ -21,6 +21,8 @@ import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
+from streams.promotion_asks import PROMOTION_KEY, PromotionAsk, decode_ask
+
 log = logging.getLogger(__name__)
 
 
@@ -97,7 +99,11 @@ class ControlListener:
         on_fetch_request: Callable[[dict[str, str]], None] = lambda digests: None,
         on_subscription: Callable[[str, bytes], None] = lambda static_id, data: None,
         on_round_report: Callable[[str, int], None] = lambda member_id, generation: None,
+        on_promotion_ask: Callable[[PromotionAsk], None] = lambda ask: None,
     ) -> None:
+        self._on_promotion_ask = on_promotion_ask
+        #: The offset after the last record handled (-1: not reading yet).
+        self._handled = -1
         self._topic = control_topic_name(application_id)
         self._instance = instance_id.encode() if instance_id else None
         self._on_mark = on_mark
@@ -117,11 +123,21 @@ class ControlListener:
         tp = TopicPartition(self._topic, 0)
         self._consumer.assign([tp])
         await self._consumer.seek_to_beginning(tp)
+        self._handled = 0
         try:
             while not stop.is_set():
                 batches = await self._consumer.getmany(timeout_ms=300)
                 for records in batches.values():
                     for record in records:
+                        self._handled = record.offset + 1
+                        if record.key == PROMOTION_KEY:
+                            if record.timestamp >= self._started_ms and record.value:
+                                try:
+                                    self._on_promotion_ask(decode_ask(record.value))
+                                except ValueError as exc:
+                                    log.warning("ignoring control record at offset %d: %s",
+                                                record.offset, exc)
+                            continue
                         if record.key == SUBSCRIPTION_KEY:
                             if record.timestamp >= self._started_ms and record.value:
                                 with contextlib.suppress(Exception):
@@ -161,6 +177,23 @@ class ControlListener:
         finally:
             with contextlib.suppress(Exception):
                 await self._consumer.stop()
+
+    async def read_to_end(self, timeout_s: float) -> bool:
+        """Wait until every record on the topic as of now has been handled (at most
+        ``timeout_s``); False if that could not be told in time."""
+        tp = TopicPartition(self._topic, 0)
+        deadline = time.monotonic() + timeout_s
+        try:
+            ends = await asyncio.wait_for(self._consumer.end_offsets([tp]), timeout_s)
+        except Exception as exc:
+            log.debug("control topic's end unknown: %s", exc)
+            return False
+        end = ends.get(tp, 0)
+        while self._handled < end:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
 
     async def request_rebalance(self, reason: str) -> None:
         await self._send(REBALANCE_KEY, reason.encode())

@@ -5,7 +5,8 @@ stops fetching, and forgets every position. :class:`CooperativeGroupCoordinator`
 that for consumers whose assignor opts in (``cooperative = True``):
 
 - at join-prepare it revokes nothing, so fetching and processing go on while the group
-  rebalances;
+  rebalances (a listener's ``before_join`` may give tasks up there, before the subscription
+  is built);
 - at join-complete it revokes only the partitions that moved away, keeps the positions of the
   partitions it keeps, and hands the new assignment over.
 
@@ -55,6 +56,14 @@ class CooperativeGroupCoordinator(GroupCoordinator):
             return
         # Keep the assignment, positions and fetching; only forget the leader's view.
         self._group_subscription = None
+        # Relay's listener may give tasks up before the subscription is built (learners
+        # that take them over in this round: streams.promotion_asks).
+        before_join = getattr(self._subscription.listener, "before_join", None)
+        if before_join is not None:
+            try:
+                await before_join()
+            except Exception:
+                log.exception("before_join failed; joining with what the member runs")
 
     async def _on_join_complete(
         self, generation: int, member_id: str, protocol: str, member_assignment_bytes: bytes

@@ -176,6 +176,11 @@ class StateUpdater:
         held = frozenset(self._tasks.copies_with(Role.LEARNER))
         return asks_promotion(frozenset(self._ready_reported), held, promoted)
 
+    def asked_learners(self) -> frozenset[str]:
+        """The ready learners this thread asks the next round to promote (what its
+        subscription's ``asks_promotion`` is about)."""
+        return frozenset(self._ready_reported) & self._learning()
+
     def check_learners_ready(self, now: float | None = None) -> None:
         """Tell the thread to ask for a round when the policy says so (called after every
         poll of the copies, so that a wait runs out within a poll)."""

@@ -212,6 +212,17 @@ class TaskManager:
             self._updater.unfollow(task_id, stores)
         return stores
 
+    def release(self, task_ids: list[str]) -> None:
+        """Give running tasks up before a round, for their ready learners to take in it (see
+        :mod:`streams.promotion_asks`). Their state stays as standby copies, and their
+        partitions stay paused until the round's assignment says what becomes of them."""
+        for task_id in task_ids:
+            self._forget_committed(task_id)
+            self._add_copy(task_id, Role.STANDBY, self._stop_active(task_id))
+            self._consumer.pause(*self.partitions_of(task_id))
+            log.info("%s: gave up %s for its ready learner; keeps its state as a copy",
+                     self._name, task_id)
+
     def give_up(self, task_id: str) -> dict[str, KeyValueStore] | None:
         """Another thread of this process takes this copy over (see ProcessStores)."""
         if task_id not in self.tasks.copies:

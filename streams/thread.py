@@ -46,6 +46,13 @@ from streams.learner_readiness import being_promoted
 from streams.membership import leave_as_static_member
 from streams.metrics import Metrics
 from streams.predecessors import MemberFiles
+from streams.promotion_asks import (
+    PROMOTION_KEY,
+    PromotionAsk,
+    PromotionAsks,
+    encode_ask,
+    to_release,
+)
 from streams.queries import store_layouts
 from streams.rebalance import RelayAssignor, TaskLayout
 from streams.rebalance_listener import RebalanceListener
@@ -76,6 +83,11 @@ PROCESS_LOOP_GRACE_S = 10.0
 MAX_REBALANCE_FAILURES = 3
 #: How often a member waiting to ask for the next round looks at the others' reports.
 ROUND_CHECK_INTERVAL_S = 0.05
+#: How long a member waits for its ask to promote learners to be written before it rejoins.
+ANNOUNCE_TIMEOUT_S = 2.0
+#: How long a member running tasks that learners follow waits, as it joins, to have read the
+#: control topic to its end (asks to promote those learners).
+CONTROL_CATCH_UP_S = 1.0
 
 
 class FatalThreadError(RuntimeError):
@@ -136,8 +148,12 @@ class StreamThread:
         remove_departed: Callable[[], Awaitable[list[str]]] | None = None,
         leave_from_formed_group: bool = True,
         member_files: MemberFiles | None = None,
+        promotion_asks: PromotionAsks | None = None,
     ) -> None:
         self.config = config
+        #: The group's asks to promote ready learners (None: this member neither asks ahead
+        #: of its rounds nor gives tasks up for them; see streams.promotion_asks).
+        self._promotion_asks = promotion_asks
         #: Where this thread keeps its member id for a restart after a crash to remove
         #: (see :mod:`streams.predecessors`).
         self._member_files = member_files
@@ -164,13 +180,15 @@ class StreamThread:
                                     remove_departed, self._lost_sync_generation)
         self._leaving = leaving
         self.listener = RebalanceListener(self.on_revoked, self.on_assigned,
-                                          self.rebalance_failed)
+                                          self.rebalance_failed, self.before_join)
         self.state = ThreadState.CREATED
         self.status = ThreadStatus()
         self.shutdown_requested = False
         self.late_records_dropped = 0
         #: Records processed while the group was rebalancing (cooperative members only).
         self.records_during_rebalance = 0
+        #: Running tasks given up as the member joined a round, for ready learners to take.
+        self.released_for_learners = 0
         self._lock = asyncio.Lock()
         #: Between the revocation and the assignment callbacks: fetched batches are dropped
         #: (kept partitions are sought back to their processed offset after the rebalance).
@@ -327,11 +345,58 @@ class StreamThread:
             if may_rejoin(view, self._round_reports.generations):
                 break
             await asyncio.sleep(ROUND_CHECK_INTERVAL_S)
+        await self._announce_promotion()
         reasons, self._deferred_rejoins = self._deferred_rejoins, []
         synced = members_synced(view.generation, self._round_reports.generations)
         self.request_rejoin(
             f"{'; '.join(reasons)} (after {time.monotonic() - asked:.2f}s: {synced} of "
             f"{view.group_size} members have their assignment of generation {view.generation})")
+
+    async def _announce_promotion(self) -> None:
+        """Tell the owners of the ready learners this member is about to ask the round to
+        promote, so that they give the tasks up as they join (streams.promotion_asks)."""
+        if self._promotion_asks is None:
+            return
+        tasks = self.state_updater.asked_learners() - self._promoted_by_last()
+        if not tasks:
+            return
+        ask = PromotionAsk(self._label, self.status.generation, tuple(sorted(tasks)))
+        try:
+            await asyncio.wait_for(self.producer.send_and_wait(
+                control_topic_name(self.config.application_id), key=PROMOTION_KEY,
+                value=encode_ask(ask)), ANNOUNCE_TIMEOUT_S)
+        except Exception as exc:
+            # Unannounced, the move takes the follow-up round it took before.
+            log.info("%s: could not announce its ready learners %s (%s: %s)", self.name,
+                     list(ask.tasks), type(exc).__name__, exc)
+
+    async def before_join(self) -> None:
+        """As the member joins a round: give up running tasks whose ready learners are asked
+        to take over in it (streams.promotion_asks)."""
+        asks = self._promotion_asks
+        if asks is None or not self.config.cooperative or not self._being_learned:
+            return
+        if not set(self._being_learned) & set(self.registry.active):
+            return
+        if asks.read_to_end is not None:
+            # An ask sent before its member rejoined is on the topic by now.
+            await asks.read_to_end(CONTROL_CATCH_UP_S)
+        async with self._lock:
+            release = to_release(self.registry.active, self._being_learned,
+                                 asks.asked(self.status.generation))
+            if not release:
+                return
+            try:
+                await self.committer.commit(force=True)
+            except Exception:
+                log.exception("%s: commit before giving up %s failed; keeping them",
+                              self.name, release)
+                return
+            self.task_manager.release(release)
+            self.released_for_learners += len(release)
+            self._update_status()
+        log.info("%s gives up %s as it joins: their ready learners take over in this round",
+                 self.name, release)
 
     def _publish_subscription(self) -> None:
         if self.static_id is not None:

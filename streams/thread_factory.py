@@ -24,6 +24,7 @@ from streams.departed_members import remove_departed_members
 from streams.driver import GroupConsumer, new_group_consumer, new_producer, producer_client
 from streams.metrics import Metrics
 from streams.predecessors import MemberFiles
+from streams.promotion_asks import PromotionAsks
 from streams.rebalance import RelayAssignor, TaskLayout
 from streams.record_collector import RecordCollector
 from streams.state_updater import StateUpdater
@@ -84,6 +85,7 @@ def build_stream_thread(
     quirks: BrokerQuirks | None = None,
     positions: TaskPositions | None = None,
     member_files: MemberFiles | None = None,
+    promotion_asks: PromotionAsks | None = None,
 ) -> StreamThread:
     clients = clients or ThreadClients()
     needed = [clients.consumer, clients.producer, clients.restorer, clients.follower]
@@ -216,7 +218,7 @@ def build_stream_thread(
         remove_departed=(remove_departed if clients.producer is None
                          and Quirk.DEPARTED_STATIC_LEADER in quirks else None),
         leave_from_formed_group=Quirk.LEADER_WEDGE in quirks,
-        member_files=member_files,
+        member_files=member_files, promotion_asks=promotion_asks,
     )
     static_followers.add_member(thread)
     return thread

@@ -366,6 +366,25 @@ def test_a_promotion_whose_revoke_did_not_take_stands_in_a_round_nobody_asked_fo
     assert out["n"].active == ("0_0", "0_1") and not out["a"].revoked
 
 
+def test_a_task_its_owner_gave_up_for_a_ready_learner_moves_in_that_round() -> None:
+    # The owner read the learner's ask and gave the tasks up as it joined (its subscription
+    # no longer claims them): the learner runs them in this round, with nothing to revoke.
+    tasks = [Task(f"0_{n}") for n in range(4)]
+    config = AssignorConfig(max_learners=2, acceptable_lag=0)
+    old = Member("a", "A", 0, frozenset(t.task_id for t in tasks), asks_promotion=False)
+    learner = Member("n", "N", 0, learners={"0_0": 5, "0_1": 5}, asks_promotion=False)
+    out, memory = assign(tasks, [old, learner], config, 0, None)
+    assert out["a"].being_learned == ("0_0", "0_1") and out["n"].learners == ("0_0", "0_1")
+    gave_up = replace(old, active=frozenset({"0_2", "0_3"}), standbys={"0_0": 0, "0_1": 0})
+    ready = replace(learner, learners={"0_0": 0, "0_1": 0}, asks_promotion=True)
+    out, _ = assign(tasks, [gave_up, ready], config, 1_000, memory)
+    assert out["n"].active == ("0_0", "0_1") and not out["a"].revoked
+    assert out["a"].active == ("0_2", "0_3")
+    # Had the learners' member gone meanwhile, the owner would get them back.
+    out, _ = assign(tasks, [gave_up], config, 1_000, memory)
+    assert out["a"].active == ("0_0", "0_1", "0_2", "0_3")
+
+
 def test_a_learner_stays_on_the_thread_that_holds_it() -> None:
     # Moving a copy to a sibling thread starts its restore over; its move then waits, and
     # the rounds of a big move stop lining up. Two learners on thread 0 stay there.

@@ -24,8 +24,10 @@ from assignor.protocol import encode_assignment
 from streams.app import App
 from streams.config import AppConfig
 from streams.predecessors import MemberFiles
+from streams.promotion_asks import PromotionAsks
 from streams.static_followers import StaticFollowers
 from streams.store_handover import ProcessStores
+from streams.synced_round import RoundReports
 from streams.thread import StreamThread
 from streams.thread_factory import ThreadClients, build_stream_thread
 from streams.topology import SubTopology
@@ -471,6 +473,7 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
         process_stores: ProcessStores | None = None,
         static_followers: StaticFollowers | None = None,
         subs: list[SubTopology] | None = None, member_files: MemberFiles | None = None,
+        promotion_asks: PromotionAsks | None = None, round_reports: RoundReports | None = None,
         **settings: Any) -> Rig:
     events = events if events is not None else []
     transactions = TransactionLog(events)
@@ -485,6 +488,7 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
         config(state_dir, **settings), index, subs or counting_subs(), clients=clients,
         instance_id="unit-instance", control=control, process_stores=process_stores,
         static_followers=static_followers, member_files=member_files,
+        promotion_asks=promotion_asks, round_reports=round_reports,
     )
     return Rig(thread, clients.consumer, clients.producer, clients.restorer,  # type: ignore[arg-type]
                clients.follower, control, transactions)

@@ -55,6 +55,9 @@ async def test_scale_out_learns_first_then_moves(
                                             "cause": "learner_ready"}) or 0
                 for app in (old, new) for t in app.threads)
             assert counted == len(moved)
+            # Its owner gave each one up as it joined the round its learner asked for, so
+            # the task moved in that round, not in a follow-up one.
+            assert sum(t.released_for_learners for t in old.threads) == len(moved)
             await traffic.stop()
             await exact_counts(bootstrap, sink, traffic.produced)
 

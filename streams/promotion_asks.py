@@ -1,0 +1,90 @@
+"""Promotion asks: a ready learner's task moves in the round its member asks for, not in
+the round after it.
+
+A ready learner's task moves in a rebalance that the learner's member asks for. Revoked from
+its owner in that round, it would reach the learner only in a follow-up round: the
+cooperative protocol gives a task to a new member only once no member reports owning it.
+On a broker whose rounds cost seconds, that follow-up round is most of what a move costs.
+
+So before it rejoins, the learner's member says on the control topic which ready learners it
+asks the round to promote, and for which generation (``PROMOTION_KEY`` records). A member
+that runs one of those tasks, and whose assignment of that same generation says a learner
+learns it, gives the task up as it joins the round: it commits, keeps the state as a copy,
+and its subscription no longer lists the task. The leader places an unowned task on its
+ready learner first, so the task moves in that very round. Nothing is ever run twice: the
+owner stops before it joins, and the leader only ever sees subscriptions sent after that.
+
+The owner reads the control topic to its end before it joins (only when it runs a task being
+learned), so an ask sent before the learner's member rejoined is seen. An owner that still
+misses it reports the task as owned, and the move takes its two rounds as before. A task
+given up whose learner does not take it (its member gone meanwhile) goes back to its owner,
+its previous one, which still holds the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+import msgpack
+
+#: Key of the ask records on the control topic.
+PROMOTION_KEY = b"__promotion__"
+#: Generations whose asks a process keeps (an owner only acts on its current one).
+KEEP_GENERATIONS = 4
+
+
+@dataclass(frozen=True)
+class PromotionAsk:
+    """A member's ask: promote these ready learners of it in the round after ``generation``
+    (the generation of the assignment that placed them)."""
+
+    member: str
+    generation: int
+    tasks: tuple[str, ...]
+
+
+def encode_ask(ask: PromotionAsk) -> bytes:
+    return msgpack.packb([ask.member, ask.generation, list(ask.tasks)])
+
+
+def decode_ask(raw: bytes) -> PromotionAsk:
+    """The ask in ``raw``; raises ValueError for a malformed record."""
+    try:
+        member, generation, tasks = msgpack.unpackb(raw, raw=False)
+        if (not isinstance(member, str) or not isinstance(generation, int)
+                or isinstance(generation, bool) or not isinstance(tasks, list)
+                or not all(isinstance(t, str) for t in tasks)):
+            raise TypeError(f"{member!r}, {generation!r}, {tasks!r}")
+        return PromotionAsk(member, generation, tuple(tasks))
+    except Exception as exc:
+        raise ValueError(f"malformed promotion ask ({len(raw)} bytes): {exc}") from exc
+
+
+@dataclass
+class PromotionAsks:
+    """The tasks asked for promotion per generation, as a process reads them from the
+    control topic (the last few generations only)."""
+
+    by_generation: dict[int, set[str]] = field(default_factory=dict)
+    #: Waits (up to the seconds given) until the process has read the control topic up to
+    #: its end as of the call; False if it could not tell in time.
+    read_to_end: Callable[[float], Awaitable[bool]] | None = None
+
+    def record(self, ask: PromotionAsk) -> None:
+        if ask.generation < 0 or not ask.tasks:
+            return
+        self.by_generation.setdefault(ask.generation, set()).update(ask.tasks)
+        while len(self.by_generation) > KEEP_GENERATIONS:
+            del self.by_generation[min(self.by_generation)]
+
+    def asked(self, generation: int) -> frozenset[str]:
+        return frozenset(self.by_generation.get(generation, ()))
+
+
+def to_release(running: Iterable[str], being_learned: Iterable[str],
+               asked: Iterable[str]) -> list[str]:
+    """The running tasks a member gives up as it joins: learned elsewhere (per its current
+    assignment) and asked for promotion in its current generation."""
+    learned = set(being_learned) & set(asked)
+    return sorted(t for t in running if t in learned)

@@ -8,10 +8,12 @@ subscription and which decides isReady.
 
 The reader fetches through :mod:`statestore.fetch` (no per-record consumer objects) and keeps
 the next fetch in flight while it checks and writes the previous one: the broker serves it
-meanwhile. Each fetch is applied to its store in one WriteBatch, for restoring actives and
-following copies alike. Stores being restored are opened for bulk loading (a vector memtable,
-sorted when RocksDB flushes it in its own threads) and switched to the default memtable
-before a task reads them (``KeyValueStore.end_bulk_load``).
+meanwhile. Each fetch is applied to its store in one WriteBatch (a long run of records
+held for its input position, below, in slices of ``APPLY_SLICE_BYTES`` with the event loop
+run between them), for restoring actives and following copies alike. Stores being restored
+are opened for bulk loading (a vector memtable, sorted when RocksDB flushes it in its own
+threads) and switched to the default memtable before a task reads them
+(``KeyValueStore.end_bulk_load``).
 
 A task's store (``tracks_input``) writes its changelog in groups, each closed by the input
 position the group's writes reflect (a reserved key). The reader applies such a changelog
@@ -48,6 +50,14 @@ log = logging.getLogger(__name__)
 
 # 0xff starts the store's reserved keys (the input position).
 _ORDERED_KEY_TAGS = frozenset({0x05, 0x08, 0x10, 0x18, 0x20, 0x30, 0x40, 0xFF})
+
+#: Bytes of changelog records written to a store in one WriteBatch. Records held until an
+#: input position covers them can add up to hundreds of MB (a changelog written without
+#: positions for a long stretch, such as a prefilled one), and RocksDB holds the GIL while it
+#: writes a batch: one batch of 800 MB stopped the whole process for 6 s, heartbeats
+#: included, and its member lost its session. Written in slices with the event loop run
+#: between them, the store's position moving with the last slice.
+APPLY_SLICE_BYTES = 8 * 1024 * 1024
 
 
 @dataclass
@@ -237,9 +247,11 @@ class ChangelogReader:
             accepted = [item for item in accepted if self._still_wanted(item)]
         applied = 0
         for done, item in enumerate(accepted):
+            if done and not self._still_wanted(item):
+                continue  # unregistered while an earlier one was written
             try:
                 self._check(item.store, item.fetched, item.changes)
-                self._apply(item)
+                await self._apply(item)
             except BaseException:
                 self._read_again(accepted[done:])
                 raise
@@ -286,15 +298,39 @@ class ChangelogReader:
             accepted.append(_Accepted(store, part, changes, next_offset))
         return accepted
 
-    def _apply(self, item: _Accepted) -> None:
+    async def _apply(self, item: _Accepted) -> None:
         store = item.store
         if store.tracks_input:
-            self._apply_covered(item)
+            await self._apply_covered(item)
         # An empty fetch at the end changes nothing; control batches alone move the position.
         elif item.changes or item.next_offset != store.position:
-            store.apply_restore_batch(item.changes, item.next_offset)  # type: ignore[arg-type]
+            await self._write(item, item.changes, item.next_offset)
 
-    def _apply_covered(self, item: _Accepted) -> None:
+    async def _write(self, item: _Accepted, records: list[FetchedRecord],
+                     next_offset: int) -> None:
+        """Write ``records`` to the item's store in slices of about ``APPLY_SLICE_BYTES``,
+        letting the event loop run between slices; the store's position moves to
+        ``next_offset`` with the last slice. If the store stops being read meanwhile, the
+        rest is left unwritten: its position has not moved, so its next reader reads those
+        records again (applying a record twice is harmless: each is a whole value)."""
+        store = item.store
+        # Sliced by count, at this fetch's mean record size: no pass over the records.
+        per_slice = max(1, APPLY_SLICE_BYTES * max(1, len(item.changes))
+                        // max(1, item.fetched.size))
+        start = 0
+        while True:
+            end = start + per_slice
+            if end >= len(records):
+                store.apply_restore_batch(records[start:] if start else records,  # type: ignore[arg-type]
+                                          next_offset)
+                return
+            store.apply_restore_batch(records[start:end], store.position)  # type: ignore[arg-type]
+            start = end
+            await asyncio.sleep(0)
+            if not self._still_wanted(item):
+                return
+
+    async def _apply_covered(self, item: _Accepted) -> None:
         """Apply the records up to the last input position read; hold the rest."""
         tp, changes = item.fetched.tp, item.changes
         held = self._held.get(tp, [])
@@ -317,7 +353,7 @@ class ChangelogReader:
         else:
             self._held.pop(tp, None)
             position = item.next_offset
-        item.store.apply_restore_batch(covered, max(position, item.store.position))  # type: ignore[arg-type]
+        await self._write(item, covered, max(position, item.store.position))
 
     def _check(
         self, store: KeyValueStore, fetched: FetchedPartition, changes: list[FetchedRecord]

@@ -376,6 +376,13 @@ class StreamThread:
         asks = self._promotion_asks
         if asks is None or not self.config.cooperative or not self._being_learned:
             return
+        if self._leaving()[0]:
+            # A leaving member that gives up its last tasks is told to shut down with nothing
+            # revoked, and leaves at once; on the embedded broker that departure, in the
+            # middle of the others' follow-up rounds, left a host swap's group joining for
+            # minutes. Leaving members hand over through revoke-then-assign, and stay for
+            # the round that assigns what they revoked.
+            return
         if not set(self._being_learned) & set(self.registry.active):
             return
         if asks.read_to_end is not None:

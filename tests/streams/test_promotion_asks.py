@@ -127,3 +127,19 @@ async def test_the_learner_s_member_announces_its_ask_before_it_rejoins(tmp_path
         assert r.thread.subscription().asks_promotion
     finally:
         r.thread.task_manager.close_all()
+
+
+async def test_a_leaving_member_hands_over_through_revoke_then_assign(tmp_path: Path) -> None:
+    """A leaving member that gave up its last tasks would be told to shut down with nothing
+    revoked and leave at once, in the middle of the others' rounds (on the embedded broker a
+    host swap's group then joined for minutes): it keeps its tasks until they are revoked."""
+    asks = PromotionAsks()
+    r = rig(tmp_path, promotion_asks=asks)
+    r.thread._leaving = lambda: (True, 0, None)  # type: ignore[method-assign]
+    try:
+        await assign(r, ("0_0",), being_learned=("0_0",))
+        asks.record(PromotionAsk("other-thread-0", r.thread.status.generation, ("0_0",)))
+        await r.thread.listener.before_join()
+        assert sorted(r.thread.tasks) == ["0_0"] and r.thread.released_for_learners == 0
+    finally:
+        r.thread.task_manager.close_all()

@@ -347,14 +347,20 @@ def test_a_round_promotes_ready_learners_only_when_a_member_asks_and_then_all_of
     assert len(fresh) == 2
 
 
+def owner_and_learner(lag: int, asks: bool) -> tuple[list[Task], AssignorConfig, Member, Member]:
+    """Four tasks on A, and N learning 0_0 and 0_1 at ``lag`` (ready at 0)."""
+    tasks = [Task(f"0_{n}") for n in range(4)]
+    config = AssignorConfig(max_learners=2, acceptable_lag=0)
+    old = Member("a", "A", 0, frozenset(t.task_id for t in tasks), asks_promotion=False)
+    learner = Member("n", "N", 0, learners={"0_0": lag, "0_1": lag}, asks_promotion=asks)
+    return tasks, config, old, learner
+
+
 def test_a_promotion_whose_revoke_did_not_take_stands_in_a_round_nobody_asked_for() -> None:
     # The owner missed the assignment that revoked the task (it rejoined and got a cached
     # one): the round it asks for next promotes the same learner again, though the member
     # that asked for the promotion does not ask twice.
-    tasks = [Task(f"0_{n}") for n in range(4)]
-    config = AssignorConfig(max_learners=2, acceptable_lag=0)
-    old = Member("a", "A", 0, frozenset(t.task_id for t in tasks), asks_promotion=False)
-    learner = Member("n", "N", 0, learners={"0_0": 0, "0_1": 0}, asks_promotion=True)
+    tasks, config, old, learner = owner_and_learner(lag=0, asks=True)
     out, memory = assign(tasks, [old, learner], config, 0, None)
     assert out["a"].revoked == ("0_0", "0_1")
     redo = [old, replace(learner, asks_promotion=False)]
@@ -369,10 +375,7 @@ def test_a_promotion_whose_revoke_did_not_take_stands_in_a_round_nobody_asked_fo
 def test_a_task_its_owner_gave_up_for_a_ready_learner_moves_in_that_round() -> None:
     # The owner read the learner's ask and gave the tasks up as it joined (its subscription
     # no longer claims them): the learner runs them in this round, with nothing to revoke.
-    tasks = [Task(f"0_{n}") for n in range(4)]
-    config = AssignorConfig(max_learners=2, acceptable_lag=0)
-    old = Member("a", "A", 0, frozenset(t.task_id for t in tasks), asks_promotion=False)
-    learner = Member("n", "N", 0, learners={"0_0": 5, "0_1": 5}, asks_promotion=False)
+    tasks, config, old, learner = owner_and_learner(lag=5, asks=False)
     out, memory = assign(tasks, [old, learner], config, 0, None)
     assert out["a"].being_learned == ("0_0", "0_1") and out["n"].learners == ("0_0", "0_1")
     gave_up = replace(old, active=frozenset({"0_2", "0_3"}), standbys={"0_0": 0, "0_1": 0})

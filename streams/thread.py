@@ -402,6 +402,9 @@ class StreamThread:
             self.task_manager.release(release)
             self.released_for_learners += len(release)
             self._update_status()
+            # A broker that keeps a static member's earlier metadata hands the leader that;
+            # the leader then reads the one published on the control topic.
+            self._publish_subscription()
         log.info("%s gives up %s as it joins: their ready learners take over in this round",
                  self.name, release)
 

@@ -20,9 +20,10 @@ from streams.promotion_asks import (
     encode_ask,
     to_release,
 )
+from streams.static_followers import StaticFollowers
 from streams.synced_round import RoundReports
 from tests.conftest import wait_until
-from tests.streams.fakes import SOURCE, assign, partitions_of, rig
+from tests.streams.fakes import SOURCE, FakeControl, assign, partitions_of, rig
 
 
 def test_an_ask_survives_its_encoding() -> None:
@@ -141,5 +142,24 @@ async def test_a_leaving_member_hands_over_through_revoke_then_assign(tmp_path: 
         asks.record(PromotionAsk("other-thread-0", r.thread.status.generation, ("0_0",)))
         await r.thread.listener.before_join()
         assert sorted(r.thread.tasks) == ["0_0"] and r.thread.released_for_learners == 0
+    finally:
+        r.thread.task_manager.close_all()
+
+
+async def test_a_static_owner_publishes_its_subscription_once_it_gave_a_task_up(
+    tmp_path: Path,
+) -> None:
+    """A broker may hand the leader a static member's earlier metadata (claiming the task);
+    the leader then takes the subscription published on the control topic."""
+    asks, control = PromotionAsks(), FakeControl()
+    r = rig(tmp_path, promotion_asks=asks, group_instance_id="node-a",
+            static_followers=StaticFollowers(enabled=True, control=control))
+    try:
+        await assign(r, ("0_0", "0_1"), being_learned=("0_0",))
+        asks.record(PromotionAsk("other-thread-0", r.thread.status.generation, ("0_0",)))
+        published = len(control.subscriptions)
+        await r.thread.listener.before_join()
+        assert len(control.subscriptions) == published + 1
+        assert r.thread.subscription().active == ("0_1",)
     finally:
         r.thread.task_manager.close_all()

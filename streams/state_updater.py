@@ -65,6 +65,9 @@ class StateUpdater:
         self._on_restored = on_restored
         self._on_learners_ready = on_learners_ready
         self._wakeup = asyncio.Event()
+        #: One restoration at a time: a task's start awaits its offsets while it is still
+        #: listed as restoring, and must not be restored twice meanwhile.
+        self._restoring = asyncio.Lock()
         self._batch_wait_s = learner_batch_wait_ms / 1000
         #: Ready learners this thread asked a round for.
         self._ready_reported: set[str] = set()
@@ -207,6 +210,10 @@ class StateUpdater:
         """Restore the restoring actives one by one, each to its changelog's end, and hand
         each to the thread to run. ``before_restore`` runs first for each (exactly-once: it
         fences the task's previous owner, so the changelog's end cannot move after it)."""
+        async with self._restoring:
+            await self._restore_each(stop)
+
+    async def _restore_each(self, stop: asyncio.Event | None) -> None:
         while self._tasks.restoring and not (stop is not None and stop.is_set()):
             task_id = sorted(self._tasks.restoring)[0]
             stores = self._tasks.restoring[task_id]

@@ -145,7 +145,11 @@ class TaskManager:
             try:
                 return dict(await future)
             except asyncio.CancelledError:
-                raise
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+                # Only the request was cancelled (its task was closed meanwhile): asked
+                # again, and the caller sees whether the task still restores.
             except Exception as exc:
                 log.info("%s: asking for %s's committed offsets again (%s)", self._name,
                          task_id, exc)
@@ -155,17 +159,20 @@ class TaskManager:
         """Run ``task_id`` if it is still restoring these stores; False if it was revoked."""
         if self.tasks.restoring.get(task_id) is not stores:
             return False
+        partitions = [TopicPartition(t, p) for t, p in self._layout.partitions_of(task_id)]
         recorded: dict[TopicPartition, int] = {}
         if self._positions is not None:
-            recorded = await self._positions.latest(
-                task_id, [TopicPartition(t, p) for t, p in self._layout.partitions_of(task_id)])
-            if self.tasks.restoring.get(task_id) is not stores:
-                return False  # revoked while its positions were read
+            recorded = await self._positions.latest(task_id, partitions)
+        committed = await self._committed_offsets(task_id, partitions)
+        if self.tasks.restoring.get(task_id) is not stores:
+            return False  # revoked (or the thread closed) while its offsets were read
+        # Nothing awaits from here until the task is registered as running: stores that sat
+        # in neither registry across an await would be missed by whatever closes the
+        # thread's tasks meanwhile, and stay open, their directory locked, for good.
         self.tasks.remove_restoring(task_id)
         for store in stores.values():
             store.end_bulk_load()  # the task reads it from now on
         task = StreamTask(task_id, self._layout.sub_of(task_id), stores)
-        committed = await self._committed_offsets(task_id, list(task.partitions))
         restored_position = task.restored_input_position()
         for tp in task.partitions:
             # The group's offset may lag the last committed transaction (see
@@ -176,16 +183,18 @@ class TaskManager:
             # died after its changelog was written but before it committed): skip those.
             if tp in restored_position and restored_position[tp] > committed.get(tp, -1):
                 committed[tp] = restored_position[tp]
+        self.tasks.add_running(task)
         assigned = self._consumer.assignment()
+        from_start = [tp for tp in task.partitions if tp in assigned and tp not in committed]
         for tp in task.partitions:
-            if tp not in assigned:
-                continue
-            if tp in committed:
+            if tp in assigned and tp in committed:
                 self._consumer.seek(tp, committed[tp])
                 task.processed[tp] = committed[tp]
-            else:
-                await self._consumer.seek_to_beginning(tp)
-        self.tasks.add_running(task)
+        for tp in from_start:
+            await self._consumer.seek_to_beginning(tp)
+        if self.tasks.active.get(task_id) is not task:
+            return False  # closed while it sought the beginning
+        assigned = self._consumer.assignment()
         self._consumer.resume(*[tp for tp in task.partitions if tp in assigned])
         log.info("%s: task %s restored and running from %s", self._name, task_id,
                  {f"{tp.topic}[{tp.partition}]": committed.get(tp, "the beginning")

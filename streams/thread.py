@@ -447,6 +447,13 @@ class StreamThread:
             if assignment.error:
                 self._fail(FatalThreadError(assignment.error))
                 return
+            if self.state in (ThreadState.PENDING_SHUTDOWN, ThreadState.DEAD):
+                # A round that completes while the thread closes (its consumer still in the
+                # group): nothing is opened, since nothing would close it again.
+                log.info("%s: stopping; not taking up the round's assignment %s", self.name,
+                         list(assignment.active))
+                self._report_round()
+                return
             self._apply(assignment)
             self._report_round()
             self._record_round()
@@ -815,6 +822,8 @@ class StreamThread:
         member_id = self.consumer.member_id
         with contextlib.suppress(Exception):
             await self.consumer.stop()
+        # Whatever a callback that ran while the consumer stopped may have opened.
+        self.task_manager.close_all()
         if self._member_files is not None:
             # Stopped cleanly: a dynamic member's consumer has left; a static one comes back
             # as itself. Nothing for a restart to remove.

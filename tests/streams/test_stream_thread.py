@@ -14,6 +14,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from assignor import parse_task_id
+from statestore.errors import StoreLockedError
 from statestore.record_size import TRUNCATED_BYTES
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from streams.store_handover import ProcessStores
@@ -344,3 +345,80 @@ async def test_a_restored_task_starts_while_its_member_joins_the_next_round(
         assert "0_0" in r.thread.tasks
         assert r.thread.tasks["0_0"].processed == {tp: 5}
         joined.set()
+
+
+def _lock_is_free(state_dir: Path, task_id: str) -> bool:
+    try:
+        _hold_lock(state_dir, task_id).close()
+    except StoreLockedError:
+        return False
+    return True
+
+
+async def test_a_round_completing_while_the_thread_closes_leaves_no_store_open(
+    tmp_path: Path,
+) -> None:
+    """A static member's consumer stays in the group until it stops, so a round under way can
+    still deliver an assignment after the thread closed its tasks (seen on a CI run: a static
+    restart in the same process found its stores locked by the stopped app, for good)."""
+    r = rig(tmp_path, group_instance_id="unit-instance")
+    run = asyncio.create_task(r.thread.run([SOURCE]))
+    await assign(r, ("0_0",))
+
+    async def stop() -> None:  # the round's SyncGroup answer lands as the consumer stops
+        await assign(r, ("0_0", "0_1"), restore=False)
+
+    r.consumer.stop = stop  # type: ignore[method-assign]
+    r.thread.stop()
+    await asyncio.wait_for(run, 10)
+    assert _lock_is_free(tmp_path, "0_0") and _lock_is_free(tmp_path, "0_1")
+    assert r.thread.registry.ids() == []
+
+
+async def test_a_restored_task_stopped_while_it_reads_its_offsets_is_closed_with_the_rest(
+    tmp_path: Path,
+) -> None:
+    """The restore loop is cancelled when the thread stops; a task it was starting must still
+    be in a registry then, or closing the thread's tasks misses its stores."""
+    r = rig(tmp_path)
+    asked = asyncio.Event()
+
+    async def committed(partition: TopicPartition) -> int | None:
+        asked.set()
+        await asyncio.Event().wait()  # the broker does not answer
+        return None
+
+    r.consumer.committed = committed  # type: ignore[method-assign]
+    async with closing(r):
+        await assign(r, ("0_0",), restore=False)
+        stores = r.thread.registry.restoring["0_0"]
+        starting = asyncio.create_task(r.thread.on_restored("0_0", stores))
+        await asyncio.wait_for(asked.wait(), 5)
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        r.thread.task_manager.close_all()
+        assert not any(store.is_open for store in stores.values())
+        assert _lock_is_free(tmp_path, "0_0")
+
+
+async def test_a_task_closed_while_its_offsets_are_read_does_not_start(tmp_path: Path) -> None:
+    """Closing a restoring task cancels its offsets request; the start that waited on it
+    sees the task gone instead of failing with the cancellation."""
+    r = rig(tmp_path)
+    answer = asyncio.Event()
+
+    async def committed(partition: TopicPartition) -> int | None:
+        await answer.wait()
+        return None
+
+    r.consumer.committed = committed  # type: ignore[method-assign]
+    async with closing(r):
+        await assign(r, ("0_0",), restore=False)
+        stores = r.thread.registry.restoring["0_0"]
+        starting = asyncio.create_task(r.thread.task_manager.start_restored("0_0", stores))
+        await asyncio.sleep(0.05)
+        r.thread.task_manager.close_task("0_0")
+        answer.set()
+        assert await asyncio.wait_for(starting, 5) is False
+        assert "0_0" not in r.thread.tasks

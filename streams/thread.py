@@ -261,6 +261,18 @@ class StreamThread:
         return self.assignor.is_leader
 
     @property
+    def settled(self) -> bool:
+        """Running, with no round under way and none asked for or scheduled by this member,
+        and nothing restoring: what to wait for before changing the group on purpose."""
+        pending = self._deferred_rejoin is not None and not self._deferred_rejoin.done()
+        timer = self._rejoin_timer
+        scheduled = timer is not None and not timer.cancelled() and (
+            timer.when() > asyncio.get_running_loop().time())
+        return (self.state is ThreadState.RUNNING and not self.consumer.rebalancing
+                and not self.consumer.rejoin_pending and not pending and not scheduled
+                and not self.registry.restoring)
+
+    @property
     def received_digest(self) -> str | None:
         return self.assignor.received_digest
 
@@ -514,6 +526,23 @@ class StreamThread:
             sorted(self.registry.active), self.restoring,
             {t: r.value for t, r in self.registry.copy_roles.items()}, list(assignment.revoked),
         )
+
+    async def _until_formed_and_synced(self, attempts: int = 3) -> None:
+        """Before a LeaveGroup: every member of the last round has its assignment, then the
+        group is formed (the leader wedge, see streams.formed_group), with nothing awaited in
+        between. Waiting for the others' syncs after the formed check left a window of up
+        to a second in which they started their next round; a leaving *leader* that left
+        in it wedged the group on the embedded broker (a host swap joining for minutes)."""
+        for _ in range(attempts):
+            await self._until_round_synced()
+            if not self._leave_from_formed_group:
+                return
+            generation = self.consumer.generation
+            with contextlib.suppress(Exception):
+                await wait_for_formed_group(
+                    self.consumer, self.config.session_timeout_ms / 1000, self.name)
+            if self.consumer.generation == generation:
+                return  # formed, and no round taken part in since the others synced
 
     async def _until_round_synced(self, limit_s: float = SYNC_WAIT_LIMIT_S) -> None:
         """Before leaving: let every member of this member's round get its assignment (a
@@ -811,13 +840,7 @@ class StreamThread:
                 self.consumer, self.config.session_timeout_ms,
                 self.config.heartbeat_interval_ms)
         if self._sends_leave_group():
-            # Leave only from a formed group (the leader wedge, see streams.formed_group); a
-            # round joined meanwhile may have handed tasks back, so close again.
-            if self._leave_from_formed_group:
-                with contextlib.suppress(Exception):
-                    await wait_for_formed_group(
-                        self.consumer, self.config.session_timeout_ms / 1000, self.name)
-            await self._until_round_synced()
+            await self._until_formed_and_synced()
             self.task_manager.close_all()
         member_id = self.consumer.member_id
         with contextlib.suppress(Exception):

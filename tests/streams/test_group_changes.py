@@ -55,7 +55,8 @@ async def test_online_host_swap(tmp_path: Path, bootstrap: str,
         traffic.start()
         for name in ("new-1", "new-2"):
             runs[name] = launched.app(apps[name])
-        await wait_until(lambda: all(t.status.rebalances > 0 for a in new for t in a.threads),
+        await wait_until(lambda: all(a.threads and all(t.status.rebalances > 0 for t in a.threads)
+                                         for a in new),
                          timeout_s=120, message="the new instances to join")
         await published(bootstrap, app_id, {f"{a.instance_id}-thread-0": len(tasks_of(a))
                                             for a in old})

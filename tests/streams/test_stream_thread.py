@@ -422,3 +422,39 @@ async def test_a_task_closed_while_its_offsets_are_read_does_not_start(tmp_path:
         answer.set()
         assert await asyncio.wait_for(starting, 5) is False
         assert "0_0" not in r.thread.tasks
+
+
+async def test_a_leaving_member_checks_the_group_is_formed_after_the_others_synced(
+    tmp_path: Path,
+) -> None:
+    """Its LeaveGroup follows the formed check with nothing awaited between them: a leaving
+    leader that checked first, then waited for the others' syncs, left while they started
+    their next round, and the embedded broker kept it as that round's leader (a host swap's
+    group joining for minutes). A round taken part in meanwhile is waited for again."""
+    events: list[str] = []
+    r = rig(tmp_path, events=events)
+    answers: list[str | None] = ["RebalanceInProgressError", None, None]
+
+    async def heartbeat() -> str | None:
+        answer = answers.pop(0)
+        events.append(f"heartbeat {answer}")
+        if answer is not None:
+            r.consumer.generation += 1  # it takes part in that round
+        return answer
+
+    async def synced(limit_s: float = 0) -> None:
+        events.append("others synced")
+
+    async def stop() -> None:
+        events.append("consumer stop")
+
+    r.consumer.heartbeat = heartbeat  # type: ignore[method-assign]
+    r.consumer.stop = stop  # type: ignore[method-assign]
+    r.thread._until_round_synced = synced  # type: ignore[method-assign]
+    run = asyncio.create_task(r.thread.run([SOURCE]))
+    await assign(r, ("0_0",))
+    r.thread.stop()
+    await asyncio.wait_for(run, 10)
+    order = [e for e in events if e.startswith(("heartbeat", "others", "consumer"))]
+    assert order == ["others synced", "heartbeat RebalanceInProgressError", "heartbeat None",
+                     "others synced", "heartbeat None", "consumer stop"]

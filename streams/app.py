@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from streams.promotion_asks import PromotionAsks
 from streams.queries import LocalStores, StoreQuery, UnknownStoreError
 from streams.query_routing import RoutingTable, StatusFollower
 from streams.query_server import QueryServer, QueryService
+from streams.rebalance import TaskLayout
 from streams.static_followers import StaticFollowers
 from streams.status import read_status, status_topic_name
 from streams.store_handover import ProcessStores
@@ -56,6 +58,7 @@ from streams.task_positions import TaskPositions, positions_topic_name
 from streams.thread import FatalThreadError, StreamThread
 from streams.thread_factory import build_stream_thread
 from streams.topology import SubTopology, TopicDecl, Topology
+from streams.warm_up import WARM_UP_PLAN_WAIT_S, WarmUpGate, WarmUpPlan, plan_warm_up, settled
 
 log = logging.getLogger(__name__)
 _APP_COUNTER = itertools.count()
@@ -98,6 +101,7 @@ class App:
         lost_task_delay_ms: int | None = None,
         initial_delay_ms: int | None = None,
         scale_down_timeout_ms: int | None = None,
+        warm_up_timeout_ms: int | None = None,
         imbalance_tolerance: int | None = None,
         on_error: str | None = None,
         dead_letter_topic: str | None = None,
@@ -122,7 +126,7 @@ class App:
             learner_rejoin=learner_rejoin, learner_batch_wait_ms=learner_batch_wait_ms,
             rebalance_protocol=rebalance_protocol,
             lost_task_delay_ms=lost_task_delay_ms, initial_delay_ms=initial_delay_ms,
-            scale_down_timeout_ms=scale_down_timeout_ms,
+            scale_down_timeout_ms=scale_down_timeout_ms, warm_up_timeout_ms=warm_up_timeout_ms,
             imbalance_tolerance=imbalance_tolerance, on_error=on_error,
             dead_letter_topic=dead_letter_topic, default_partitions=default_partitions,
             static_follower_digests=static_follower_digests,
@@ -299,6 +303,7 @@ class App:
             finally:
                 await admin.close()
             await self._refuse_duplicate_instance()
+            warm_up = await self._plan_warm_up(subs, member_files)
             topics = sorted({t for s in subs for t in s.sources})
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
             # Which round each member has its assignment of, for the threads' requests for the
@@ -327,6 +332,10 @@ class App:
                 )
                 for i in range(self.config.num_threads)
             ]
+            if warm_up is not None:
+                gate = WarmUpGate(warm_up, self.config.num_threads)
+                for thread in self.threads:
+                    thread.warm_up_gate = gate
             # Before any task starts: a query port in use stops the app here, cleanly.
             follower = await self._serve_queries(bootstrap)
             extras = [asyncio.create_task(listener.run(self._stop))]
@@ -415,6 +424,48 @@ class App:
         for thread in self.threads:
             thread.query_endpoint = url
         return StatusFollower(bootstrap, self.config.application_id, self.routing)
+
+    async def _plan_warm_up(self, subs: list[SubTopology],
+                            member_files: MemberFiles) -> WarmUpPlan | None:
+        """What this instance restores before it joins, if it is new to a running group
+        (:mod:`streams.warm_up`); None to join at once."""
+        config = self.config
+        if (not config.cooperative or config.warm_up_timeout_ms == 0
+                or member_files.predecessors or self._has_own_state()):
+            return None
+        deadline = time.monotonic() + WARM_UP_PLAN_WAIT_S
+        try:
+            while True:
+                statuses = await read_status(str(self.bootstrap_servers),
+                                             config.application_id)
+                now_ms = int(time.time() * 1000)
+                # Members publish their status every second: a group in the middle of a
+                # round would be predicted from what it ran before the round.
+                if settled(statuses, now_ms, config.session_timeout_ms):
+                    break
+                if time.monotonic() >= deadline:
+                    log.info("no settled group to warm up for; joining at once")
+                    return None
+                await asyncio.sleep(1.0)
+            plan = plan_warm_up(
+                statuses, self.instance_id, config.num_threads, TaskLayout(tuple(subs)).tasks(),
+                config.assignor_config(), now_ms, stale_after_ms=config.session_timeout_ms)
+        except Exception as exc:
+            log.warning("could not plan a warm-up; joining at once (%s: %s)",
+                        type(exc).__name__, exc)
+            return None
+        if plan is not None:
+            log.info("instance %s is new to the group: warming up %s before it joins",
+                     self.instance_id, dict(plan.by_thread))
+        return plan
+
+    def _has_own_state(self) -> bool:
+        """Task state of this app on disk: a restart, which rejoins at once."""
+        app_dir = self.config.state_dir / self.config.application_id
+        try:
+            return any(not entry.name.startswith(".") for entry in app_dir.iterdir())
+        except OSError:
+            return False
 
     async def _refuse_duplicate_instance(self, recheck_s: float = 3.0) -> None:
         """Fail fast when a live process already runs this static id.

@@ -84,6 +84,10 @@ class AppConfig:
     lost_task_delay_ms: int = 0
     initial_delay_ms: int = 0
     scale_down_timeout_ms: int = 600_000
+    #: ``cooperative``: how long a new instance restores the tasks it expects to take before
+    #: it joins, so that they move to it in its first round (:mod:`streams.warm_up`); 0 joins
+    #: at once, and its learners restore after it joined.
+    warm_up_timeout_ms: int = 300_000
     imbalance_tolerance: int | None = None
     #: What a record that cannot be deserialized or processed does: ``dead_letter`` or ``stop``.
     on_error: str = "dead_letter"
@@ -149,6 +153,7 @@ class AppConfig:
                 raise ConfigError(f"{name} must be >= 1, not {getattr(self, name)}")
         for name in ("num_standbys", "acceptable_lag", "lost_task_delay_ms",
                      "initial_delay_ms", "scale_down_timeout_ms", "learner_batch_wait_ms",
+                     "warm_up_timeout_ms",
                      "changelog_buffer_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)}")

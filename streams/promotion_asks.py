@@ -19,6 +19,12 @@ learned), so an ask sent before the learner's member rejoined is seen. An owner 
 misses it reports the task as owned, and the move takes its two rounds as before. A task
 given up whose learner does not take it (its member gone meanwhile) goes back to its owner,
 its previous one, which still holds the state.
+
+A new instance that warmed its copies up before joining (:mod:`streams.warm_up`) sends a
+*joining* ask: no assignment of its owners says a learner learns those tasks, since the
+newcomer is not a member yet. An owner gives such a task up as it joins the round of that
+generation all the same, once per ask: an owner that gives up a task the leader then does not
+place on the newcomer gets it back, as its previous owner, and runs it from its copy.
 """
 
 from __future__ import annotations
@@ -42,21 +48,31 @@ class PromotionAsk:
     member: str
     generation: int
     tasks: tuple[str, ...]
+    #: Sent by a new instance about to join with these copies warmed up.
+    joining: bool = False
 
 
 def encode_ask(ask: PromotionAsk) -> bytes:
-    return msgpack.packb([ask.member, ask.generation, list(ask.tasks)])
+    fields: list[object] = [ask.member, ask.generation, list(ask.tasks)]
+    if ask.joining:
+        fields.append(True)
+    return msgpack.packb(fields)
 
 
 def decode_ask(raw: bytes) -> PromotionAsk:
     """The ask in ``raw``; raises ValueError for a malformed record."""
     try:
-        member, generation, tasks = msgpack.unpackb(raw, raw=False)
+        fields = msgpack.unpackb(raw, raw=False)
+        if not isinstance(fields, list) or len(fields) not in (3, 4):
+            raise TypeError(f"not a list of 3 or 4 fields: {fields!r}")
+        member, generation, tasks = fields[:3]
+        joining = fields[3] if len(fields) == 4 else False
         if (not isinstance(member, str) or not isinstance(generation, int)
                 or isinstance(generation, bool) or not isinstance(tasks, list)
-                or not all(isinstance(t, str) for t in tasks)):
-            raise TypeError(f"{member!r}, {generation!r}, {tasks!r}")
-        return PromotionAsk(member, generation, tuple(tasks))
+                or not all(isinstance(t, str) for t in tasks)
+                or not isinstance(joining, bool)):
+            raise TypeError(f"{member!r}, {generation!r}, {tasks!r}, {joining!r}")
+        return PromotionAsk(member, generation, tuple(tasks), joining)
     except Exception as exc:
         raise ValueError(f"malformed promotion ask ({len(raw)} bytes): {exc}") from exc
 
@@ -67,6 +83,8 @@ class PromotionAsks:
     control topic (the last few generations only)."""
 
     by_generation: dict[int, set[str]] = field(default_factory=dict)
+    #: Joining asks per generation: task -> the newcomer that asked, until an owner acts on it.
+    joining_by_generation: dict[int, dict[str, str]] = field(default_factory=dict)
     #: Waits (up to the seconds given) until the process has read the control topic up to
     #: its end as of the call; False if it could not tell in time.
     read_to_end: Callable[[float], Awaitable[bool]] | None = None
@@ -74,17 +92,36 @@ class PromotionAsks:
     def record(self, ask: PromotionAsk) -> None:
         if ask.generation < 0 or not ask.tasks:
             return
+        if ask.joining:
+            joining = self.joining_by_generation.setdefault(ask.generation, {})
+            joining.update(dict.fromkeys(ask.tasks, ask.member))
+            while len(self.joining_by_generation) > KEEP_GENERATIONS:
+                del self.joining_by_generation[min(self.joining_by_generation)]
+            return
         self.by_generation.setdefault(ask.generation, set()).update(ask.tasks)
         while len(self.by_generation) > KEEP_GENERATIONS:
             del self.by_generation[min(self.by_generation)]
+
+    def joining_asked(self, generation: int) -> frozenset[str]:
+        """Tasks a newcomer asks for, with its copies warmed up, in the round after
+        ``generation``."""
+        return frozenset(self.joining_by_generation.get(generation, ()))
+
+    def acted_on(self, generation: int, tasks: Iterable[str]) -> None:
+        """An owner gave these tasks up: their joining asks are spent (a round that gives
+        a task back to its owner must not see it given up again)."""
+        joining = self.joining_by_generation.get(generation, {})
+        for task in tasks:
+            joining.pop(task, None)
 
     def asked(self, generation: int) -> frozenset[str]:
         return frozenset(self.by_generation.get(generation, ()))
 
 
 def to_release(running: Iterable[str], being_learned: Iterable[str],
-               asked: Iterable[str]) -> list[str]:
+               asked: Iterable[str], joining_asked: Iterable[str] = ()) -> list[str]:
     """The running tasks a member gives up as it joins: learned elsewhere (per its current
-    assignment) and asked for promotion in its current generation."""
-    learned = set(being_learned) & set(asked)
-    return sorted(t for t in running if t in learned)
+    assignment) and asked for promotion in its current generation, or asked for by a
+    newcomer that warmed them up."""
+    wanted = (set(being_learned) & set(asked)) | set(joining_asked)
+    return sorted(t for t in running if t in wanted)

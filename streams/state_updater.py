@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,6 +178,27 @@ class StateUpdater:
         promoted = self._promoted if promoted is None else promoted
         held = frozenset(self._tasks.copies_with(Role.LEARNER))
         return asks_promotion(frozenset(self._ready_reported), held, promoted)
+
+    async def warm_up(self, task_ids: Iterable[str], deadline: float,
+                      stop: asyncio.Event) -> frozenset[str]:
+        """Before the thread joins: follow these learner copies until every one is within
+        the acceptable lag, ``deadline`` (monotonic) passes or ``stop`` is set. Returns the
+        caught-up ones, marked as asked for: the first subscription asks the round to
+        promote them, and no ask for a round follows (:mod:`streams.warm_up`)."""
+        wanted = frozenset(task_ids)
+
+        def ready() -> frozenset[str]:
+            return frozenset(t for t in wanted if self.copy_lag(t) <= self._acceptable_lag)
+
+        while ready() != wanted and time.monotonic() < deadline and not stop.is_set():
+            before = self._catch_up_positions()
+            await self.follower.poll(timeout_ms=200)
+            self._caught_up(before)
+        caught_up = ready()
+        self._ready_reported |= caught_up
+        now = time.monotonic()
+        self._ready_since.update({t: now for t in caught_up})
+        return caught_up
 
     def asked_learners(self) -> frozenset[str]:
         """The ready learners this thread asks the next round to promote (what its

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from aiokafka.structs import TopicPartition
 
@@ -231,6 +231,21 @@ class TaskManager:
             self._consumer.pause(*self.partitions_of(task_id))
             log.info("%s: gave up %s for its ready learner; keeps its state as a copy",
                      self._name, task_id)
+
+    def warm_up(self, task_ids: Iterable[str]) -> list[str]:
+        """Before the first join: open learner copies of these tasks (streams.warm_up). A
+        task whose stores cannot be opened is left out, with a warning: it is learned after
+        the join, as usual."""
+        opened: list[str] = []
+        for task_id in task_ids:
+            try:
+                self._add_copy(task_id, Role.LEARNER, self._open(task_id))
+            except Exception as exc:
+                log.warning("%s: not warming up %s (%s: %s)", self._name, task_id,
+                            type(exc).__name__, exc)
+                continue
+            opened.append(task_id)
+        return opened
 
     def give_up(self, task_id: str) -> dict[str, KeyValueStore] | None:
         """Another thread of this process takes this copy over (see ProcessStores)."""

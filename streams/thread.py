@@ -74,6 +74,7 @@ from streams.task_manager import TaskManager
 from streams.tasks import Tasks
 from streams.transactions import TransactionalCollector, TransactionalCommitter
 from streams.transitions import Role
+from streams.warm_up import WarmUpGate
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,9 @@ class StreamThread:
         #: The group's asks to promote ready learners (None: this member neither asks ahead
         #: of its rounds nor gives tasks up for them; see streams.promotion_asks).
         self._promotion_asks = promotion_asks
+        #: Set by the app for a new instance: the copies to restore before the first join.
+        self.warm_up_gate: WarmUpGate | None = None
+        self._warming_up = False
         #: Where this thread keeps its member id for a restart after a crash to remove
         #: (see :mod:`streams.predecessors`).
         self._member_files = member_files
@@ -364,15 +368,20 @@ class StreamThread:
             f"{'; '.join(reasons)} (after {time.monotonic() - asked:.2f}s: {synced} of "
             f"{view.group_size} members have their assignment of generation {view.generation})")
 
-    async def _announce_promotion(self) -> None:
+    async def _announce_promotion(self, tasks: frozenset[str] | None = None,
+                                  generation: int | None = None, joining: bool = False,
+                                  ) -> None:
         """Tell the owners of the ready learners this member is about to ask the round to
         promote, so that they give the tasks up as they join (streams.promotion_asks)."""
         if self._promotion_asks is None:
             return
-        tasks = self.state_updater.asked_learners() - self._promoted_by_last()
+        if tasks is None:
+            tasks = self.state_updater.asked_learners() - self._promoted_by_last()
         if not tasks:
             return
-        ask = PromotionAsk(self._label, self.status.generation, tuple(sorted(tasks)))
+        ask = PromotionAsk(self._label,
+                           self.status.generation if generation is None else generation,
+                           tuple(sorted(tasks)), joining)
         try:
             await asyncio.wait_for(self.producer.send_and_wait(
                 control_topic_name(self.config.application_id), key=PROMOTION_KEY,
@@ -386,7 +395,7 @@ class StreamThread:
         """As the member joins a round: give up running tasks whose ready learners are asked
         to take over in it (streams.promotion_asks)."""
         asks = self._promotion_asks
-        if asks is None or not self.config.cooperative or not self._being_learned:
+        if asks is None or not self.config.cooperative or not self.registry.active:
             return
         if self._leaving()[0]:
             # A leaving member that gives up its last tasks is told to shut down with nothing
@@ -395,14 +404,17 @@ class StreamThread:
             # minutes. Leaving members hand over through revoke-then-assign, and stay for
             # the round that assigns what they revoked.
             return
-        if not set(self._being_learned) & set(self.registry.active):
+        stateful = {t.task_id for t in self.layout.tasks() if t.stateful}
+        if not stateful & set(self.registry.active):
             return
         if asks.read_to_end is not None:
-            # An ask sent before its member rejoined is on the topic by now.
+            # An ask sent before its member rejoined (or before a newcomer joined: a warmed
+            # up instance's ask may concern any stateful task) is on the topic by now.
             await asks.read_to_end(CONTROL_CATCH_UP_S)
         async with self._lock:
+            generation = self.status.generation
             release = to_release(self.registry.active, self._being_learned,
-                                 asks.asked(self.status.generation))
+                                 asks.asked(generation), asks.joining_asked(generation))
             if not release:
                 return
             try:
@@ -412,6 +424,7 @@ class StreamThread:
                               self.name, release)
                 return
             self.task_manager.release(release)
+            asks.acted_on(generation, release)
             self.released_for_learners += len(release)
             self._update_status()
             # A broker that keeps a static member's earlier metadata hands the leader that;
@@ -666,6 +679,8 @@ class StreamThread:
             "restoring_lag": self.state_updater.restoring_lags(),
             "stateful_tasks": [t.task_id for t in self.layout.tasks() if t.stateful],
             "being_learned": list(self._being_learned),
+            #: A new instance restoring its copies before it joins (streams.warm_up).
+            "warming_up": self._warming_up,
             #: Every task of the app, so that tools can tell which ones nobody runs.
             "app_tasks": self.layout.task_ids(),
             #: Where queries reach this member, and where each store's keys live.
@@ -688,12 +703,65 @@ class StreamThread:
             self.join_watch.check()
             # A leaving mark arrives between rounds.
             self.metrics.set_scale_down_deadline(self._label, self.leaving_deadline_ms())
-            with contextlib.suppress(Exception):
-                await self.producer.send(
-                    topic, key=key, value=msgpack.packb(self.status_record())
-                )
+            await self._publish_status(topic, key)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 1.0)
+
+    async def _publish_status(self, topic: str, key: bytes) -> None:
+        with contextlib.suppress(Exception):
+            await self.producer.send(topic, key=key, value=msgpack.packb(self.status_record()))
+
+    # -- warming up before the first join ---------------------------------------------------
+
+    async def _warm_up(self, gate: WarmUpGate) -> None:
+        """Restore the copies this new instance expects to take before joining, then tell
+        their owners, so that the tasks move in this member's first round
+        (:mod:`streams.warm_up`)."""
+        ready: frozenset[str] = frozenset()
+        try:
+            opened = self.task_manager.warm_up(gate.tasks_of(self.index))
+            if opened:
+                ready = await self._restore_warm_up(opened)
+        except Exception:
+            log.exception("%s: warming up failed; joining with what it has", self.name)
+        finally:
+            waiting = asyncio.ensure_future(gate.done(self.index))
+            stopped = asyncio.ensure_future(self._stop.wait())
+            await asyncio.wait([waiting, stopped], return_when=asyncio.FIRST_COMPLETED)
+            for future in (waiting, stopped):
+                future.cancel()
+        if ready and not self._stop.is_set():
+            await self._announce_promotion(ready, gate.plan.generation, joining=True)
+
+    async def _restore_warm_up(self, tasks: list[str]) -> frozenset[str]:
+        started = time.monotonic()
+        deadline = started + self.config.warm_up_timeout_ms / 1000
+        log.info("%s warms up %s before joining (for up to %.0fs)", self.name, tasks,
+                 self.config.warm_up_timeout_ms / 1000)
+        topic = status_topic_name(self.config.application_id)
+        self._warming_up = True
+        publisher = asyncio.ensure_future(self._publish_while_warming_up(topic))
+        try:
+            ready = await self.state_updater.warm_up(tasks, deadline, self._stop)
+        finally:
+            self._warming_up = False
+            publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await publisher
+        self._update_status()
+        behind = sorted(set(tasks) - ready)
+        log.info("%s warmed up %s in %.1fs%s", self.name, sorted(ready),
+                 time.monotonic() - started,
+                 f"; still behind, learned after joining: {behind}" if behind else "")
+        return ready
+
+    async def _publish_while_warming_up(self, topic: str) -> None:
+        """Status records while warming up, so that ``relay describe`` and the web view show
+        the copies' catch-up, and a second newcomer counts this one."""
+        while True:
+            self._update_status()
+            await self._publish_status(topic, self.status_key)
+            await asyncio.sleep(1.0)
 
     # -- processing -----------------------------------------------------------------------
 
@@ -779,6 +847,8 @@ class StreamThread:
         self._set_state(ThreadState.STARTING)
         await self.producer.start()
         await self.state_updater.start()
+        if self.warm_up_gate is not None:
+            await self._warm_up(self.warm_up_gate)
         await self.consumer.start()
         self.consumer.subscribe(topics, self.listener)
         loops = [

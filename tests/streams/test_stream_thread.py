@@ -240,6 +240,14 @@ async def test_a_copy_of_a_task_another_thread_runs_is_not_kept(tmp_path: Path) 
         assert list(first.thread.tasks) == ["0_0"]
 
 
+async def run_assign_and_stop(r: Rig) -> None:
+    """Run the thread with one task, stop it, and wait until it has closed."""
+    run = asyncio.create_task(r.thread.run([SOURCE]))
+    await assign(r, ("0_0",))
+    r.thread.stop()
+    await asyncio.wait_for(run, 10)
+
+
 async def test_a_stopping_member_leaves_only_after_its_own_heartbeat_finds_the_group_formed(
     tmp_path: Path,
 ) -> None:
@@ -258,10 +266,7 @@ async def test_a_stopping_member_leaves_only_after_its_own_heartbeat_finds_the_g
 
     r.consumer.heartbeat = heartbeat  # type: ignore[method-assign]
     r.consumer.stop = stop  # type: ignore[method-assign]
-    run = asyncio.create_task(r.thread.run([SOURCE]))
-    await assign(r, ("0_0",))
-    r.thread.stop()
-    await asyncio.wait_for(run, 10)
+    await run_assign_and_stop(r)
     order = [e for e in events if e in ("heartbeat", "consumer stop")]
     assert order == ["heartbeat", "heartbeat", "consumer stop"]
     assert r.consumer.rejoins == 1
@@ -451,10 +456,7 @@ async def test_a_leaving_member_checks_the_group_is_formed_after_the_others_sync
     r.consumer.heartbeat = heartbeat  # type: ignore[method-assign]
     r.consumer.stop = stop  # type: ignore[method-assign]
     r.thread._until_round_synced = synced  # type: ignore[method-assign]
-    run = asyncio.create_task(r.thread.run([SOURCE]))
-    await assign(r, ("0_0",))
-    r.thread.stop()
-    await asyncio.wait_for(run, 10)
+    await run_assign_and_stop(r)
     order = [e for e in events if e.startswith(("heartbeat", "others", "consumer"))]
     assert order == ["others synced", "heartbeat RebalanceInProgressError", "heartbeat None",
                      "others synced", "heartbeat None", "consumer stop"]

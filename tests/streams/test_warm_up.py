@@ -107,9 +107,6 @@ def test_an_owner_releases_a_task_a_newcomer_asks_for_once() -> None:
     assert asks.joining_asked(5) == {"0_7"}
 
 
-
-
-
 @pytest.mark.asyncio
 async def test_a_new_thread_restores_its_copies_then_announces_them_then_joins(
     tmp_path: Path,

@@ -58,7 +58,13 @@ from streams.task_positions import TaskPositions, positions_topic_name
 from streams.thread import FatalThreadError, StreamThread
 from streams.thread_factory import build_stream_thread
 from streams.topology import SubTopology, TopicDecl, Topology
-from streams.warm_up import WARM_UP_PLAN_WAIT_S, WarmUpGate, WarmUpPlan, plan_warm_up, settled
+from streams.warm_up import (
+    WARM_UP_PLAN_WAIT_S,
+    WarmUpGate,
+    WarmUpPlan,
+    group_settled,
+    plan_warm_up,
+)
 
 log = logging.getLogger(__name__)
 _APP_COUNTER = itertools.count()
@@ -441,7 +447,7 @@ class App:
                 now_ms = int(time.time() * 1000)
                 # Members publish their status every second: a group in the middle of a
                 # round would be predicted from what it ran before the round.
-                if settled(statuses, now_ms, config.session_timeout_ms):
+                if group_settled(statuses, now_ms, config.session_timeout_ms):
                     break
                 if time.monotonic() >= deadline:
                     log.info("no settled group to warm up for; joining at once")

@@ -29,6 +29,7 @@ place on the newcomer gets it back, as its previous owner, and runs it from its 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -36,8 +37,8 @@ import msgpack
 
 #: Key of the ask records on the control topic.
 PROMOTION_KEY = b"__promotion__"
-#: Generations whose asks a process keeps (an owner only acts on its current one).
-KEEP_GENERATIONS = 4
+#: How long an ask read from the control topic counts (see PromotionAsks).
+ASK_TTL_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -79,43 +80,49 @@ def decode_ask(raw: bytes) -> PromotionAsk:
 
 @dataclass
 class PromotionAsks:
-    """The tasks asked for promotion per generation, as a process reads them from the
-    control topic (the last few generations only)."""
+    """The asks a process has read from the control topic, by generation and task.
 
-    by_generation: dict[int, set[str]] = field(default_factory=dict)
-    #: Joining asks per generation: task -> the newcomer that asked, until an owner acts on it.
-    joining_by_generation: dict[int, dict[str, str]] = field(default_factory=dict)
+    An ask counts for ``ASK_TTL_S`` after it was read, and until an owner acts on it. The
+    round it is about follows within seconds; kept longer, an ask would outlive it. The
+    embedded broker keeps a static group's generation across rounds, so an old ask would
+    match every later round. A newcomer that died between its ask and its join would
+    otherwise take a task from its owner in some unrelated round."""
+
     #: Waits (up to the seconds given) until the process has read the control topic up to
     #: its end as of the call; False if it could not tell in time.
     read_to_end: Callable[[float], Awaitable[bool]] | None = None
+    clock: Callable[[], float] = time.monotonic
+    #: (generation, task, joining) -> when the ask was read.
+    _asks: dict[tuple[int, str, bool], float] = field(default_factory=dict)
 
     def record(self, ask: PromotionAsk) -> None:
         if ask.generation < 0 or not ask.tasks:
             return
-        if ask.joining:
-            joining = self.joining_by_generation.setdefault(ask.generation, {})
-            joining.update(dict.fromkeys(ask.tasks, ask.member))
-            while len(self.joining_by_generation) > KEEP_GENERATIONS:
-                del self.joining_by_generation[min(self.joining_by_generation)]
-            return
-        self.by_generation.setdefault(ask.generation, set()).update(ask.tasks)
-        while len(self.by_generation) > KEEP_GENERATIONS:
-            del self.by_generation[min(self.by_generation)]
+        now = self.clock()
+        self._asks = {key: at for key, at in self._asks.items() if now - at <= ASK_TTL_S}
+        for task in ask.tasks:
+            self._asks[(ask.generation, task, ask.joining)] = now
+
+    def _live(self, generation: int, joining: bool) -> frozenset[str]:
+        now = self.clock()
+        return frozenset(task for (g, task, j), at in self._asks.items()
+                         if g == generation and j is joining and now - at <= ASK_TTL_S)
+
+    def asked(self, generation: int) -> frozenset[str]:
+        """Ready learners their members ask the round after ``generation`` to promote."""
+        return self._live(generation, False)
 
     def joining_asked(self, generation: int) -> frozenset[str]:
         """Tasks a newcomer asks for, with its copies warmed up, in the round after
         ``generation``."""
-        return frozenset(self.joining_by_generation.get(generation, ()))
+        return self._live(generation, True)
 
     def acted_on(self, generation: int, tasks: Iterable[str]) -> None:
-        """An owner gave these tasks up: their joining asks are spent (a round that gives
-        a task back to its owner must not see it given up again)."""
-        joining = self.joining_by_generation.get(generation, {})
+        """An owner gave these tasks up: their asks are spent (a round that gives a task
+        back to its owner must not see it given up again)."""
         for task in tasks:
-            joining.pop(task, None)
-
-    def asked(self, generation: int) -> frozenset[str]:
-        return frozenset(self.by_generation.get(generation, ()))
+            for joining in (False, True):
+                self._asks.pop((generation, task, joining), None)
 
 
 def to_release(running: Iterable[str], being_learned: Iterable[str],

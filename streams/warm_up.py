@@ -77,7 +77,7 @@ def live_records(statuses: Mapping[str, Mapping[str, Any]], now_ms: int,
             and now_ms - _int(record.get("updated_ms"), 0) <= stale_after_ms}
 
 
-def settled(statuses: Mapping[str, Mapping[str, Any]], now_ms: int,
+def group_settled(statuses: Mapping[str, Mapping[str, Any]], now_ms: int,
             stale_after_ms: int) -> bool:
     """Whether the status records show a group to plan from: every live member running,
     with nothing restoring, or warming up itself (its copies count as learners, so that a

@@ -12,7 +12,7 @@ import pytest
 from aiokafka.structs import TopicPartition
 
 from streams.promotion_asks import (
-    KEEP_GENERATIONS,
+    ASK_TTL_S,
     PROMOTION_KEY,
     PromotionAsk,
     PromotionAsks,
@@ -41,17 +41,22 @@ def test_a_malformed_ask_is_a_value_error_that_names_it(raw: bytes) -> None:
         decode_ask(raw)
 
 
-def test_asks_are_kept_per_generation_for_the_last_few_generations() -> None:
-    asks = PromotionAsks()
+def test_asks_count_per_generation_for_a_while_and_until_acted_on() -> None:
+    now = [100.0]
+    asks = PromotionAsks(clock=lambda: now[0])
     asks.record(PromotionAsk("a-thread-0", 3, ("0_1",)))
     asks.record(PromotionAsk("b-thread-0", 3, ("0_2",)))
     asks.record(PromotionAsk("b-thread-0", 4, ("0_3",)))
     asks.record(PromotionAsk("b-thread-0", -1, ("0_4",)))  # no generation: ignored
     assert asks.asked(3) == {"0_1", "0_2"} and asks.asked(4) == {"0_3"}
     assert asks.asked(5) == frozenset()
-    for generation in range(5, 5 + KEEP_GENERATIONS):
-        asks.record(PromotionAsk("a-thread-0", generation, ("0_1",)))
-    assert asks.asked(3) == frozenset() and asks.asked(4 + KEEP_GENERATIONS) == {"0_1"}
+    asks.acted_on(3, ["0_2"])  # spent
+    assert asks.asked(3) == {"0_1"}
+    # A broker that keeps the generation across rounds: an old ask must not match them all.
+    now[0] += ASK_TTL_S + 1
+    assert asks.asked(3) == frozenset() and asks.asked(4) == frozenset()
+    asks.record(PromotionAsk("a-thread-0", 3, ("0_5",)))
+    assert asks.asked(3) == {"0_5"}
 
 
 def test_only_running_tasks_learned_elsewhere_and_asked_for_are_given_up() -> None:

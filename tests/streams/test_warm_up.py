@@ -15,6 +15,7 @@ import pytest
 
 from assignor import AssignorConfig, Task
 from streams.promotion_asks import (
+    ASK_TTL_S,
     PROMOTION_KEY,
     PromotionAsk,
     PromotionAsks,
@@ -23,7 +24,7 @@ from streams.promotion_asks import (
     to_release,
 )
 from streams.thread import ThreadState
-from streams.warm_up import WarmUpGate, WarmUpPlan, plan_warm_up, settled
+from streams.warm_up import WarmUpGate, WarmUpPlan, group_settled, plan_warm_up
 from tests.conftest import wait_until
 from tests.streams.fakes import SOURCE, assign, partitions_of, rig
 
@@ -98,13 +99,18 @@ def test_a_joining_ask_survives_its_encoding_and_malformed_ones_are_refused() ->
 
 
 def test_an_owner_releases_a_task_a_newcomer_asks_for_once() -> None:
-    asks = PromotionAsks()
+    now = [0.0]
+    asks = PromotionAsks(clock=lambda: now[0])
     asks.record(PromotionAsk("new-thread-0", 5, ("0_1", "0_7"), joining=True))
     assert asks.asked(5) == frozenset()  # not an ask of a learner the leader placed
     assert asks.joining_asked(5) == {"0_1", "0_7"} and asks.joining_asked(6) == frozenset()
     assert to_release(["0_0", "0_1"], [], asks.asked(5), asks.joining_asked(5)) == ["0_1"]
     asks.acted_on(5, ["0_1"])
     assert asks.joining_asked(5) == {"0_7"}
+    # A newcomer that died between its ask and its join: the ask lapses, and no later round
+    # of the same generation takes the task from its owner.
+    now[0] += ASK_TTL_S + 1
+    assert asks.joining_asked(5) == frozenset()
 
 
 @pytest.mark.asyncio
@@ -200,9 +206,9 @@ def test_a_second_newcomer_plans_around_one_that_warms_up() -> None:
         "b-thread-0": status("b", 0, [], state="starting", warming_up=True,
                              learners={"0_0": 900, "0_1": 0}),
     }
-    assert settled(statuses, NOW, 10_000)
+    assert group_settled(statuses, NOW, 10_000)
     warm = plan(statuses, instance="c")
     assert warm is not None and not {"0_0", "0_1"} & set(warm.tasks)
     # A member in the middle of a round is not planned from.
     statuses["a-thread-0"] = status("a", 0, ["0_0"], state="rebalancing")
-    assert not settled(statuses, NOW, 10_000)
+    assert not group_settled(statuses, NOW, 10_000)

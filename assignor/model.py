@@ -76,6 +76,10 @@ class Member:
     not say (older ones) count as asking. ``unsynced``: the leader saw no sign that it got
     its assignment of the last round (it may still be waiting for it): a task arriving on
     its instance goes to another thread of the instance when there is one.
+    ``ready_by_assignment``: learners still beyond the acceptable lag that the member expects
+    to have caught up by the time this round's assignment reaches it (a new instance that
+    warmed up joins while its copies finish restoring, see ``streams.warm_up``); the round
+    counts them as ready.
     """
 
     member_id: str
@@ -90,6 +94,7 @@ class Member:
     notes: LeaderNotes | None = None
     asks_promotion: bool = True
     unsynced: bool = False
+    ready_by_assignment: frozenset[str] = frozenset()
 
     @property
     def key(self) -> MemberKey:

@@ -260,7 +260,7 @@ def assign(
         return result, replace(memory, formed_at_ms=formed_at,
                                instances=frozenset(instances))
 
-    learner_lags = _copies(valid, "learners")
+    learner_lags = _learner_lags(valid, config.acceptable_lag)
     standby_lags = _copies(valid, "standbys")
     plan = _Plan()
     plan.held = _held_back(stateful, owner, instances, by_key, memory, config, now_ms)
@@ -396,6 +396,17 @@ def _copies(members: list[Member], kind: str) -> dict[str, dict[str, int]]:
             per_instance = copies[task]
             per_instance[member.instance_id] = min(lag, per_instance.get(member.instance_id, lag))
     return copies
+
+
+def _learner_lags(members: list[Member], acceptable_lag: int) -> dict[str, dict[str, int]]:
+    """Like ``_copies`` for learners, with a learner its member expects to have caught up by
+    the time the assignment arrives counted as just ready: behind every copy that is ready
+    already, ahead of every one that is not."""
+    counted = [member if not member.ready_by_assignment else replace(
+        member, learners={task: min(lag, acceptable_lag) if task in member.ready_by_assignment
+                          else lag for task, lag in member.learners.items()})
+        for member in members]
+    return _copies(counted, "learners")
 
 
 def _held_back(

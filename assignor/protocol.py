@@ -64,6 +64,9 @@ class Subscription:
     notes: LeaderNotes | None = None
     #: It asks this round to promote its ready learners (see ``Member.asks_promotion``).
     asks_promotion: bool = True
+    #: Learners it expects to have caught up by the time this round's assignment arrives
+    #: (see ``Member.ready_by_assignment``).
+    ready_by_assignment: tuple[str, ...] = ()
     version: int = VERSION
 
 
@@ -277,6 +280,7 @@ def encode_subscription(sub: Subscription) -> bytes:
         "l": _pack_lags(sub.learners), "L": sub.leaving, "ls": sub.leaving_since_ms,
         "st": sub.scale_down_timeout_ms, "r": sub.rejoin_token,
         "S": sub.static, "n": _pack_notes(sub.notes), "P": sub.asks_promotion,
+        **({"R": _pack_tasks(sub.ready_by_assignment)} if sub.ready_by_assignment else {}),
     })
 
 
@@ -298,6 +302,7 @@ def decode_subscription(data: bytes | None) -> Subscription:
         notes=_notes_or_none(payload.get("n"), what),
         # Absent in subscriptions of older members, which ask on each ready learner.
         asks_promotion=bool(payload.get("P", True)),
+        ready_by_assignment=_unpack_tasks(payload.get("R", {})),
     )
 
 
@@ -319,6 +324,8 @@ def member_from_subscription(member_id: str, sub: Subscription) -> Member:
         leaving_since_ms=sub.leaving_since_ms,
         scale_down_timeout_ms=sub.scale_down_timeout_ms,
         notes=sub.notes, asks_promotion=sub.asks_promotion,
+        # Only learners it holds: anything else in it would place a task on no copy at all.
+        ready_by_assignment=frozenset(sub.ready_by_assignment) & frozenset(sub.learners),
     )
 
 

@@ -22,6 +22,7 @@ from streams.learner_readiness import LearnerView, asks_now, asks_promotion
 from streams.metrics import Metrics
 from streams.tasks import Tasks
 from streams.transitions import Role
+from streams.warm_up import catches_up_within
 
 #: The lag reported for a copy whose changelog end is not known yet.
 UNKNOWN_LAG = 2**31 - 1
@@ -83,6 +84,8 @@ class StateUpdater:
         self._read_at: dict[str, tuple[int, float]] = {}
         #: Copies that have not reached their changelog's end yet since they were placed.
         self._catching_up: dict[str, _CatchUp] = {}
+        #: Warmed-up learners expected to catch up while the first round runs (warm_up).
+        self._ready_by_assignment: frozenset[str] = frozenset()
 
     async def start(self) -> None:
         await self.follower.start()
@@ -160,6 +163,8 @@ class StateUpdater:
     def assignment_changed(self) -> None:
         """Forget ready reports of copies that are gone, and look for new actives."""
         self._ready_reported &= set(self._tasks.copy_roles)
+        # Said of the first round only: later rounds judge the copies by their lags.
+        self._ready_by_assignment = frozenset()
         self._wakeup.set()
 
     def learners_assigned(self, group_learners: int, promoted: frozenset[str]) -> None:
@@ -179,26 +184,52 @@ class StateUpdater:
         held = frozenset(self._tasks.copies_with(Role.LEARNER))
         return asks_promotion(frozenset(self._ready_reported), held, promoted)
 
-    async def warm_up(self, task_ids: Iterable[str], deadline: float,
-                      stop: asyncio.Event) -> frozenset[str]:
+    async def warm_up(self, task_ids: Iterable[str], deadline: float, stop: asyncio.Event,
+                      join_lead_s: float = 0.0) -> frozenset[str]:
         """Before the thread joins: follow these learner copies until every one is within
         the acceptable lag, ``deadline`` (monotonic) passes or ``stop`` is set. Returns the
         caught-up ones, marked as asked for: the first subscription asks the round to
-        promote them, and no ask for a round follows (:mod:`streams.warm_up`)."""
+        promote them, and no ask for a round follows (:mod:`streams.warm_up`).
+
+        ``join_lead_s``: how long a join round takes the group. Copies that, at the rate
+        they have been read, will have caught up within that time count as ready too: the
+        thread joins while they finish restoring, and its subscription says it expects them
+        ready by the time the round's assignment arrives (``ready_by_assignment``). The
+        restore and the round then overlap instead of following each other."""
         wanted = frozenset(task_ids)
+        started = time.monotonic()
+        read_at_start = sum(self._read(t) for t in wanted)
 
         def ready() -> frozenset[str]:
             return frozenset(t for t in wanted if self.copy_lag(t) <= self._acceptable_lag)
 
+        def due_within_lead() -> bool:
+            return join_lead_s > 0 and catches_up_within(
+                join_lead_s, time.monotonic() - started,
+                sum(self._read(t) for t in wanted) - read_at_start,
+                sum(self.copy_lag(t) for t in wanted - ready()))
+
+        projected = False
         while ready() != wanted and time.monotonic() < deadline and not stop.is_set():
+            if due_within_lead():
+                projected = True
+                break
             before = self._catch_up_positions()
             await self.follower.poll(timeout_ms=200)
             self._caught_up(before)
         caught_up = ready()
+        if projected:
+            self._ready_by_assignment = wanted - caught_up
+            caught_up = wanted
         self._ready_reported |= caught_up
         now = time.monotonic()
         self._ready_since.update({t: now for t in caught_up})
         return caught_up
+
+    def ready_by_assignment(self) -> frozenset[str]:
+        """Warmed-up learners not caught up yet that the thread expects to be by the time
+        its first round's assignment arrives (what its subscription says of them)."""
+        return self._ready_by_assignment & self._learning()
 
     def asked_learners(self) -> frozenset[str]:
         """The ready learners this thread asks the next round to promote (what its

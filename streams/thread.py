@@ -158,6 +158,9 @@ class StreamThread:
         #: Set by the app for a new instance: the copies to restore before the first join.
         self.warm_up_gate: WarmUpGate | None = None
         self._warming_up = False
+        #: How long this thread's last round took, from its join to its assignment applied:
+        #: a newcomer plans its warm-up's end on it (streams.warm_up).
+        self._last_round_s: float | None = None
         #: Where this thread keeps its member id for a restart after a crash to remove
         #: (see :mod:`streams.predecessors`).
         self._member_files = member_files
@@ -304,6 +307,7 @@ class StreamThread:
             static=self.static_id is not None,
             # The last assignment received (maybe not applied yet) says what it promoted.
             asks_promotion=self.state_updater.asks_promotion(self._promoted_by_last()),
+            ready_by_assignment=tuple(sorted(self.state_updater.ready_by_assignment())),
         ), self._last_assignment)
 
     def _promoted_by_last(self) -> frozenset[str]:
@@ -605,6 +609,8 @@ class StreamThread:
         started = self.consumer.round_started
         revoked_at, self._revoked_at = self._revoked_at, None
         round_s = now - started if started is not None and started <= now else 0.0
+        if round_s > 0:
+            self._last_round_s = round_s
         revoked_s = now - revoked_at if revoked_at is not None else 0.0
         self.metrics.rebalance_done(self._label, max(round_s, revoked_s), revoked_s)
         self.metrics.set_assignment(
@@ -681,6 +687,7 @@ class StreamThread:
             "being_learned": list(self._being_learned),
             #: A new instance restoring its copies before it joins (streams.warm_up).
             "warming_up": self._warming_up,
+            "round_s": None if self._last_round_s is None else round(self._last_round_s, 3),
             #: Every task of the app, so that tools can tell which ones nobody runs.
             "app_tasks": self.layout.task_ids(),
             #: Where queries reach this member, and where each store's keys live.
@@ -721,7 +728,7 @@ class StreamThread:
         try:
             opened = self.task_manager.warm_up(gate.tasks_of(self.index))
             if opened:
-                ready = await self._restore_warm_up(opened)
+                ready = await self._restore_warm_up(opened, gate.plan.join_lead_s)
         except Exception:
             log.exception("%s: warming up failed; joining with what it has", self.name)
         finally:
@@ -733,7 +740,7 @@ class StreamThread:
         if ready and not self._stop.is_set():
             await self._announce_promotion(ready, gate.plan.generation, joining=True)
 
-    async def _restore_warm_up(self, tasks: list[str]) -> frozenset[str]:
+    async def _restore_warm_up(self, tasks: list[str], join_lead_s: float) -> frozenset[str]:
         started = time.monotonic()
         deadline = started + self.config.warm_up_timeout_ms / 1000
         log.info("%s warms up %s before joining (for up to %.0fs)", self.name, tasks,
@@ -742,7 +749,7 @@ class StreamThread:
         self._warming_up = True
         publisher = asyncio.ensure_future(self._publish_while_warming_up(topic))
         try:
-            ready = await self.state_updater.warm_up(tasks, deadline, self._stop)
+            ready = await self.state_updater.warm_up(tasks, deadline, self._stop, join_lead_s)
         finally:
             self._warming_up = False
             publisher.cancel()
@@ -750,8 +757,12 @@ class StreamThread:
                 await publisher
         self._update_status()
         behind = sorted(set(tasks) - ready)
-        log.info("%s warmed up %s in %.1fs%s", self.name, sorted(ready),
+        finishing = sorted(self.state_updater.ready_by_assignment())
+        log.info("%s warmed up %s in %.1fs%s%s", self.name, sorted(ready),
                  time.monotonic() - started,
+                 f"; {finishing} catch up during the join round (about {join_lead_s:.1f}s, "
+                 f"lags {[self.state_updater.copy_lag(t) for t in finishing]})"
+                 if finishing else "",
                  f"; still behind, learned after joining: {behind}" if behind else "")
         return ready
 

@@ -13,6 +13,14 @@ joins. Owners that read the ask give those tasks up as they join the round the n
 starts, and the leader places an unowned task on its ready learner first: the tasks move in
 the newcomer's first round.
 
+The restore and the round need not follow each other. Members publish how long their last
+join round took; once the copies, at the rate they are being read, will have caught up within
+that time, the newcomer announces and joins, its copies restoring on while the round runs.
+Its first subscription lists them as ready by the time the assignment arrives, and the leader
+counts them as ready learners. The moved tasks still stop for about one round, and the group
+is balanced about one round sooner. A rate that drops afterwards costs the moved task only
+the restore left when its assignment arrives.
+
 Nothing here decides where a task goes: the leader does, as always. A prediction that turns
 out wrong costs nothing beyond the warm-up's restore: a task an owner gave up that the leader
 does not give to the newcomer goes back to its owner, which kept its state as a copy, and a
@@ -39,6 +47,11 @@ log = logging.getLogger(__name__)
 LIVE_STATES = frozenset({"starting", "rebalancing", "running"})
 #: How long a newcomer waits for a settled view of the group before it joins at once.
 WARM_UP_PLAN_WAIT_S = 5.0
+#: How long a warm-up reads before its rate is trusted to say when it will have caught up.
+RATE_TRUSTED_AFTER_S = 1.0
+#: A member's measured round beyond this is not a join round to plan on (a round that waited
+#: on a member's timeout): such records are ignored.
+MAX_TRUSTED_ROUND_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,9 @@ class WarmUpPlan:
 
     generation: int
     by_thread: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    #: How long a join round takes this group (the shortest its members last measured; 0
+    #: when none says): copies that will have caught up within it let the threads join.
+    join_lead_s: float = 0.0
 
     @property
     def tasks(self) -> tuple[str, ...]:
@@ -66,6 +82,25 @@ def _lags(value: Any) -> dict[str, int]:
 
 def _tasks(value: Any) -> list[str]:
     return [str(t) for t in value] if isinstance(value, list) else []
+
+
+def join_round_s(records: Mapping[str, Mapping[str, Any]]) -> float:
+    """The shortest join round the members last measured (their status's ``round_s``), 0.0
+    when none says: a newcomer's own round takes about as long, and underestimating it only
+    makes the newcomer join a little later than it could."""
+    rounds = [record.get("round_s") for record in records.values()]
+    valid = [float(r) for r in rounds if isinstance(r, (int, float)) and not isinstance(r, bool)
+             and 0 < r < MAX_TRUSTED_ROUND_S]
+    return min(valid, default=0.0)
+
+
+def catches_up_within(lead_s: float, elapsed_s: float, records_read: int,
+                      records_left: int) -> bool:
+    """Whether copies that read ``records_read`` records in ``elapsed_s`` seconds, at that
+    rate, read the ``records_left`` they still lag by within ``lead_s`` seconds."""
+    if lead_s <= 0 or elapsed_s < RATE_TRUSTED_AFTER_S or records_read <= 0:
+        return False
+    return records_left * elapsed_s <= lead_s * records_read
 
 
 def live_records(statuses: Mapping[str, Mapping[str, Any]], now_ms: int,
@@ -133,7 +168,7 @@ def plan_warm_up(
     if not by_thread:
         return None
     generation = max(_int(record.get("generation"), -1) for record in records.values())
-    return WarmUpPlan(generation, by_thread)
+    return WarmUpPlan(generation, by_thread, join_round_s(records))
 
 
 class WarmUpGate:

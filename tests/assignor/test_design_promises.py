@@ -561,3 +561,32 @@ def test_a_task_arriving_on_an_instance_skips_a_thread_still_waiting_for_its_ass
     waiting, _ = assign(tasks, members(True), config, 0, None)
     assert "0_3" in waiting["w1"].active
     assert waiting["w0"].active == ("0_0",) and not waiting["w0"].revoked
+
+
+# -- a warmed-up newcomer joins while its copies finish restoring ------------------------------
+
+
+@pytest.mark.parametrize("vouched", [True, False])
+def test_a_released_task_goes_to_a_learner_its_member_expects_ready_by_the_assignment(
+    vouched: bool,
+) -> None:
+    """A newcomer that joined while its warm copy still restores says it expects the copy
+    caught up by the time the assignment arrives: the task its owner gave up goes to it in
+    this round. Without that, a copy beyond the acceptable lag is not ready, and the task
+    goes back to its previous owner."""
+    config = AssignorConfig(acceptable_lag=1_000, max_learners=2)
+    tasks = [Task("0_0"), Task("0_1")]
+    owner = Member("A-0", "A", 0, frozenset({"0_0", "0_1"}))
+    first, memory = assign(tasks, [owner], config, 0, None)
+    notes = first["A-0"].notes
+    released = Member("A-0", "A", 0, frozenset({"0_0"}), notes=notes)
+    newcomer = Member("B-0", "B", 0, learners={"0_1": 40_000},
+                      ready_by_assignment=frozenset({"0_1"}) if vouched else frozenset())
+    out, _ = assign(tasks, [released, newcomer], config, 1_000, memory)
+    expected = ("0_0",) if vouched else ("0_0", "0_1")
+    assert out["A-0"].active == expected
+    assert out["B-0"].active == (("0_1",) if vouched else ())
+    # A vouched-for copy ranks behind one that is ready already.
+    ready = Member("C-0", "C", 0, learners={"0_1": 10})
+    out, _ = assign(tasks, [released, newcomer, ready], config, 1_000, memory)
+    assert out["C-0"].active == ("0_1",)

@@ -44,6 +44,8 @@ subscriptions = st.builds(
     standbys=lags, learners=lags, leaving=st.booleans(), leaving_since_ms=optional_ms,
     scale_down_timeout_ms=optional_ms, rejoin_token=st.integers(0, 2**31),
     asks_promotion=st.booleans(),
+    ready_by_assignment=st.lists(task_ids, max_size=5).map(
+        lambda ts: tuple(sorted(set(ts), key=task_sort_key))),
 )
 
 
@@ -103,6 +105,20 @@ def test_wrong_field_types_are_refused() -> None:
     payload["t"], payload["a"] = 0, {0: ["x"]}
     with pytest.raises(ProtocolError, match="bad task"):
         decode_subscription(good[:2] + msgpack.packb(payload))
+    payload["a"], payload["R"] = {}, ["0_1"]
+    with pytest.raises(ProtocolError, match="task list must be a map"):
+        decode_subscription(good[:2] + msgpack.packb(payload))
+
+
+def test_a_member_vouches_only_for_learners_it_holds() -> None:
+    sub = Subscription("i", 0, 1, learners={"0_1": 50_000}, ready_by_assignment=("0_1", "0_2"))
+    member = member_from_subscription("m", decode_subscription(encode_subscription(sub)))
+    assert member.ready_by_assignment == {"0_1"}
+    # Said by no one, the field is left out: older leaders read the same bytes as before.
+    import msgpack
+
+    plain = encode_subscription(Subscription("i", 0, 1))
+    assert "R" not in msgpack.unpackb(plain[2:], raw=False, strict_map_key=False)
 
 
 @given(st.binary(max_size=200))

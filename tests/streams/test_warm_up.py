@@ -24,7 +24,14 @@ from streams.promotion_asks import (
     to_release,
 )
 from streams.thread import ThreadState
-from streams.warm_up import WarmUpGate, WarmUpPlan, group_settled, plan_warm_up
+from streams.warm_up import (
+    WarmUpGate,
+    WarmUpPlan,
+    catches_up_within,
+    group_settled,
+    join_round_s,
+    plan_warm_up,
+)
 from tests.conftest import wait_until
 from tests.streams.fakes import SOURCE, assign, partitions_of, rig
 
@@ -55,6 +62,29 @@ def test_a_newcomer_warms_up_what_the_leader_would_have_it_learn() -> None:
     # Two threads: the learners go to both, as the leader's per-thread balance has them.
     two = plan(statuses, threads=2)
     assert two is not None and sorted(len(t) for t in two.by_thread.values()) == [1, 1]
+
+
+def test_the_plan_takes_the_shortest_join_round_the_members_measured() -> None:
+    statuses = {
+        "a-thread-0": status("a", 0, ["0_0", "0_1"], round_s=3.4),
+        "a-thread-1": status("a", 1, ["0_2", "0_3"], round_s=3.01),
+        "b-thread-0": status("b", 0, [], round_s=None),
+    }
+    warm = plan(statuses)
+    assert warm is not None and warm.join_lead_s == 3.01
+    # Older members say nothing, and nonsense is ignored: no lead, the warm-up runs to the end.
+    for bad in (None, "3", True, -1.0, 0, 3600.0, [3]):
+        assert join_round_s({"a": status("a", 0, [], round_s=bad)}) == 0.0
+
+
+def test_copies_catch_up_within_the_lead_at_the_rate_they_were_read() -> None:
+    # 60,000 records read in 3 s (20,000/s): 50,000 left take 2.5 s.
+    assert catches_up_within(3.0, 3.0, 60_000, 50_000)
+    assert not catches_up_within(2.0, 3.0, 60_000, 50_000)
+    # No lead, a rate not trusted yet (under a second), or nothing read: no prediction.
+    assert not catches_up_within(0.0, 3.0, 60_000, 0)
+    assert not catches_up_within(3.0, 0.5, 60_000, 10)
+    assert not catches_up_within(3.0, 3.0, 0, 10)
 
 
 def test_a_newcomer_to_a_balanced_share_warms_up_its_share_only() -> None:
@@ -150,6 +180,45 @@ async def test_a_new_thread_restores_its_copies_then_announces_them_then_joins(
         assert sorted(r.thread.tasks) == ["0_1", "0_2"]
         assert r.thread.tasks["0_1"].stores is copies["0_1"]
         assert r.thread.state is ThreadState.RUNNING
+    finally:
+        r.thread.stop()
+        await asyncio.wait_for(run, 10)
+
+
+@pytest.mark.asyncio
+async def test_a_thread_joins_when_its_copies_will_catch_up_during_the_round(
+    tmp_path: Path,
+) -> None:
+    """The restore and the round overlap: the copies read 1,000 records per 20 ms poll, so
+    with 150,000 left and a 3 s round the thread joins well before they are caught up, and
+    its first subscription says it expects them ready by the assignment."""
+    r = rig(tmp_path, promotion_asks=PromotionAsks(), acceptable_lag=100)
+    r.thread.warm_up_gate = WarmUpGate(WarmUpPlan(9, {0: ("0_1",)}, join_lead_s=3.0),
+                                       num_threads=1)
+    r.follower.lags = {"1": 300_000}
+
+    async def steady_read(timeout_ms: int = 200) -> int:
+        await asyncio.sleep(0.02)
+        for store in r.follower.registered:
+            store.position += 1_000
+        r.follower.lags["1"] = max(0, (r.follower.lags["1"] or 0) - 1_000)
+        return 1_000
+
+    r.follower.poll = steady_read  # type: ignore[method-assign]
+    run = asyncio.create_task(r.thread.run([SOURCE]))
+    try:
+        await wait_until(lambda: r.consumer.listener is not None, timeout_s=10,
+                         message="the join before the copies caught up")
+        left = r.follower.lags["1"] or 0
+        assert 100 < left < 300_000
+        (sent,) = [decode_ask(s.value) for s in r.producer.sent if s.key == PROMOTION_KEY]
+        assert sent.tasks == ("0_1",) and sent.joining
+        first = r.thread.subscription()
+        assert first.ready_by_assignment == ("0_1",) and first.asks_promotion
+        assert first.learners["0_1"] > 100  # the lag is reported as it is
+        # Said of the first round only.
+        await assign(r, ("0_1",))
+        assert r.thread.subscription().ready_by_assignment == ()
     finally:
         r.thread.stop()
         await asyncio.wait_for(run, 10)

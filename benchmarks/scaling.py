@@ -82,6 +82,7 @@ from benchmarks.scaling_prefill import (
     input_key,
     prefill_changelog,
     relay_encoder,
+    relay_position,
 )
 from benchmarks.scaling_rounds import JoinRounds, measure_join_rounds
 from benchmarks.scaling_workers import FaustPool, PoolSettings, RelayPool, WorkerPool
@@ -405,7 +406,8 @@ async def run_strategy(name: str, args: argparse.Namespace, sizes: Sizes, bootst
         rate = await prefill_changelog(
             bootstrap, changelog_topic(app_id), sizes.partitions, sizes.keys,
             sizes.records_per_task, sizes.value_bytes,
-            faust_encoder() if faust else relay_encoder())
+            faust_encoder() if faust else relay_encoder(),
+            None if faust else relay_position(source))
         print(f"  {name}: prefilled {sizes.records_per_task:,} changelog records of "
               f"{sizes.value_bytes} B per task ({rate:,.0f}/s)", flush=True)
         pool = (FaustPool(settings) if faust else RelayPool(

@@ -11,6 +11,12 @@ Each task ``0_p`` gets ``records_per_task`` versions of the keys that the input'
 sends to partition ``p`` (the broker keeps every version: it does not compact), each carrying a
 payload of ``value_bytes``: the per-key state the app itself writes (a count and the last
 payload). The input topic starts empty; its steady traffic uses the same keys.
+
+Relay's changelogs also get what the app writes at each commit: an input-position record
+after every :data:`POSITION_EVERY` records (the input topic's offset 0: the state reflects no
+input yet). A reader applies a task store's changes only once such a record covers them, so
+a changelog without any would be held whole in memory until the first one the running app
+writes, and a copy handed to the active restore before then would be read again.
 """
 
 from __future__ import annotations
@@ -24,12 +30,17 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
 from statestore.bulk_send import BoundedSender
-from statestore.store import StoreSpec, changelog_topic_name
+from statestore.store import INPUT_POSITION_KEY, StoreSpec, changelog_topic_name
 
 #: The app's store (Relay) and table (faust) are both called ``state``.
 STORE = "state"
+#: Changelog records between two input-position records of Relay's prefill (about what a
+#: task writes between two commits under this benchmark's load).
+POSITION_EVERY = 1_000
 
 Encoder = Callable[[str, dict[str, object]], tuple[bytes, bytes]]
+#: A task's input-position record, by partition (None: the framework writes none).
+PositionRecord = Callable[[int], tuple[bytes, bytes]]
 
 
 def input_key(index: int) -> bytes:
@@ -57,6 +68,14 @@ def relay_encoder() -> Encoder:
     return encode
 
 
+def relay_position(input_topic: str) -> PositionRecord:
+    """Relay's input-position record for a task whose input partition is at offset 0."""
+    def record(partition: int) -> tuple[bytes, bytes]:
+        return INPUT_POSITION_KEY, msgpack.packb({f"{input_topic}:{partition}": 0})
+
+    return record
+
+
 def faust_encoder() -> Encoder:
     """faust's table encoding for ``key_type=str`` with the app's default serializers (JSON
     keys and values), which its recovery writes to RocksDB as they are."""
@@ -75,8 +94,9 @@ def changelog_topic(app_id: str) -> str:
 
 async def prefill_changelog(bootstrap: str, topic: str, partitions: int, keys: int,
                             records_per_task: int, value_bytes: int,
-                            encode: Encoder) -> float:
-    """Write every task's changelog; returns records/s written."""
+                            encode: Encoder, position: PositionRecord | None = None) -> float:
+    """Write every task's changelog (with ``position`` records every
+    :data:`POSITION_EVERY` records and at the end); returns records/s written."""
     placed = keys_by_partition(keys, partitions)
     empty = [p for p, found in enumerate(placed) if not found]
     if empty:
@@ -93,6 +113,10 @@ async def prefill_changelog(bootstrap: str, topic: str, partitions: int, keys: i
                 index = indexes[n % len(indexes)]
                 key, value = encode(f"k{index}", {"n": n // len(indexes) + 1, "blob": blob})
                 await sender.send(topic, key=key, value=value, partition=partition)
+                if position is not None and (
+                        (n + 1) % POSITION_EVERY == 0 or n + 1 == records_per_task):
+                    mark, offsets = position(partition)
+                    await sender.send(topic, key=mark, value=offsets, partition=partition)
         await sender.flush()
     finally:
         await producer.stop()

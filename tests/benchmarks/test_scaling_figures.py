@@ -4,6 +4,7 @@ during a change), join rounds, the state prefill's placement and encodings, the 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -23,9 +24,10 @@ from benchmarks.scaling_prefill import (
     input_key,
     keys_by_partition,
     relay_encoder,
+    relay_position,
 )
 from benchmarks.scaling_rounds import JoinRounds
-from statestore.store import StoreSpec
+from statestore.store import INPUT_POSITION_KEY, KeyValueStore, StoreSpec
 
 SIZES = Sizes(instances=2, partitions=2, keys=10, state_mb=1, value_bytes=100, rate=10)
 
@@ -102,6 +104,20 @@ def test_the_prefill_writes_each_framework_s_encoding() -> None:
     assert msgpack.unpackb(value) == {"n": 2, "blob": "xy"}
     key, value = faust_encoder()("k7", {"n": 2, "blob": "xy"})
     assert json.loads(key) == "k7" and json.loads(value) == {"n": 2, "blob": "xy"}
+
+
+def test_relay_s_prefill_marks_the_input_position_its_state_reflects(tmp_path: Path) -> None:
+    """A store restored from the prefill applies it (a changelog without input positions is
+    held back whole): the position record names the input partition at offset 0."""
+    key, value = relay_position("app-in")(2)
+    assert key == INPUT_POSITION_KEY
+    store = KeyValueStore(StoreSpec("state"), tmp_path / "s", "app-state-changelog", 2,
+                          tracks_input=True).open()
+    try:
+        store.apply_restore_batch([relay_encoder()("k1", {"n": 1}), (key, value)], 2)
+        assert store.read_input_position() == {"app-in:2": 0}
+    finally:
+        store.close()
 
 
 def test_state_size_sets_the_records_per_task() -> None:

@@ -25,6 +25,7 @@ import heapq
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -89,6 +90,8 @@ ANNOUNCE_TIMEOUT_S = 2.0
 #: How long a member running tasks that learners follow waits, as it joins, to have read the
 #: control topic to its end (asks to promote those learners).
 CONTROL_CATCH_UP_S = 1.0
+#: Rounds whose durations a member keeps: its status gives the shortest of them.
+RECENT_ROUNDS = 5
 
 
 class FatalThreadError(RuntimeError):
@@ -158,9 +161,9 @@ class StreamThread:
         #: Set by the app for a new instance: the copies to restore before the first join.
         self.warm_up_gate: WarmUpGate | None = None
         self._warming_up = False
-        #: How long this thread's last round took, from its join to its assignment applied:
-        #: a newcomer plans its warm-up's end on it (streams.warm_up).
-        self._last_round_s: float | None = None
+        #: How long this thread's last rounds took, each from its join to its assignment
+        #: applied: a newcomer plans its warm-up's end on the shortest (streams.warm_up).
+        self._recent_rounds: deque[float] = deque(maxlen=RECENT_ROUNDS)
         #: Where this thread keeps its member id for a restart after a crash to remove
         #: (see :mod:`streams.predecessors`).
         self._member_files = member_files
@@ -610,7 +613,7 @@ class StreamThread:
         revoked_at, self._revoked_at = self._revoked_at, None
         round_s = now - started if started is not None and started <= now else 0.0
         if round_s > 0:
-            self._last_round_s = round_s
+            self._recent_rounds.append(round_s)
         revoked_s = now - revoked_at if revoked_at is not None else 0.0
         self.metrics.rebalance_done(self._label, max(round_s, revoked_s), revoked_s)
         self.metrics.set_assignment(
@@ -687,7 +690,9 @@ class StreamThread:
             "being_learned": list(self._being_learned),
             #: A new instance restoring its copies before it joins (streams.warm_up).
             "warming_up": self._warming_up,
-            "round_s": None if self._last_round_s is None else round(self._last_round_s, 3),
+            # The shortest of the last few: a round that waited for a crashed member's session
+            # to expire says nothing of how long a join takes.
+            "round_s": round(min(self._recent_rounds), 3) if self._recent_rounds else None,
             #: Every task of the app, so that tools can tell which ones nobody runs.
             "app_tasks": self.layout.task_ids(),
             #: Where queries reach this member, and where each store's keys live.

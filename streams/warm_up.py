@@ -13,8 +13,8 @@ joins. Owners that read the ask give those tasks up as they join the round the n
 starts, and the leader places an unowned task on its ready learner first: the tasks move in
 the newcomer's first round.
 
-The restore and the round need not follow each other. Members publish how long their last
-join round took; once the copies, at the rate they are being read, will have caught up within
+The restore and the round need not follow each other. Members publish the shortest of their
+last few join rounds; once the copies, at the rate they are being read, will have caught up within
 that time, the newcomer announces and joins, its copies restoring on while the round runs.
 Its first subscription lists them as ready by the time the assignment arrives, and the leader
 counts them as ready learners. The moved tasks still stop for about one round, and the group
@@ -61,7 +61,7 @@ class WarmUpPlan:
 
     generation: int
     by_thread: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
-    #: How long a join round takes this group (the shortest its members last measured; 0
+    #: How long a join round takes this group (the shortest its members measured lately; 0
     #: when none says): copies that will have caught up within it let the threads join.
     join_lead_s: float = 0.0
 
@@ -85,7 +85,7 @@ def _tasks(value: Any) -> list[str]:
 
 
 def join_round_s(records: Mapping[str, Mapping[str, Any]]) -> float:
-    """The shortest join round the members last measured (their status's ``round_s``), 0.0
+    """The shortest join round the members measured lately (their status's ``round_s``), 0.0
     when none says: a newcomer's own round takes about as long, and underestimating it only
     makes the newcomer join a little later than it could."""
     rounds = [record.get("round_s") for record in records.values()]

@@ -5,6 +5,7 @@ and the leader's count of moved tasks by cause."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,25 @@ async def test_the_status_record_carries_what_the_web_view_reads(tmp_path: Path)
         await assign(r, ("0_0", "0_1"))
         status = r.thread.status_record()
         assert status["restoring_lag"] == {} and status["being_learned"] == []
+    finally:
+        r.thread.task_manager.close_all()
+
+
+@pytest.mark.asyncio
+async def test_the_status_gives_the_shortest_of_the_last_rounds(tmp_path: Path) -> None:
+    """What a newcomer plans its warm-up's end on (streams.warm_up): a round that waited for
+    a crashed member's session says nothing of how long a join takes."""
+    r = rig(tmp_path)
+    try:
+        assert r.thread.status_record()["round_s"] is None  # no round yet
+        for took, shortest in ((12.0, 12.0), (3.0, 3.0), (9.0, 3.0)):
+            r.consumer.round_started = time.monotonic() - took
+            await assign(r, ("0_0",))
+            assert r.thread.status_record()["round_s"] == pytest.approx(shortest, abs=0.5)
+        for _ in range(5):  # only the last few count
+            r.consumer.round_started = time.monotonic() - 6.0
+            await assign(r, ("0_0",))
+        assert r.thread.status_record()["round_s"] == pytest.approx(6.0, abs=0.5)
     finally:
         r.thread.task_manager.close_all()
 

@@ -186,14 +186,19 @@ class RelayAssignor(AbstractPartitionAssignor):
         self.static_digests: dict[str, str] = {}
         #: The digest of the last assignment this member received.
         self.received_digest: str | None = None
+        #: The rejoin token of the last subscription sent in a JoinGroup: a rejoin asked for
+        #: after it (a higher token) is not part of the round under way.
+        self.sent_rejoin_token = 0
 
     @property
     def name(self) -> str:  # type: ignore[override]
         return PROTOCOL_NAME
 
     def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:  # type: ignore[override]
-        user_data = encode_subscription(self._subscription())
-        return ConsumerProtocolMemberMetadata(0, sorted(topics), user_data)
+        subscription = self._subscription()
+        self.sent_rejoin_token = subscription.rejoin_token
+        return ConsumerProtocolMemberMetadata(0, sorted(topics),
+                                              encode_subscription(subscription))
 
     def assign(  # type: ignore[override]
         self,

@@ -207,6 +207,8 @@ class StreamThread:
         #: The last assignment received, whose leader notes the subscription echoes.
         self._last_assignment: MemberAssignment | None = None
         self._rejoin_token = 0
+        #: Why this member last asked for a rebalance (said again if the request is lost).
+        self._last_rejoin_reason: str | None = None
         self._stop = asyncio.Event()
         self._fatal: BaseException | None = None
         self._rejoin_timer: asyncio.TimerHandle | None = None
@@ -331,6 +333,7 @@ class StreamThread:
             log.info("%s stopping; not rejoining for: %s", self.name, reason)
             return
         log.info("%s asks for a rebalance: %s", self.name, reason)
+        self._last_rejoin_reason = reason
         self._rejoin_token += 1
         self._publish_subscription()
         self.consumer.request_rejoin()
@@ -492,9 +495,20 @@ class StreamThread:
             self._rebalance_failures = 0
             self._set_state(ThreadState.RUNNING)
             self._publish_subscription()
+            self._ask_again_if_asked_during_round()
             # A leaving static leader tells its followers once it has left (see _close).
             if not self._leaves_explicitly():
                 self._static_followers.tell_followers(self, self.assignor.static_digests)
+
+    def _ask_again_if_asked_during_round(self) -> None:
+        """A rebalance asked for after this round's subscription was sent (a leaving mark,
+        ready learners) is not in the round, and the client drops the request when it
+        sends its SyncGroup: ask again, so the next round hears of it."""
+        if (self._rejoin_token > self.assignor.sent_rejoin_token
+                and not self.consumer.rejoin_pending and not self._stop.is_set()):
+            self.request_rejoin_once_synced(
+                f"asked for during the round of generation {self.status.generation}, after "
+                "its subscription was sent: " + (self._last_rejoin_reason or "unknown"))
 
     def rebalance_failed(self, callback: str, error: BaseException) -> None:
         """A rebalance callback failed: never swallowed. The thread drops every task and

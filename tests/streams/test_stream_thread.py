@@ -460,3 +460,33 @@ async def test_a_leaving_member_checks_the_group_is_formed_after_the_others_sync
     order = [e for e in events if e.startswith(("heartbeat", "others", "consumer"))]
     assert order == ["others synced", "heartbeat RebalanceInProgressError", "heartbeat None",
                      "others synced", "heartbeat None", "consumer stop"]
+
+
+@pytest.mark.asyncio
+async def test_a_rebalance_asked_for_after_the_round_s_subscription_went_out_is_asked_again(
+    tmp_path: Path,
+) -> None:
+    """aiokafka forgets a rejoin requested between its JoinGroup and its SyncGroup: a leaving
+    mark that arrived then was in no round, and a host swap's old instances never handed
+    over. The member asks again once that round's assignment is applied."""
+    r = rig(tmp_path)
+    try:
+        r.thread.assignor.metadata([SOURCE])  # the round's JoinGroup
+        r.thread.request_rejoin("marked as leaving")  # arrives mid-round, then dropped
+        assert r.consumer.rejoins == 1
+        await assign(r, ("0_0",))
+        assert r.consumer.rejoins == 2  # asked again: the next round hears of it
+        assert r.thread.subscription().rejoin_token == 2
+
+        # Asked for before the subscription went out: that round had it, nothing more.
+        r.thread.request_rejoin("learners ready")
+        r.thread.assignor.metadata([SOURCE])
+        await assign(r, ("0_0",))
+        assert r.consumer.rejoins == 3
+        # A request the client still holds (it rejoins by itself) is not doubled either.
+        r.thread.request_rejoin("learners ready")
+        r.consumer.rejoin_pending = True
+        await assign(r, ("0_0",))
+        assert r.consumer.rejoins == 4
+    finally:
+        r.thread.task_manager.close_all()

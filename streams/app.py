@@ -512,7 +512,7 @@ class App:
         for thread in self.threads:
             if thread.is_leader:
                 thread.request_rejoin(f"as leader, for another member: {reason}",
-                                      broadcast=False)
+                                      broadcast=False, news=False)
 
     def _on_fetch_request(self, digests: dict[str, str]) -> None:
         self.static_followers.on_fetch_request(digests)

@@ -47,7 +47,7 @@ class StaticMember(Protocol):
     @property
     def received_digest(self) -> str | None: ...
 
-    def request_rejoin(self, reason: str, broadcast: bool = True) -> None: ...
+    def request_rejoin(self, reason: str, broadcast: bool = True, news: bool = True) -> None: ...
 
 
 class StaticFollowers:
@@ -121,5 +121,5 @@ def rejoin_if_assignment_missed(member: StaticMember, digest: str) -> bool:
     until the leader rejoins too), so it asks the way a ready learner does."""
     if member.received_digest == digest:
         return False
-    member.request_rejoin("missed the leader's last assignment")
+    member.request_rejoin("missed the leader's last assignment", news=False)
     return True

@@ -207,8 +207,9 @@ class StreamThread:
         #: The last assignment received, whose leader notes the subscription echoes.
         self._last_assignment: MemberAssignment | None = None
         self._rejoin_token = 0
-        #: Why this member last asked for a rebalance (said again if the request is lost).
-        self._last_rejoin_reason: str | None = None
+        #: The token and reason of the last request whose news the subscription carries:
+        #: asked for again when no round carried it (see _ask_again_if_asked_during_round).
+        self._news: tuple[int, str] | None = None
         self._stop = asyncio.Event()
         self._fatal: BaseException | None = None
         self._rejoin_timer: asyncio.TimerHandle | None = None
@@ -223,7 +224,7 @@ class StreamThread:
         #: neither report nor wait; see streams.synced_round).
         self._round_reports = round_reports
         #: Why this member will ask for the next round once its round has its assignments.
-        self._deferred_rejoins: list[str] = []
+        self._deferred_rejoins: list[tuple[str, bool]] = []
         self._deferred_rejoin: asyncio.Task[None] | None = None
         self._reporting: set[asyncio.Task[None]] = set()
         #: This process's query server, published for routing (None: not serving).
@@ -324,31 +325,35 @@ class StreamThread:
         self._pending_assignment = assignment
         self._last_assignment = assignment
 
-    def request_rejoin(self, reason: str, broadcast: bool = True) -> None:
+    def request_rejoin(self, reason: str, broadcast: bool = True, news: bool = True) -> None:
         """Ask for a rebalance: rejoin with a changed token in the metadata (and, with the
-        static-follower protocol, ask the leader too: ``broadcast``)."""
+        static-follower protocol, ask the leader too: ``broadcast``). ``news``: the
+        subscription changed (a leaving mark, ready learners, tasks closed), so the round
+        must carry this one; False when any round serves (a follow-up, a round for another
+        member)."""
         if self._stop.is_set():
             # Stopping: its leaving rebalances the group anyway, and a join sent now would
             # re-add it (as leader, maybe) to a round it will never finish.
             log.info("%s stopping; not rejoining for: %s", self.name, reason)
             return
         log.info("%s asks for a rebalance: %s", self.name, reason)
-        self._last_rejoin_reason = reason
         self._rejoin_token += 1
+        if news:
+            self._news = (self._rejoin_token, reason)
         self._publish_subscription()
         self.consumer.request_rejoin()
         if broadcast:
             self._static_followers.ask_leader(self, reason)
 
-    def request_rejoin_once_synced(self, reason: str) -> None:
+    def request_rejoin_once_synced(self, reason: str, news: bool = True) -> None:
         """Ask for a rebalance once every member of this member's round has its assignment
         (bounded; see :mod:`streams.synced_round`): a request right after this member's own
         SyncGroup answer can stall the members still waiting for theirs."""
         if self._round_reports is None or not self.config.cooperative:
             # Stop-the-world members do not report their rounds (nor ask right after one).
-            self.request_rejoin(reason)
+            self.request_rejoin(reason, news=news)
             return
-        self._deferred_rejoins.append(reason)
+        self._deferred_rejoins.append((reason, news))
         if self._deferred_rejoin is None or self._deferred_rejoin.done():
             self._deferred_rejoin = asyncio.get_running_loop().create_task(
                 self._rejoin_once_synced(), name=f"rejoin-{self.index}")
@@ -372,11 +377,12 @@ class StreamThread:
                 break
             await asyncio.sleep(ROUND_CHECK_INTERVAL_S)
         await self._announce_promotion()
-        reasons, self._deferred_rejoins = self._deferred_rejoins, []
+        deferred, self._deferred_rejoins = self._deferred_rejoins, []
         synced = members_synced(view.generation, self._round_reports.generations)
         self.request_rejoin(
-            f"{'; '.join(reasons)} (after {time.monotonic() - asked:.2f}s: {synced} of "
-            f"{view.group_size} members have their assignment of generation {view.generation})")
+            f"{'; '.join(r for r, _ in deferred)} (after {time.monotonic() - asked:.2f}s: "
+            f"{synced} of {view.group_size} members have their assignment of generation "
+            f"{view.generation})", news=any(n for _, n in deferred))
 
     async def _announce_promotion(self, tasks: frozenset[str] | None = None,
                                   generation: int | None = None, joining: bool = False,
@@ -501,14 +507,15 @@ class StreamThread:
                 self._static_followers.tell_followers(self, self.assignor.static_digests)
 
     def _ask_again_if_asked_during_round(self) -> None:
-        """A rebalance asked for after this round's subscription was sent (a leaving mark,
-        ready learners) is not in the round, and the client drops the request when it
-        sends its SyncGroup: ask again, so the next round hears of it."""
-        if (self._rejoin_token > self.assignor.sent_rejoin_token
+        """News asked for after this round's subscription was sent (a leaving mark, ready
+        learners) is not in the round, and the client drops the request when it sends its
+        SyncGroup: ask again, so the next round hears of it. A request any round serves
+        (a follow-up) was served by this one."""
+        if (self._news is not None and self._news[0] > self.assignor.sent_rejoin_token
                 and not self.consumer.rejoin_pending and not self._stop.is_set()):
             self.request_rejoin_once_synced(
                 f"asked for during the round of generation {self.status.generation}, after "
-                "its subscription was sent: " + (self._last_rejoin_reason or "unknown"))
+                f"its subscription was sent: {self._news[1]}")
 
     def rebalance_failed(self, callback: str, error: BaseException) -> None:
         """A rebalance callback failed: never swallowed. The thread drops every task and
@@ -654,7 +661,8 @@ class StreamThread:
             return
         loop = asyncio.get_running_loop()
         self._rejoin_timer = loop.call_later(
-            max(0, delay_ms) / 1000, self.request_rejoin_once_synced, "follow-up rebalance"
+            max(0, delay_ms) / 1000, self.request_rejoin_once_synced, "follow-up rebalance",
+            False
         )
 
     def learners_ready(self, task_ids: list[str]) -> None:

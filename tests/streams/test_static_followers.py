@@ -15,7 +15,7 @@ class Member:
     received_digest: str | None = "d1"
     rejoins: list[str] = field(default_factory=list)
 
-    def request_rejoin(self, reason: str, broadcast: bool = True) -> None:
+    def request_rejoin(self, reason: str, broadcast: bool = True, news: bool = True) -> None:
         self.rejoins.append(reason)
 
 

@@ -488,5 +488,12 @@ async def test_a_rebalance_asked_for_after_the_round_s_subscription_went_out_is_
         r.consumer.rejoin_pending = True
         await assign(r, ("0_0",))
         assert r.consumer.rejoins == 4
+        # A request any round serves (a follow-up, a round for another member) was served
+        # by the round that completed after it.
+        r.consumer.rejoin_pending = False
+        r.thread.assignor.metadata([SOURCE])
+        r.thread.request_rejoin("follow-up rebalance", news=False)
+        await assign(r, ("0_0",))
+        assert r.consumer.rejoins == 5
     finally:
         r.thread.task_manager.close_all()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import logging
 import os
@@ -660,10 +661,11 @@ class StreamThread:
         if delay_ms is None:
             return
         loop = asyncio.get_running_loop()
+        # Any round serves a follow-up: it carries no news of this member's.
         self._rejoin_timer = loop.call_later(
-            max(0, delay_ms) / 1000, self.request_rejoin_once_synced, "follow-up rebalance",
-            False
-        )
+            max(0, delay_ms) / 1000,
+            functools.partial(self.request_rejoin_once_synced, "follow-up rebalance",
+                              news=False))
 
     def learners_ready(self, task_ids: list[str]) -> None:
         self.request_rejoin_once_synced(f"learners ready: {task_ids}")

@@ -38,6 +38,7 @@ from streams.environment import (
     check_state_dir,
     check_topic_names,
 )
+from streams.group_learning import GroupLearning
 from streams.metrics import Metrics, MetricsServer, serve_metrics
 from streams.predecessors import (
     MemberFiles,
@@ -323,6 +324,13 @@ class App:
                 round_reports.record, promotion_asks.record,
             )
             promotion_asks.read_to_end = listener.read_to_end
+            # The other members' learners, for batching promotions (streams.group_learning):
+            # the status topic is followed from the first time a thread asks.
+            extras: list[asyncio.Task[None]] = []
+            group_learning = GroupLearning()
+            group_learning.start_following = lambda: extras.append(asyncio.create_task(
+                StatusFollower(bootstrap, self.config.application_id,
+                               group_learning).run(self._stop)))
             control = ControlChannel(listener)
             self.static_followers = StaticFollowers(Quirk.CACHED_STATIC_REJOIN in quirks, control)
             process_stores = ProcessStores()
@@ -334,7 +342,7 @@ class App:
                     process_stores=process_stores, leaving=lambda: self.leaving,
                     metrics=self.metrics, round_reports=round_reports, quirks=quirks,
                     positions=self.task_positions, member_files=member_files,
-                    promotion_asks=promotion_asks,
+                    promotion_asks=promotion_asks, group_learning=group_learning,
                 )
                 for i in range(self.config.num_threads)
             ]
@@ -344,7 +352,7 @@ class App:
                     thread.warm_up_gate = gate
             # Before any task starts: a query port in use stops the app here, cleanly.
             follower = await self._serve_queries(bootstrap)
-            extras = [asyncio.create_task(listener.run(self._stop))]
+            extras.append(asyncio.create_task(listener.run(self._stop)))
             if follower is not None:
                 extras.append(asyncio.create_task(follower.run(self._stop)))
             runs = [asyncio.create_task(t.run(topics)) for t in self.threads]

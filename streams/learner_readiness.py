@@ -14,12 +14,17 @@ Policies (the ``learner_rejoin`` setting):
   rounds with uneven lags).
 - ``conservative``: ask once all of this member's learners are ready (a slow copy delays the
   others without bound; members holding one learner each still ask one by one).
-- ``batched`` (the default): ask once every learner of the group is ready, when this member
-  knows it holds them all; otherwise once its first ready learner has waited ``wait``. The
-  other members' learners that got ready meanwhile are promoted in the same round. When
-  every copy catches up within ``wait`` of being placed, each promotion round finds every
-  learner of the group ready, and a move of m tasks takes about 2 * ceil(m / max_learners)
-  rounds plus the first and the last, whatever the lags.
+- ``batched`` (the default): ask once every learner of the group is ready. A member knows
+  the other members' learners from their status records (:mod:`streams.group_learning`):
+  while any learner of the group keeps catching up (its lag reached a new low within
+  ``wait``), the member waits for it, however long that takes; a learner whose lag has not
+  gone down for ``wait`` (a stalled copy, one that cannot keep up with its task's input)
+  holds nobody back. Each promotion round then finds every learner of the group ready, and
+  a move of m tasks takes about 2 * ceil(m / max_learners) rounds plus the first and the
+  last, whatever the lags. When the member does not know every member's learners (a status
+  missing, stale or of another round), it falls back to what it knows: it asks at once when
+  it holds every learner of the group and all are ready, else once its first ready learner
+  has waited ``wait``.
 
 A ready learner's task moves only in a round some member asked for (its subscription says
 so: ``asks_promotion``); a round that happens for another reason (the follow-up of a
@@ -52,6 +57,10 @@ class LearnerView:
     unasked_since: Mapping[str, float] = field(default_factory=dict)
     #: How many learners the group holds per its last assignment (0: not told).
     group_learners: int = 0
+    #: The group's learners that are not ready yet, this member's among them -> when each
+    #: last caught up further (its lag reached a new low); None when the member does not
+    #: know every member's learners.
+    catching_up: Mapping[str, float] | None = None
 
 
 def asks_now(policy: str, view: LearnerView, now: float, wait: float) -> bool:
@@ -65,6 +74,9 @@ def asks_now(policy: str, view: LearnerView, now: float, wait: float) -> bool:
     all_mine = view.ready >= view.held
     if policy == "conservative":
         return all_mine
+    if view.catching_up is not None:
+        # A batch waits for a copy only while it gets closer.
+        return all(now - since >= wait for since in view.catching_up.values())
     # Unknown group (an older leader): its own learners are all it can wait for.
     holds_all = view.group_learners <= len(view.held)
     if all_mine and holds_all:

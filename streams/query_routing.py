@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 from aiokafka import AIOKafkaConsumer
@@ -123,11 +123,21 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class StatusFollower:
-    """Keeps a routing table up to date from the app's status topic, from its beginning
-    (it is compacted: one record per member); retries when the broker goes away."""
+class StatusTable(Protocol):
+    """What folds status records in: a routing table, the group's learners."""
 
-    def __init__(self, bootstrap: str, application_id: str, table: RoutingTable) -> None:
+    rejected: int
+    last_rejection: str | None
+
+    def apply(self, member: str, value: Mapping[str, Any] | None, now_ms: int) -> None: ...
+
+
+class StatusFollower:
+    """Keeps a table (a routing table, the group's learners) up to date from the app's
+    status topic, from its beginning (it is compacted: one record per member); retries when
+    the broker goes away."""
+
+    def __init__(self, bootstrap: str, application_id: str, table: StatusTable) -> None:
         self.bootstrap = bootstrap
         self.topic = status_topic_name(application_id)
         self.table = table

@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from statestore.store import KeyValueStore
+from streams.group_learning import GroupLearning
 from streams.learner_readiness import LearnerView, asks_now, asks_promotion
 from streams.metrics import Metrics
 from streams.tasks import Tasks
 from streams.transitions import Role
 from streams.warm_up import catches_up_within
+
+log = logging.getLogger(__name__)
 
 #: The lag reported for a copy whose changelog end is not known yet.
 UNKNOWN_LAG = 2**31 - 1
@@ -55,6 +59,8 @@ class StateUpdater:
         metrics_label: str = "",
         before_restore: Callable[[str], Awaitable[Any]] | None = None,
         learner_batch_wait_ms: int = 30_000,
+        group_learning: GroupLearning | None = None,
+        member: str = "",
     ) -> None:
         self.restorer = restorer
         self._before_restore = before_restore
@@ -78,6 +84,16 @@ class StateUpdater:
         #: it promoted (copies until the next round).
         self._group_learners = 0
         self._promoted: frozenset[str] = frozenset()
+        #: The other members' learners, from their status records (None: not known), and
+        #: this thread's place in the group: its status key, its round and the round's size.
+        self._group_learning = group_learning
+        self._member = member
+        self._generation = -1
+        self._group_size = 0
+        #: This thread's learners -> their lowest lag so far, and when (monotonic) it was.
+        self._lowest_lag: dict[str, tuple[int, float]] = {}
+        #: The group's learners the ready ones wait for (logged when it changes).
+        self._waiting_for: frozenset[str] = frozenset()
         self._metrics = metrics
         self._label = metrics_label
         #: Per copy: changelog records it had read at the last sample, and when.
@@ -167,11 +183,15 @@ class StateUpdater:
         self._ready_by_assignment = frozenset()
         self._wakeup.set()
 
-    def learners_assigned(self, group_learners: int, promoted: frozenset[str]) -> None:
+    def learners_assigned(self, group_learners: int, promoted: frozenset[str],
+                          generation: int = -1, group_size: int = 0) -> None:
         """What the last assignment says of learners beyond this thread's list: how many the
-        group holds, and which of this thread's were promoted."""
+        group holds, and which of this thread's were promoted; and the round it came from
+        (its generation and how many members it had)."""
         self._group_learners = group_learners
         self._promoted = promoted
+        self._generation = generation
+        self._group_size = group_size
 
     def _learning(self) -> frozenset[str]:
         return frozenset(self._tasks.copies_with(Role.LEARNER)) - self._promoted
@@ -245,10 +265,40 @@ class StateUpdater:
         self._ready_since = {t: self._ready_since.get(t, now) for t in ready}
         unasked = {t: since for t, since in self._ready_since.items()
                    if t not in self._ready_reported}
-        view = LearnerView(learners, ready, unasked, self._group_learners)
+        self._record_lows(learners, now)
+        catching_up = self._group_catching_up(learners - ready) if unasked else None
+        view = LearnerView(learners, ready, unasked, self._group_learners, catching_up)
         if asks_now(self._learner_rejoin, view, now, self._batch_wait_s):
             self._ready_reported |= ready
+            self._waiting_for = frozenset()
             self._on_learners_ready(sorted(unasked))
+        elif catching_up and frozenset(catching_up) != self._waiting_for:
+            self._waiting_for = frozenset(catching_up)
+            log.info("%s: ready learners %s wait for the group's learners still catching up: "
+                     "%s", self._label, sorted(unasked), sorted(catching_up))
+
+    def learning_lags(self) -> dict[str, int]:
+        """This thread's learners it is still learning (not the ones its last round
+        promoted) -> lag: what its status record tells the other members."""
+        return {t: self.copy_lag(t) for t in self._learning()}
+
+    def _record_lows(self, learners: frozenset[str], now: float) -> None:
+        lows = {}
+        for task in learners:
+            lag, lowest = self.copy_lag(task), self._lowest_lag.get(task)
+            lows[task] = (lag, now) if lowest is None or lag < lowest[0] else lowest
+        self._lowest_lag = lows
+
+    def _group_catching_up(self, behind: frozenset[str]) -> dict[str, float] | None:
+        """The group's learners not ready yet -> when each last reached a new low, this
+        thread's (``behind``) with the other members'; None when those are not known."""
+        if self._learner_rejoin != "batched" or self._group_learning is None:
+            return None
+        others = self._group_learning.catching_up(
+            self._member, self._generation, self._group_size, int(time.time() * 1000))
+        if others is None:
+            return None
+        return {**others, **{t: self._lowest_lag[t][1] for t in behind}}
 
     # -- loops -----------------------------------------------------------------------------
 

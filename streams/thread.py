@@ -547,7 +547,8 @@ class StreamThread:
         self.task_manager.handle_assignment(assignment)
         self.state_updater.learners_assigned(
             assignment.group_learners,
-            being_promoted(assignment.notes, (self.instance_id, self.index)))
+            being_promoted(assignment.notes, (self.instance_id, self.index)),
+            self.status.generation, assignment.group_size)
         self._being_learned = tuple(assignment.being_learned)
         self._schedule_rejoin(assignment.rejoin_after_ms)
         if assignment.shutdown and assignment.revoked:
@@ -701,6 +702,9 @@ class StreamThread:
             "restoring": self.status.restoring,
             "standbys": self.status.standbys,
             "learners": self.status.learners,
+            #: The learners it still learns, for the other members' batching of promotions
+            #: (streams.group_learning).
+            "learning": self.state_updater.learning_lags(),
             "acceptable_lag": self.config.acceptable_lag,
             "leaving": leaving,
             "leaving_since_ms": since,

@@ -22,6 +22,7 @@ from streams.config import AppConfig
 from streams.delivery import new_data_producer
 from streams.departed_members import remove_departed_members
 from streams.driver import GroupConsumer, new_group_consumer, new_producer, producer_client
+from streams.group_learning import GroupLearning
 from streams.metrics import Metrics
 from streams.predecessors import MemberFiles
 from streams.promotion_asks import PromotionAsks
@@ -86,6 +87,7 @@ def build_stream_thread(
     positions: TaskPositions | None = None,
     member_files: MemberFiles | None = None,
     promotion_asks: PromotionAsks | None = None,
+    group_learning: GroupLearning | None = None,
 ) -> StreamThread:
     clients = clients or ThreadClients()
     needed = [clients.consumer, clients.producer, clients.restorer, clients.follower]
@@ -150,6 +152,7 @@ def build_stream_thread(
         acceptable_lag=config.acceptable_lag,
         learner_rejoin=config.learner_rejoin,
         learner_batch_wait_ms=config.learner_batch_wait_ms,
+        group_learning=group_learning, member=label,
         on_restored=lambda task_id, stores: thread.on_restored(task_id, stores),
         on_learners_ready=lambda task_ids: thread.learners_ready(task_ids),
         metrics=metrics, metrics_label=label,

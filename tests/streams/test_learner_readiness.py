@@ -4,11 +4,13 @@ its subscription says of it; then the state updater applying that decision."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from assignor import LeaderNotes, MemberNotes
 from streams.config import AppConfig, ConfigError
+from streams.group_learning import GroupLearning
 from streams.learner_readiness import (
     LearnerView,
     asks_now,
@@ -60,6 +62,24 @@ def test_batched_waits_for_the_other_members_learners_up_to_the_wait() -> None:
     # One ready learner of two: the wait runs from the first ready one.
     assert not asks_now("batched", view({"0_2": 10.0}, group=2), now=39.0, wait=30.0)
     assert asks_now("batched", view({"0_2": 10.0}, group=2), now=40.0, wait=30.0)
+
+
+def test_batched_waits_for_the_group_s_learners_while_they_get_closer_however_long() -> None:
+    ready = view({"0_1": 0.0, "0_2": 5.0}, group=4)
+    # Knowing every member's learners: another member's copy got closer 10 s ago.
+    closer = LearnerView(ready.held, ready.ready, ready.unasked_since, 4, {"1_7": 990.0})
+    assert not asks_now("batched", closer, now=1000.0, wait=30.0)  # long past the wait
+    # It has not got closer for the wait (stalled, or unable to keep up): nobody waits.
+    stalled = LearnerView(ready.held, ready.ready, ready.unasked_since, 4, {"1_7": 970.0})
+    assert asks_now("batched", stalled, now=1000.0, wait=30.0)
+    # Every learner of the group is ready: at once, though the group holds more than it.
+    done = LearnerView(ready.held, ready.ready, {"0_2": 5.0}, 4, {})
+    assert asks_now("batched", done, now=5.0, wait=30.0)
+    # Its own learner still getting closer holds its batch too.
+    mine = LearnerView(HELD, frozenset({"0_1"}), {"0_1": 0.0}, 2, {"0_2": 99.0})
+    assert not asks_now("batched", mine, now=100.0, wait=30.0)
+    # Other policies do not look at the group.
+    assert asks_now("eager", closer, now=1000.0, wait=30.0)
 
 
 def test_an_unknown_policy_is_refused() -> None:
@@ -119,3 +139,60 @@ def test_the_state_updater_asks_for_batched_learners_once_the_wait_runs_out() ->
     assert asked == [["0_1", "0_2"]] and updater.asks_promotion()
     updater.check_learners_ready(now=200.0)
     assert asked == [["0_1", "0_2"]]
+
+
+def test_the_state_updater_waits_for_another_member_s_learner_while_it_gets_closer() -> None:
+    tasks = Tasks()
+    follower = FakeChangelogReader()
+    asked: list[list[str]] = []
+    group = GroupLearning(clock=lambda: clock[0])
+    clock = [100.0]
+    updater = StateUpdater(FakeChangelogReader(), follower, tasks, commit_interval_ms=1000,
+                           acceptable_lag=10, learner_rejoin="batched",
+                           on_restored=lambda t, s: asyncio.sleep(0),  # type: ignore[arg-type,return-value]
+                           on_learners_ready=asked.append, learner_batch_wait_ms=20_000,
+                           group_learning=group, member="a-thread-0")
+    tasks.add_copy("0_1", Role.LEARNER, {"counts": _Store(1)})  # type: ignore[dict-item]
+    updater.learners_assigned(2, frozenset(), generation=7, group_size=2)
+
+    def publish(lag: int) -> None:
+        group.apply("b-thread-0", {"generation": 7, "updated_ms": int(time.time() * 1000),
+                                   "acceptable_lag": 10, "learning": {"0_2": lag}},
+                    int(time.time() * 1000))
+
+    publish(5_000)
+    follower.lags = {"1": 0}
+    for lag, now in ((4_000, 100.0), (3_000, 130.0), (2_000, 160.0)):
+        clock[0] = now
+        publish(lag)
+        updater.check_learners_ready(now=now + 19.0)
+        assert asked == []  # b's copy keeps getting closer: past the wait, still waiting
+    clock[0] = 161.0
+    publish(5)
+    updater.check_learners_ready(now=161.0)
+    assert asked == [["0_1"]]  # b's copy is ready: the whole batch at once
+
+
+def test_the_state_updater_stops_waiting_for_a_learner_that_stopped_getting_closer() -> None:
+    tasks = Tasks()
+    follower = FakeChangelogReader()
+    asked: list[list[str]] = []
+    clock = [0.0]
+    group = GroupLearning(clock=lambda: clock[0])
+    updater = StateUpdater(FakeChangelogReader(), follower, tasks, commit_interval_ms=1000,
+                           acceptable_lag=10, learner_rejoin="batched",
+                           on_restored=lambda t, s: asyncio.sleep(0),  # type: ignore[arg-type,return-value]
+                           on_learners_ready=asked.append, learner_batch_wait_ms=20_000,
+                           group_learning=group, member="a-thread-0")
+    tasks.add_copy("0_1", Role.LEARNER, {"counts": _Store(1)})  # type: ignore[dict-item]
+    updater.learners_assigned(2, frozenset(), generation=7, group_size=2)
+    follower.lags = {"1": 0}
+    # Up and down, never below its low of 3,900 at 0 s: it cannot keep up with its input.
+    for clock[0], lag in ((0.0, 3_900), (10.0, 4_100), (15.0, 3_950)):
+        group.apply("b-thread-0", {"generation": 7, "updated_ms": int(time.time() * 1000),
+                                   "acceptable_lag": 10, "learning": {"0_2": lag}},
+                    int(time.time() * 1000))
+    updater.check_learners_ready(now=19.9)
+    assert asked == []
+    updater.check_learners_ready(now=20.0)
+    assert asked == [["0_1"]]

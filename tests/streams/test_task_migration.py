@@ -5,11 +5,16 @@ scale-down timeout. Counts stay exact throughout: no record lost or counted twic
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from streams.app import App
+from streams.group_learning import GroupLearning
+from streams.query_routing import StatusFollower
 from tests.conftest import wait_until
 from tests.streams.harness import (
     Launched,
@@ -70,6 +75,26 @@ async def test_scale_out_learns_first_then_moves(
             assert sum(t.released_for_learners for t in old.threads) == len(moved)
             await traffic.stop()
             await exact_counts(bootstrap, sink, traffic.produced)
+            await each_knows_the_other_s_learners(bootstrap, app_id, old, new)
+
+
+async def each_knows_the_other_s_learners(bootstrap: str, app_id: str,
+                                          *apps: App) -> None:
+    """Read from the status topic, the way a member batching its ready learners does, every
+    member's learners are known to each of them (none catching up: the group is settled)."""
+    group = GroupLearning()
+    stop = asyncio.Event()
+    follower = asyncio.create_task(StatusFollower(bootstrap, app_id, group).run(stop))
+    threads = [t for app in apps for t in app.threads]
+    try:
+        await wait_until(lambda: all(
+            group.catching_up(t.status_key.decode(), t.status.generation, len(threads),
+                              int(time.time() * 1000)) == {} for t in threads),
+            timeout_s=30, message="every member's learners on the status topic")
+    finally:
+        stop.set()
+        await follower
+    assert group.rejected == 0
 
 
 @pytest.mark.parametrize("timeout_ms", [None, 1])

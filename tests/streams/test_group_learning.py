@@ -1,0 +1,86 @@
+"""The group's learners from the members' status records: which are still catching up and
+when each last got closer, and when a member cannot know them all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streams.group_learning import FRESH_WITHIN_MS, GroupLearning
+
+NOW_MS = 1_000_000
+
+
+def record(generation: int = 7, lags: dict[str, int] | None = None,
+           updated_ms: int = NOW_MS, **extra: Any) -> dict[str, Any]:
+    return {"generation": generation, "updated_ms": updated_ms, "acceptable_lag": 10,
+            "learning": {} if lags is None else lags, **extra}
+
+
+def test_the_other_members_learners_not_ready_with_when_each_last_got_closer() -> None:
+    clock = [5.0]
+    group = GroupLearning(clock=lambda: clock[0])
+    group.apply("b-thread-0", record(lags={"0_1": 900, "0_2": 3}), NOW_MS)
+    group.apply("c-thread-0", record(lags={"0_3": 50}), NOW_MS)
+    group.apply("a-thread-0", record(lags={"0_4": 999}), NOW_MS)  # the asking member itself
+    assert group.catching_up("a-thread-0", 7, 3, NOW_MS) == {"0_1": 5.0, "0_3": 5.0}
+    clock[0] = 9.0
+    group.apply("b-thread-0", record(lags={"0_1": 800, "0_2": 0}), NOW_MS)  # a new low
+    group.apply("c-thread-0", record(lags={"0_3": 60}), NOW_MS)  # further off: no new low
+    assert group.catching_up("a-thread-0", 7, 3, NOW_MS) == {"0_1": 9.0, "0_3": 5.0}
+    group.apply("c-thread-0", record(lags={"0_3": 2}), NOW_MS)
+    assert group.catching_up("a-thread-0", 7, 3, NOW_MS) == {"0_1": 9.0}
+
+
+def test_unknown_while_some_member_of_the_round_has_no_fresh_record_of_it() -> None:
+    group = GroupLearning(clock=lambda: 0.0)
+    group.apply("b-thread-0", record(lags={"0_1": 900}), NOW_MS)
+    # The round had three members: c has published nothing yet.
+    assert group.catching_up("a-thread-0", 7, 3, NOW_MS) is None
+    # c's record is of the round before (it has not applied this one yet).
+    group.apply("c-thread-0", record(generation=6), NOW_MS)
+    assert group.catching_up("a-thread-0", 7, 3, NOW_MS) is None
+    group.apply("c-thread-0", record(), NOW_MS)
+    assert group.catching_up("a-thread-0", 7, 3, NOW_MS) == {"0_1": 0.0}
+    # b stopped publishing (crashed): its last record says nothing of now.
+    later = NOW_MS + FRESH_WITHIN_MS + 1
+    group.apply("c-thread-0", record(updated_ms=later), later)
+    assert group.catching_up("a-thread-0", 7, 3, later) is None
+    # b stopped (a tombstone); a member too old to say what it learns counts as unknown.
+    group.apply("b-thread-0", None, later)
+    assert group.catching_up("a-thread-0", 7, 3, later) is None
+    group.apply("b-thread-0", {"generation": 7, "updated_ms": later}, later)
+    assert group.catching_up("a-thread-0", 7, 3, later) is None
+    assert group.catching_up("a-thread-0", 7, 0, later) is None  # no round size known
+
+
+def test_a_malformed_status_record_is_counted_and_its_member_unknown() -> None:
+    group = GroupLearning(clock=lambda: 0.0)
+    group.apply("b-thread-0", record(lags={"0_1": 900}), NOW_MS)
+    for bad in (record(lags={"0_1": "far"}), record(lags=["0_1"]),  # type: ignore[arg-type]
+                record(generation="7"), record(updated_ms=True), "not a map"):
+        group.apply("b-thread-0", bad, NOW_MS)  # type: ignore[arg-type]
+        assert group.catching_up("a-thread-0", 7, 2, NOW_MS) is None
+        group.apply("b-thread-0", record(lags={"0_1": 900}), NOW_MS)
+        assert group.catching_up("a-thread-0", 7, 2, NOW_MS) == {"0_1": 0.0}
+    assert group.rejected == 5
+    assert "b-thread-0" in (group.last_rejection or "")
+
+
+def test_a_learner_placed_again_starts_its_lows_over() -> None:
+    clock = [0.0]
+    group = GroupLearning(clock=lambda: clock[0])
+    group.apply("b-thread-0", record(lags={"0_1": 100}), NOW_MS)
+    group.apply("b-thread-0", record(), NOW_MS)  # promoted, or moved away
+    clock[0] = 50.0
+    group.apply("b-thread-0", record(lags={"0_1": 5_000}), NOW_MS)  # a new copy, far behind
+    assert group.catching_up("a-thread-0", 7, 2, NOW_MS) == {"0_1": 50.0}
+
+
+def test_the_status_topic_is_followed_from_the_first_question_on() -> None:
+    started: list[bool] = []
+    group = GroupLearning(clock=lambda: 0.0)
+    group.start_following = lambda: started.append(True)
+    assert started == []
+    group.catching_up("a-thread-0", 7, 2, NOW_MS)
+    group.catching_up("a-thread-0", 7, 2, NOW_MS)
+    assert started == [True]

@@ -154,8 +154,9 @@ def settle_timed(group: Group, policy: str, wait_ms: int, round_ms: int = 3_000,
     while rounds < limit:
         earliest = group.now_ms if last is None else last + round_ms
         asks = {}
+        learning = _group_learning(group)
         for mid, member in group.members.items():
-            at = _asks_at(member, asked.get(mid, set()), policy, wait_ms, earliest)
+            at = _asks_at(member, asked.get(mid, set()), policy, wait_ms, earliest, learning)
             if at is not None:
                 asks[mid] = at
         times = [*asks.values(), *([] if follow_up is None else [follow_up])]
@@ -193,24 +194,35 @@ def settle_timed(group: Group, policy: str, wait_ms: int, round_ms: int = 3_000,
 
 
 def _asks_at(member: SimMember, asked: set[str], policy: str, wait_ms: int,
-             earliest: int) -> int | None:
+             earliest: int, group: dict[str, int]) -> int | None:
     """When the member asks for a round for its ready learners (None: not before one of
-    them is gone). Its view only changes when a learner gets ready or a wait runs out."""
+    them is gone). Its view only changes when a learner of the group gets ready or a wait
+    runs out. ``group``: every learner of the group -> when it is ready, which the member
+    knows from the status records; a copy not ready yet is still catching up (its lag
+    keeps going down)."""
     held = _learning(member)
-    # Ready as a learner: a standby that becomes a learner is ready from then on.
-    ready_at = {t: max(member.ready_at[t], member.learning_since[t]) for t in held}
+    ready_at = {t: group[t] for t in held}
     pending = [ready_at[t] for t in held if t not in asked]
     if not pending:
         return None
     candidates = sorted({earliest, *(max(earliest, at + extra) for at in pending
-                                     for extra in (0, wait_ms))})
+                                     for extra in (0, wait_ms)),
+                         *(max(earliest, at) for at in group.values())})
     for now in candidates:
         ready = frozenset(t for t in held if ready_at[t] <= now)
         view = LearnerView(held, ready, {t: ready_at[t] for t in ready if t not in asked},
-                           member.group_learners)
+                           member.group_learners,
+                           {t: now for t, at in group.items() if at > now})
         if asks_now(policy, view, now, wait_ms):
             return now
     return None
+
+
+def _group_learning(group: Group) -> dict[str, int]:
+    """Every learner of the group -> when it is ready as a learner (a standby that becomes a
+    learner is ready from then on)."""
+    return {t: max(member.ready_at[t], member.learning_since[t])
+            for member in group.members.values() for t in _learning(member)}
 
 
 def _learning(member: SimMember) -> frozenset[str]:

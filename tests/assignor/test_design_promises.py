@@ -6,6 +6,7 @@ a new leader that remembers, and a round that grows near-linearly."""
 from __future__ import annotations
 
 import math
+import random
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -317,16 +318,27 @@ UNEVEN_LAGS: dict[str, Callable[[str, str], int]] = {
 }
 
 
-@pytest.mark.parametrize("lags", sorted(UNEVEN_LAGS))
+#: Catch-up times beyond the default wait: a batch waits for copies while they get closer.
+LAGS_BEYOND_THE_WAIT: dict[str, Callable[[str, str], int]] = {
+    "1 to 60 s, random by host and task": lambda i, t: random.Random(f"{i}/{t}").randint(
+        1_000, 60_000),
+    "per task, 4 s apart (4 to 80 s)": lambda i, t: 4_000 * (1 + number(t)),
+    "one host 18x slower (5 s, 90 s)": lambda i, t: 5_000 if i == "new-1" else 90_000,
+}
+
+
+@pytest.mark.parametrize("lags", sorted(UNEVEN_LAGS) + sorted(LAGS_BEYOND_THE_WAIT))
 def test_a_host_swap_with_uneven_lags_takes_the_issue_bound_once_members_batch(
         lags: str) -> None:
     bound = 2 * math.ceil(20 / 4) + 3
     # Asking on each ready learner (the old policy): copies that get ready at different
     # times each bring their own round, well past the bound.
-    assert host_swap_rounds(UNEVEN_LAGS[lags], "eager") > bound
-    # Batched: a member asks once the group's learners are ready or its first ready one
-    # waited; the round promotes every ready learner of the group and refills the slots.
-    assert host_swap_rounds(UNEVEN_LAGS[lags], "batched") <= bound
+    catch_up = {**UNEVEN_LAGS, **LAGS_BEYOND_THE_WAIT}[lags]
+    assert host_swap_rounds(catch_up, "eager") > bound
+    # Batched: a member asks once every learner of the group is ready (or the rest stopped
+    # getting closer); the round promotes every ready learner of the group and refills the
+    # slots.
+    assert host_swap_rounds(catch_up, "batched") <= bound
 
 
 def test_a_round_promotes_ready_learners_only_when_a_member_asks_and_then_all_of_them(

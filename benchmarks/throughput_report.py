@@ -160,8 +160,10 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
                 if figure.startswith("records") else f"{value:.1f}"
             ax.text(max(value, floor), y, f" {text}", va="center", fontsize=8)
         ax.set_xlabel(label)
-        # The ceilings run orders of magnitude faster than the stateful apps.
-        ax.set_xscale("log")
+        # The ceilings run orders of magnitude faster than the stateful apps (a log scale
+        # needs a figure to scale: every strategy may have failed).
+        if any(v > 0 for v in values):
+            ax.set_xscale("log")
     # The axes share y: inverted once, the first strategy is on top in both.
     axes[0].invert_yaxis()
     fig.suptitle(title)

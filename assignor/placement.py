@@ -11,10 +11,10 @@ Order of work (the learner design, with the cooperative and deferred-imbalance d
 3. actives: every running task stays where it runs unless a ready learner elsewhere takes it
    (all of them at once, in a round a member asked for its ready learners; see
    ``Member.asks_promotion``) or the scale-down timeout of a leaving owner passed, and all of
-   them are counted before
-   any unowned task is placed; an unowned task goes to a ready learner, the member it was
-   moving to, its previous owner, its most caught-up copy, and only then to the least loaded
-   instance;
+   them are counted before any unowned task is placed; an unowned task goes to a ready
+   learner, the member it was moving to, its previous owner, its most caught-up copy, back to
+   its previous owner if that one is leaving (it gave the task up for a learner that could
+   not take it), and only then to the least loaded instance;
 4. balance: stateless tasks move at once; stateful ones through learners (at most
    ``max_learners``, not counting learners promoted in this round), first for leaving
    instances, then from the most to the least loaded instance, each move only while it is
@@ -281,7 +281,7 @@ def assign(
     # promotes none, so that promotions keep in step with the members' batches.
     promote = use_learners and any(m.asks_promotion for m in valid)
     _place_actives(plan, load, stateful, owner, instances, open_ids, learner_lags,
-                   standby_lags, memory, config, now_ms, use_learners, promote)
+                   standby_lags, memory, config, now_ms, use_learners, promote, set(by_key))
     if open_ids:
         for kind in ([False] if use_learners else [False, True]):
             _balance_directly(plan, load, kind, owner, order, config)
@@ -486,6 +486,21 @@ def _open_member(key: MemberKey | None, instances: dict[str, _Instance]) -> str 
     return inst.instance_id if inst is not None and not inst.leaving else None
 
 
+def _leaving_keeper(key: MemberKey | None, present: set[MemberKey],
+                    instances: dict[str, _Instance], now_ms: int) -> str | None:
+    """The leaving instance of a task's previous owner, when that member is here and its
+    scale-down deadline has not passed: a leaving member that gave a task up for a ready
+    learner that could not take it (its member was marked leaving too) keeps it until a
+    learner on an instance that stays is ready, as if it had not given it up, rather than
+    the task starting cold elsewhere."""
+    if key is None or key not in present:
+        return None
+    inst = instances.get(key[0])
+    if inst is None or not inst.leaving or _expired(inst, now_ms):
+        return None
+    return inst.instance_id
+
+
 def _place_actives(
     plan: _Plan,
     load: _Load,
@@ -500,6 +515,7 @@ def _place_actives(
     now_ms: int,
     use_learners: bool,
     promote: bool,
+    present: set[MemberKey],
 ) -> None:
     # Running tasks first, all of them, so that unowned tasks see the whole load.
     unplaced: list[str] = []
@@ -554,6 +570,8 @@ def _place_actives(
         if destination is None and copied:
             destination = _warm_copy(task, kind, [learner_lags, standby_lags], instances,
                                      load, config)
+        if destination is None and kind and use_learners:
+            destination = _leaving_keeper(owners.get(task), present, instances, now_ms)
         if destination is None:
             cold.append(task)
             continue

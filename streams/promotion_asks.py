@@ -18,7 +18,10 @@ The owner reads the control topic to its end before it joins (only when it runs 
 learned), so an ask sent before the learner's member rejoined is seen. An owner that still
 misses it reports the task as owned, and the move takes its two rounds as before. A task
 given up whose learner does not take it (its member gone meanwhile) goes back to its owner,
-its previous one, which still holds the state.
+its previous one, which still holds the state. That holds for a leaving owner too: it gives
+tasks up like any other, and one whose learner could not take it (that learner's member was
+marked leaving meanwhile) comes back to it, until a learner on an instance that stays is
+ready. A leaving member sends no ask: its own learners are never promoted.
 
 A new instance that warmed its copies up before joining (:mod:`streams.warm_up`) sends a
 *joining* ask: no assignment of its owners says a learner learns those tasks, since the

@@ -390,7 +390,9 @@ class StreamThread:
                                   ) -> None:
         """Tell the owners of the ready learners this member is about to ask the round to
         promote, so that they give the tasks up as they join (streams.promotion_asks)."""
-        if self._promotion_asks is None:
+        if self._promotion_asks is None or self._leaving()[0]:
+            # A leaving member's learners are not promoted: an owner giving a task up for
+            # them would give it up for nobody.
             return
         if tasks is None:
             tasks = self.state_updater.asked_learners() - self._promoted_by_last()
@@ -413,13 +415,6 @@ class StreamThread:
         to take over in it (streams.promotion_asks)."""
         asks = self._promotion_asks
         if asks is None or not self.config.cooperative or not self.registry.active:
-            return
-        if self._leaving()[0]:
-            # A leaving member that gives up its last tasks is told to shut down with nothing
-            # revoked, and leaves at once; on the embedded broker that departure, in the
-            # middle of the others' follow-up rounds, left a host swap's group joining for
-            # minutes. Leaving members hand over through revoke-then-assign, and stay for
-            # the round that assigns what they revoked.
             return
         stateful = {t.task_id for t in self.layout.tasks() if t.stateful}
         if not stateful & set(self.registry.active):

@@ -602,3 +602,31 @@ def test_a_released_task_goes_to_a_learner_its_member_expects_ready_by_the_assig
     ready = Member("C-0", "C", 0, learners={"0_1": 10})
     out, _ = assign(tasks, [released, newcomer, ready], config, 1_000, memory)
     assert out["C-0"].active == ("0_1",)
+
+
+def test_a_leaving_owner_gets_back_a_task_it_gave_up_for_a_learner_that_could_not_take_it(
+) -> None:
+    """A host swap: A and B are both leaving. A gave its last task up as it joined, for B's
+    ready learner, but B was marked leaving meanwhile, so its learner cannot take the task.
+    The task goes back to A, which still holds its state, and a learner on an instance that
+    stays starts learning it; it does not start cold on the newcomer."""
+    config = AssignorConfig(acceptable_lag=0, max_learners=2)
+    tasks = [Task("0_0"), Task("0_1")]
+    a = Member("A-0", "A", 0, frozenset({"0_0"}))
+    b = Member("B-0", "B", 0, frozenset({"0_1"}), learners={"0_0": 0})
+    c = Member("C-0", "C", 0)
+    first, memory = assign(tasks, [a, b, c], config, 0, None)
+    assert memory is not None and memory.owners["0_0"] == ("A", 0)
+    leaving = dict(leaving=True, leaving_since_ms=1_000)
+    gave_up = replace(a, active=frozenset(), notes=first["A-0"].notes, **leaving)
+    b_leaving = replace(b, notes=first["B-0"].notes, asks_promotion=True, **leaving)
+    out, _ = assign(tasks, [gave_up, b_leaving, replace(c, notes=first["C-0"].notes)],
+                    config, 1_000, memory)
+    assert out["A-0"].active == ("0_0",) and not out["A-0"].shutdown
+    assert "0_0" not in out["C-0"].active
+    assert "0_0" in out["C-0"].learners
+    # Past A's scale-down deadline, nobody keeps it for A: it goes where it can run.
+    late = replace(gave_up, scale_down_timeout_ms=1)
+    out, _ = assign(tasks, [late, b_leaving, replace(c, notes=first["C-0"].notes)],
+                    config, 5_000, memory)
+    assert "0_0" in out["C-0"].active

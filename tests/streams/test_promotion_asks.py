@@ -135,10 +135,12 @@ async def test_the_learner_s_member_announces_its_ask_before_it_rejoins(tmp_path
         r.thread.task_manager.close_all()
 
 
-async def test_a_leaving_member_hands_over_through_revoke_then_assign(tmp_path: Path) -> None:
-    """A leaving member that gave up its last tasks would be told to shut down with nothing
-    revoked and leave at once, in the middle of the others' rounds (on the embedded broker a
-    host swap's group then joined for minutes): it keeps its tasks until they are revoked."""
+async def test_a_leaving_member_gives_tasks_up_for_ready_learners_like_any_owner(
+    tmp_path: Path,
+) -> None:
+    """A leaving owner's task moves to its ready learner in the round that learner asks for,
+    not in a follow-up (if the learner cannot take it, the leader gives it back: see
+    ``test_a_leaving_owner_gets_back_a_task_it_gave_up_for_a_learner_that_could_not_take_it``)."""
     asks = PromotionAsks()
     r = rig(tmp_path, promotion_asks=asks)
     r.thread._leaving = lambda: (True, 0, None)  # type: ignore[method-assign]
@@ -146,7 +148,24 @@ async def test_a_leaving_member_hands_over_through_revoke_then_assign(tmp_path: 
         await assign(r, ("0_0",), being_learned=("0_0",))
         asks.record(PromotionAsk("other-thread-0", r.thread.status.generation, ("0_0",)))
         await r.thread.listener.before_join()
-        assert sorted(r.thread.tasks) == ["0_0"] and r.thread.released_for_learners == 0
+        assert r.thread.tasks == {} and r.thread.released_for_learners == 1
+    finally:
+        r.thread.task_manager.close_all()
+
+
+async def test_a_leaving_member_asks_nobody_to_give_tasks_up_for_its_learners(
+    tmp_path: Path,
+) -> None:
+    """The leader never promotes a leaving member's learners: an owner giving a task up for
+    one would give it up for nobody."""
+    r = rig(tmp_path, promotion_asks=PromotionAsks(), round_reports=RoundReports())
+    r.thread._leaving = lambda: (True, 0, None)  # type: ignore[method-assign]
+    try:
+        await assign(r, ("0_1",), learners=("0_3",))
+        r.thread.state_updater.check_learners_ready()
+        await wait_until(lambda: r.consumer.rejoins > 0, timeout_s=5,
+                         message="a rejoin for the ready learner")
+        assert not [s for s in r.producer.sent if s.key == PROMOTION_KEY]
     finally:
         r.thread.task_manager.close_all()
 

@@ -164,6 +164,8 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
         # needs a figure to scale: every strategy may have failed).
         if any(v > 0 for v in values):
             ax.set_xscale("log")
+        else:
+            ax.set_xlim(0, 1)
     # The axes share y: inverted once, the first strategy is on top in both.
     axes[0].invert_yaxis()
     fig.suptitle(title)

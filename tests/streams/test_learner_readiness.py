@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -141,12 +142,28 @@ def test_the_state_updater_asks_for_batched_learners_once_the_wait_runs_out() ->
     assert asked == [["0_1", "0_2"]]
 
 
-def test_the_state_updater_waits_for_another_member_s_learner_while_it_gets_closer() -> None:
-    tasks = Tasks()
-    follower = FakeChangelogReader()
-    asked: list[list[str]] = []
+@dataclass
+class _BatchingThread:
+    """A state updater of member ``a-thread-0`` with one ready learner (0_1), in a round of
+    generation 7 with one other member, ``b-thread-0``, whose status records it reads."""
+
+    clock: list[float]
+    group: GroupLearning
+    updater: StateUpdater
+    asked: list[list[str]]
+
+    def publish(self, lag: int, at: float) -> None:
+        """b's status record, read at ``at``: its learner of 0_2 has ``lag`` to go."""
+        self.clock[0] = at
+        now_ms = int(time.time() * 1000)
+        self.group.apply("b-thread-0", {"generation": 7, "updated_ms": now_ms,
+                                        "acceptable_lag": 10, "learning": {"0_2": lag}},
+                         now_ms)
+
+
+def batching_thread() -> _BatchingThread:
+    tasks, follower, asked, clock = Tasks(), FakeChangelogReader(), [], [0.0]
     group = GroupLearning(clock=lambda: clock[0])
-    clock = [100.0]
     updater = StateUpdater(FakeChangelogReader(), follower, tasks, commit_interval_ms=1000,
                            acceptable_lag=10, learner_rejoin="batched",
                            on_restored=lambda t, s: asyncio.sleep(0),  # type: ignore[arg-type,return-value]
@@ -154,45 +171,29 @@ def test_the_state_updater_waits_for_another_member_s_learner_while_it_gets_clos
                            group_learning=group, member="a-thread-0")
     tasks.add_copy("0_1", Role.LEARNER, {"counts": _Store(1)})  # type: ignore[dict-item]
     updater.learners_assigned(2, frozenset(), generation=7, group_size=2)
-
-    def publish(lag: int) -> None:
-        group.apply("b-thread-0", {"generation": 7, "updated_ms": int(time.time() * 1000),
-                                   "acceptable_lag": 10, "learning": {"0_2": lag}},
-                    int(time.time() * 1000))
-
-    publish(5_000)
     follower.lags = {"1": 0}
+    return _BatchingThread(clock, group, updater, asked)
+
+
+def test_the_state_updater_waits_for_another_member_s_learner_while_it_gets_closer() -> None:
+    thread = batching_thread()
+    thread.publish(5_000, at=90.0)
     for lag, now in ((4_000, 100.0), (3_000, 130.0), (2_000, 160.0)):
-        clock[0] = now
-        publish(lag)
-        updater.check_learners_ready(now=now + 19.0)
-        assert asked == []  # b's copy keeps getting closer: past the wait, still waiting
-    clock[0] = 161.0
-    publish(5)
-    updater.check_learners_ready(now=161.0)
-    assert asked == [["0_1"]]  # b's copy is ready: the whole batch at once
+        thread.publish(lag, at=now)
+        thread.updater.check_learners_ready(now=now + 19.0)
+        # b's copy keeps getting closer: past the wait, still waiting.
+        assert thread.asked == []
+    thread.publish(5, at=161.0)
+    thread.updater.check_learners_ready(now=161.0)
+    assert thread.asked == [["0_1"]]  # b's copy is ready: the whole batch at once
 
 
 def test_the_state_updater_stops_waiting_for_a_learner_that_stopped_getting_closer() -> None:
-    tasks = Tasks()
-    follower = FakeChangelogReader()
-    asked: list[list[str]] = []
-    clock = [0.0]
-    group = GroupLearning(clock=lambda: clock[0])
-    updater = StateUpdater(FakeChangelogReader(), follower, tasks, commit_interval_ms=1000,
-                           acceptable_lag=10, learner_rejoin="batched",
-                           on_restored=lambda t, s: asyncio.sleep(0),  # type: ignore[arg-type,return-value]
-                           on_learners_ready=asked.append, learner_batch_wait_ms=20_000,
-                           group_learning=group, member="a-thread-0")
-    tasks.add_copy("0_1", Role.LEARNER, {"counts": _Store(1)})  # type: ignore[dict-item]
-    updater.learners_assigned(2, frozenset(), generation=7, group_size=2)
-    follower.lags = {"1": 0}
+    thread = batching_thread()
     # Up and down, never below its low of 3,900 at 0 s: it cannot keep up with its input.
-    for clock[0], lag in ((0.0, 3_900), (10.0, 4_100), (15.0, 3_950)):
-        group.apply("b-thread-0", {"generation": 7, "updated_ms": int(time.time() * 1000),
-                                   "acceptable_lag": 10, "learning": {"0_2": lag}},
-                    int(time.time() * 1000))
-    updater.check_learners_ready(now=19.9)
-    assert asked == []
-    updater.check_learners_ready(now=20.0)
-    assert asked == [["0_1"]]
+    for at, lag in ((0.0, 3_900), (10.0, 4_100), (15.0, 3_950)):
+        thread.publish(lag, at=at)
+    thread.updater.check_learners_ready(now=19.9)
+    assert thread.asked == []
+    thread.updater.check_learners_ready(now=20.0)
+    assert thread.asked == [["0_1"]]

@@ -22,10 +22,13 @@ that never holds ready learners reads nothing.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 #: A status record older than this says nothing of its member now (records come each second).
 FRESH_WITHIN_MS = 5_000
@@ -64,6 +67,27 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+class LagLows:
+    """When each learner's lag last reached a new low (its lowest so far): a copy whose lag
+    only goes down and up again sets none."""
+
+    def __init__(self) -> None:
+        self._lows: dict[str, tuple[int, float]] = {}
+
+    def update(self, lags: Mapping[str, int], now: float) -> None:
+        """The learners' lags at ``now``; a learner not listed is forgotten, so one placed
+        again starts over."""
+        lows = {}
+        for task, lag in lags.items():
+            low = self._lows.get(task)
+            lows[task] = (lag, now) if low is None or lag < low[0] else low
+        self._lows = lows
+
+    def since(self, task: str) -> float:
+        """When the lag of ``task`` (a learner of the last update) last reached a new low."""
+        return self._lows[task][1]
+
+
 class GroupLearning:
     """The latest learners of every member, and when each of their lags last reached a new
     low (on the ``clock`` given, a monotonic one in seconds by default)."""
@@ -71,8 +95,7 @@ class GroupLearning:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._members: dict[str, MemberLearning] = {}
-        #: (member, task) -> the lowest lag seen while the member learns the task, and when.
-        self._lowest: dict[tuple[str, str], tuple[int, float]] = {}
+        self._lows: dict[str, LagLows] = {}
         #: Status records that could not be read (counted, and the last reason kept).
         self.rejected = 0
         self.last_rejection: str | None = None
@@ -84,33 +107,32 @@ class GroupLearning:
         """Fold in one status record (None: the member stopped)."""
         if value is None or not isinstance(value, Mapping):
             if value is not None:
-                self.rejected += 1
-                self.last_rejection = f"status of {member!r} is not a map"
+                self._reject(f"status of {member!r} is not a map")
             self._forget(member)
             return
         try:
             learning = learning_from_status(value)
         except ValueError as exc:
-            self.rejected += 1
-            self.last_rejection = f"status of {member!r}: {exc}"
+            self._reject(f"status of {member!r}: {exc}")
             self._forget(member)
             return
         if learning is None:
             self._forget(member)
             return
         self._members[member] = learning
-        now = self._clock()
-        for task in [t for m, t in self._lowest if m == member and t not in learning.lags]:
-            del self._lowest[(member, task)]
-        for task, lag in learning.lags.items():
-            lowest = self._lowest.get((member, task))
-            if lowest is None or lag < lowest[0]:
-                self._lowest[(member, task)] = (lag, now)
+        self._lows.setdefault(member, LagLows()).update(learning.lags, self._clock())
+
+    def _reject(self, reason: str) -> None:
+        # Logged once per reason: a member publishes each second.
+        if reason != self.last_rejection:
+            log.warning("ignoring a status record for batching promotions (%s); that "
+                        "member's learners count as unknown", reason)
+        self.rejected += 1
+        self.last_rejection = reason
 
     def _forget(self, member: str) -> None:
         self._members.pop(member, None)
-        for key in [k for k in self._lowest if k[0] == member]:
-            del self._lowest[key]
+        self._lows.pop(member, None)
 
     def catching_up(self, me: str, generation: int, group_size: int,
                     now_ms: int) -> dict[str, float] | None:
@@ -126,6 +148,6 @@ class GroupLearning:
                  and now_ms - learning.updated_ms <= FRESH_WITHIN_MS}
         if group_size <= 0 or len(peers) + 1 < group_size:
             return None
-        return {task: self._lowest[(member, task)][1]
+        return {task: self._lows[member].since(task)
                 for member, learning in peers.items()
                 for task, lag in learning.lags.items() if lag > learning.acceptable_lag}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statestore.store import KeyValueStore
-from streams.group_learning import GroupLearning
+from streams.group_learning import GroupLearning, LagLows
 from streams.learner_readiness import LearnerView, asks_now, asks_promotion
 from streams.metrics import Metrics
 from streams.tasks import Tasks
@@ -90,8 +90,8 @@ class StateUpdater:
         self._member = member
         self._generation = -1
         self._group_size = 0
-        #: This thread's learners -> their lowest lag so far, and when (monotonic) it was.
-        self._lowest_lag: dict[str, tuple[int, float]] = {}
+        #: When this thread's learners' lags last reached a new low (monotonic).
+        self._lows = LagLows()
         #: The group's learners the ready ones wait for (logged when it changes).
         self._waiting_for: frozenset[str] = frozenset()
         self._metrics = metrics
@@ -260,12 +260,13 @@ class StateUpdater:
         """Tell the thread to ask for a round when the policy says so (called after every
         poll of the copies, so that a wait runs out within a poll)."""
         now = time.monotonic() if now is None else now
-        learners = self._learning()
-        ready = frozenset(t for t in learners if self.copy_lag(t) <= self._acceptable_lag)
+        lags = self.learning_lags()
+        learners = frozenset(lags)
+        ready = frozenset(t for t, lag in lags.items() if lag <= self._acceptable_lag)
         self._ready_since = {t: self._ready_since.get(t, now) for t in ready}
         unasked = {t: since for t, since in self._ready_since.items()
                    if t not in self._ready_reported}
-        self._record_lows(learners, now)
+        self._lows.update(lags, now)
         catching_up = self._group_catching_up(learners - ready) if unasked else None
         view = LearnerView(learners, ready, unasked, self._group_learners, catching_up)
         if asks_now(self._learner_rejoin, view, now, self._batch_wait_s):
@@ -282,13 +283,6 @@ class StateUpdater:
         promoted) -> lag: what its status record tells the other members."""
         return {t: self.copy_lag(t) for t in self._learning()}
 
-    def _record_lows(self, learners: frozenset[str], now: float) -> None:
-        lows = {}
-        for task in learners:
-            lag, lowest = self.copy_lag(task), self._lowest_lag.get(task)
-            lows[task] = (lag, now) if lowest is None or lag < lowest[0] else lowest
-        self._lowest_lag = lows
-
     def _group_catching_up(self, behind: frozenset[str]) -> dict[str, float] | None:
         """The group's learners not ready yet -> when each last reached a new low, this
         thread's (``behind``) with the other members'; None when those are not known."""
@@ -298,7 +292,7 @@ class StateUpdater:
             self._member, self._generation, self._group_size, int(time.time() * 1000))
         if others is None:
             return None
-        return {**others, **{t: self._lowest_lag[t][1] for t in behind}}
+        return {**others, **{t: self._lows.since(t) for t in behind}}
 
     # -- loops -----------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from streams.group_learning import FRESH_WITHIN_MS, GroupLearning
 
 NOW_MS = 1_000_000
@@ -53,7 +55,8 @@ def test_unknown_while_some_member_of_the_round_has_no_fresh_record_of_it() -> N
     assert group.catching_up("a-thread-0", 7, 0, later) is None  # no round size known
 
 
-def test_a_malformed_status_record_is_counted_and_its_member_unknown() -> None:
+def test_a_malformed_status_record_is_counted_and_its_member_unknown(
+        caplog: pytest.LogCaptureFixture) -> None:
     group = GroupLearning(clock=lambda: 0.0)
     group.apply("b-thread-0", record(lags={"0_1": 900}), NOW_MS)
     for bad in (record(lags={"0_1": "far"}), record(lags=["0_1"]),  # type: ignore[arg-type]
@@ -64,6 +67,12 @@ def test_a_malformed_status_record_is_counted_and_its_member_unknown() -> None:
         assert group.catching_up("a-thread-0", 7, 2, NOW_MS) == {"0_1": 0.0}
     assert group.rejected == 5
     assert "b-thread-0" in (group.last_rejection or "")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 5 and "'learning' is not a map" in warnings[0]
+    # The same bad record each second is logged once.
+    group.apply("b-thread-0", record(acceptable_lag=None), NOW_MS)
+    group.apply("b-thread-0", record(acceptable_lag=None), NOW_MS)
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 6
 
 
 def test_a_learner_placed_again_starts_its_lows_over() -> None:

@@ -78,7 +78,7 @@ class Member:
     its instance goes to another thread of the instance when there is one.
     ``ready_by_assignment``: learners still beyond the acceptable lag that the member expects
     to have caught up by the time this round's assignment reaches it (a new instance that
-    warmed up joins while its copies finish restoring, see ``streams.warm_up``); the round
+    warmed up joins while its copies finish restoring, see ``streams.group.warm_up``); the round
     counts them as ready.
     """
 

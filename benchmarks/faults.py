@@ -72,9 +72,9 @@ from benchmarks.scaling import mark_leaving
 from benchmarks.scaling_workers import PoolSettings, WorkerPool
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
 from streams.config import AppConfig
-from streams.control import control_topic_name
-from streams.driver import read_committed_by_markers
-from streams.status import status_topic_name
+from streams.group.control import control_topic_name
+from streams.group.status_topic import status_topic_name
+from streams.kafka.driver import read_committed_by_markers
 
 ALL_FAULTS = ("kill", "stop", "kill-restoring", "kill-handover", "kill-leaving", "corrupt-sst",
               "corrupt-current", "disk-full", "broker-restart")
@@ -856,7 +856,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     broker = None
     bootstrap = args.bootstrap
     if bootstrap is None:
-        from streams.embedded_broker import EmbeddedBroker
+        from streams.testing.broker import EmbeddedBroker
 
         broker = EmbeddedBroker().start()
         bootstrap = broker.bootstrap_servers
@@ -873,7 +873,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                           else "at_least_once")},
         "load_average_start": os.getloadavg(), "error": None, "apps": {}, "timeline": []}
     # Exactly-once outputs count once committed: read as the app reads its own input, by
-    # transaction markers (see streams.driver.read_committed_by_markers).
+    # transaction markers (see streams.kafka.driver.read_committed_by_markers).
     committed = report["processing_guarantee"]["effective"] == "exactly_once"
     session_s = args.session_timeout_ms / 1000
     join_round_s = session_s / 2 + 3

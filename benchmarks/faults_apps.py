@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from streams.app import App
-from streams.windows import TumblingWindows
+from streams.dsl.windows import TumblingWindows
 
 PID = os.getpid()
 #: Records are never late in this benchmark: a task that stalls for minutes still counts its

@@ -36,7 +36,7 @@ from typing import Any
 
 from benchmarks.input_fill import fill
 from streams.app import App
-from streams.embedded_broker import EmbeddedBroker
+from streams.testing.broker import EmbeddedBroker
 
 MODES = ("off", "on")
 #: The steady state: from this share of the input processed to that one.

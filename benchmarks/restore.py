@@ -41,7 +41,7 @@ from statestore.restore import ChangelogReader
 from statestore.serdes import MsgPackSerde, OrderedKeySerde
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
-from streams.embedded_broker import EmbeddedBroker
+from streams.testing.broker import EmbeddedBroker
 
 console = Console()
 

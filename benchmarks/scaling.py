@@ -87,9 +87,9 @@ from benchmarks.scaling_prefill import (
 from benchmarks.scaling_rounds import JoinRounds, measure_join_rounds
 from benchmarks.scaling_workers import FaustPool, PoolSettings, RelayPool, WorkerPool
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
-from streams.control import LeavingMark, control_topic_name, encode_mark
-from streams.embedded_broker import EmbeddedBroker
-from streams.status import status_topic_name
+from streams.group.control import LeavingMark, control_topic_name, encode_mark
+from streams.group.status_topic import status_topic_name
+from streams.testing.broker import EmbeddedBroker
 
 STRATEGIES = ("relay-learner", "relay-learner-standby", "relay-stop-the-world", "faust")
 #: Standby copies per task of each strategy.

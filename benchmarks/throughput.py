@@ -83,7 +83,7 @@ from benchmarks.input_fill import fill, true_counts
 from benchmarks.scaling_workers import REPO_ROOT, die_with_the_benchmark
 from benchmarks.throughput_report import Sample, figures, plot, ratio_lines, ratios, table
 from statestore.topics import TopicSpec, ensure_topics
-from streams.embedded_broker import EmbeddedBroker
+from streams.testing.broker import EmbeddedBroker
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from rich.table import Table
 
 from examples.demo_app import APP_ID, CLICKS, TOTALS, WINDOWED
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
-from streams.embedded_broker import EmbeddedBroker
-from streams.status import status_topic_name
+from streams.group.status_topic import status_topic_name
+from streams.testing.broker import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parents[1]
 USERS = [f"user-{i:02d}" for i in range(12)]

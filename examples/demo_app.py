@@ -6,7 +6,7 @@ Run by ``python -m examples.demo`` as two worker processes; settings come from R
 from __future__ import annotations
 
 from streams.app import App
-from streams.windows import TumblingWindows
+from streams.dsl.windows import TumblingWindows
 
 CLICKS = "demo-clicks"
 WINDOWED = "demo-clicks-per-window"

@@ -232,7 +232,7 @@ class FetchSettings:
     retry_backoff_ms: int = 100
     #: How long a fetch round waits for a metadata refresh after a retriable error.
     metadata_wait_ms: int = 2_000
-    #: Broker quirk ``stuck-last-stable-offset`` (see streams.broker_quirks): fetch
+    #: Broker quirk ``stuck-last-stable-offset`` (see streams.quirks.switch): fetch
     #: read_uncommitted up to the high watermark and keep committed transactions only, told
     #: by their markers; the end is where the first undecided transaction starts (what the
     #: last stable offset means), or the high watermark. Tansu 0.6 can hold a partition's

@@ -252,7 +252,7 @@ def serde_names() -> list[str]:
 
 def serde_from_name(serde: str | Serde) -> Serde:
     """A serde given by name (``msgpack``, ``json``, ``str``, ``bytes``, ``ordered``, and
-    ``windowed`` once :mod:`streams.windows` is imported) or as an object with
+    ``windowed`` once :mod:`streams.dsl.windows` is imported) or as an object with
     ``dumps``/``loads``."""
     if isinstance(serde, str):
         try:

@@ -7,7 +7,7 @@ from (a checkpoint, a snapshot, a full restore) is decided by :mod:`statestore.r
 Writes go to a write buffer (:mod:`statestore.buffer`) that reads see, and are queued as
 changelog records, the latest per key: a key written many times between two drains sends one
 record, as Kafka Streams' record cache and Quix's transactions do. The task drains the queue
-into its producer (see :mod:`streams.record_collector`), which reports each acknowledgement
+into its producer (see :mod:`streams.runtime.record_collector`), which reports each acknowledgement
 back. ``commit``, called once
 every queued record was acknowledged, applies the buffer to RocksDB in one WriteBatch, flushes
 and writes the changelog position the database now reflects to the checkpoint file. So the

@@ -14,17 +14,17 @@ _EXPORTS = {
     "App": "streams.app",
     "AppConfig": "streams.config",
     "ConfigError": "streams.config",
-    "GroupedStream": "streams.dsl",
-    "Stream": "streams.dsl",
-    "Table": "streams.dsl",
-    "WindowedStream": "streams.dsl",
-    "TopicDecl": "streams.topology",
-    "TopologyError": "streams.topology",
-    "HoppingWindows": "streams.windows",
-    "TumblingWindows": "streams.windows",
-    "Windowed": "streams.windows",
-    "WindowedSerde": "streams.windows",
-    "RecordError": "streams.task",
+    "GroupedStream": "streams.dsl.stream",
+    "Stream": "streams.dsl.stream",
+    "Table": "streams.dsl.stream",
+    "WindowedStream": "streams.dsl.stream",
+    "TopicDecl": "streams.dsl.topology",
+    "TopologyError": "streams.dsl.topology",
+    "HoppingWindows": "streams.dsl.windows",
+    "TumblingWindows": "streams.dsl.windows",
+    "Windowed": "streams.dsl.windows",
+    "WindowedSerde": "streams.dsl.windows",
+    "RecordError": "streams.runtime.task",
     "TopologyTestDriver": "streams.testing",
 }
 
@@ -63,8 +63,8 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what editors and type checkers see
     from streams.app import App
     from streams.config import AppConfig, ConfigError
-    from streams.dsl import GroupedStream, Stream, Table, WindowedStream
-    from streams.task import RecordError
-    from streams.testing import TopologyTestDriver
-    from streams.topology import TopicDecl, TopologyError
-    from streams.windows import HoppingWindows, TumblingWindows, Windowed, WindowedSerde
+    from streams.dsl.stream import GroupedStream, Stream, Table, WindowedStream
+    from streams.dsl.topology import TopicDecl, TopologyError
+    from streams.dsl.windows import HoppingWindows, TumblingWindows, Windowed, WindowedSerde
+    from streams.runtime.task import RecordError
+    from streams.testing.driver import TopologyTestDriver

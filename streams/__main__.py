@@ -9,8 +9,8 @@ import sys
 import click
 
 from streams.config import ConfigError
+from streams.dsl.topology import TopologyError
 from streams.environment import UnreachableBrokerError
-from streams.topology import TopologyError
 
 #: Exit codes, as ``relay``'s: 1 failed (a configuration error), 3 broker unreachable.
 EXIT_CONFIG, EXIT_UNREACHABLE = 1, 3

@@ -28,44 +28,44 @@ from aiokafka.errors import KafkaConnectionError
 from statestore.serdes import Serde
 from statestore.store import changelog_topic_name
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics, existing_partition_counts
-from streams.broker_quirks import BrokerQuirks, Quirk, broker_quirks
 from streams.config import AppConfig
-from streams.control import ControlChannel, ControlListener, LeavingMark, control_topic_name
-from streams.dsl import Stream, Table, stream_from_topic, table_from_topic
+from streams.dsl.stream import Stream, Table, stream_from_topic, table_from_topic
+from streams.dsl.topology import SubTopology, TopicDecl, Topology
 from streams.environment import (
     UnreachableBrokerError,
     check_reachable,
     check_state_dir,
     check_topic_names,
 )
-from streams.group_learning import GroupLearning
-from streams.metrics import Metrics, MetricsServer, serve_metrics
-from streams.predecessors import (
+from streams.group.control import ControlChannel, ControlListener, LeavingMark, control_topic_name
+from streams.group.group_learning import GroupLearning
+from streams.group.partition_assignor import TaskLayout
+from streams.group.predecessors import (
     MemberFiles,
     evict_predecessors,
     possible_leaders,
     stale_members,
 )
-from streams.promotion_asks import PromotionAsks
-from streams.queries import LocalStores, StoreQuery, UnknownStoreError
-from streams.query_routing import RoutingTable, StatusFollower
-from streams.query_server import QueryServer, QueryService
-from streams.rebalance import TaskLayout
-from streams.static_followers import StaticFollowers
-from streams.status import read_status, status_topic_name
-from streams.store_handover import ProcessStores
-from streams.synced_round import RoundReports
-from streams.task_positions import TaskPositions, positions_topic_name
-from streams.thread import FatalThreadError, StreamThread
-from streams.thread_factory import build_stream_thread
-from streams.topology import SubTopology, TopicDecl, Topology
-from streams.warm_up import (
+from streams.group.promotion_asks import PromotionAsks
+from streams.group.status_topic import read_status, status_topic_name
+from streams.group.warm_up import (
     WARM_UP_PLAN_WAIT_S,
     WarmUpGate,
     WarmUpPlan,
     group_settled,
     plan_warm_up,
 )
+from streams.metrics import Metrics, MetricsServer, serve_metrics
+from streams.queries.routing import RoutingTable, StatusFollower
+from streams.queries.server import QueryServer, QueryService
+from streams.queries.store_query import LocalStores, StoreQuery, UnknownStoreError
+from streams.quirks.static_followers import StaticFollowers
+from streams.quirks.switch import BrokerQuirks, Quirk, broker_quirks
+from streams.quirks.synced_round import RoundReports
+from streams.quirks.task_positions import TaskPositions, positions_topic_name
+from streams.runtime.factory import build_stream_thread
+from streams.runtime.store_handover import ProcessStores
+from streams.runtime.thread import FatalThreadError, StreamThread
 
 log = logging.getLogger(__name__)
 _APP_COUNTER = itertools.count()
@@ -205,8 +205,8 @@ class App:
     def store(self, name: str) -> StoreQuery:
         """Interactive queries of store ``name`` held by this process: ``get(key)``,
         ``read(key)`` (with the copy that answered and its lag) and ``range(start, end)``
-        over committed state (see :mod:`streams.queries`). An unknown name raises
-        :class:`streams.queries.UnknownStoreError`."""
+        over committed state (see :mod:`streams.queries.store_query`). An unknown name raises
+        :class:`streams.queries.store_query.UnknownStoreError`."""
         if name not in self.topology.stores:
             known = ", ".join(sorted(self.topology.stores)) or "none"
             raise UnknownStoreError(f"the app declares no store {name!r} (stores: {known})")
@@ -269,7 +269,7 @@ class App:
 
     def _start_embedded_broker(self) -> str:
         # Imported only when asked for: the runtime does not need it otherwise.
-        from streams.embedded_broker import EmbeddedBroker
+        from streams.testing.broker import EmbeddedBroker
 
         self._broker = EmbeddedBroker().start()
         log.info("no bootstrap_servers: started an embedded broker at %s",
@@ -302,7 +302,7 @@ class App:
             quirks = await broker_quirks(self.config.broker_quirks,
                                          self.config.static_follower_digests, bootstrap, embedded)
             try:
-                # First of all: a crashed run's tasks wait for this (streams.predecessors).
+                # First of all: a crashed run's tasks wait for this (streams.group.predecessors).
                 member_files = MemberFiles.claim(
                     self.config.state_dir, self.config.application_id, self.config.num_threads)
                 await self._remove_predecessors(bootstrap, member_files, quirks)
@@ -314,9 +314,9 @@ class App:
             topics = sorted({t for s in subs for t in s.sources})
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
             # Which round each member has its assignment of, for the threads' requests for the
-            # next round (see streams.synced_round).
+            # next round (see streams.quirks.synced_round).
             round_reports = RoundReports()
-            # Which ready learners members ask rounds to promote (streams.promotion_asks).
+            # Which ready learners members ask rounds to promote (streams.group.promotion_asks).
             promotion_asks = PromotionAsks()
             listener = ControlListener(
                 bootstrap, self.config.application_id, self.instance_id, self._on_mark,
@@ -324,7 +324,7 @@ class App:
                 round_reports.record, promotion_asks.record,
             )
             promotion_asks.read_to_end = listener.read_to_end
-            # The other members' learners, for batching promotions (streams.group_learning):
+            # The other members' learners, for batching promotions (streams.group.group_learning):
             # the status topic is followed from the first time a thread asks.
             extras: list[asyncio.Task[None]] = []
             group_learning = GroupLearning()
@@ -400,7 +400,7 @@ class App:
     async def _remove_predecessors(self, bootstrap: str, files: MemberFiles,
                                    quirks: BrokerQuirks) -> None:
         """Remove from the group the members a crashed earlier run on this state directory
-        left there, before this run joins (see :mod:`streams.predecessors`)."""
+        left there, before this run joins (see :mod:`streams.group.predecessors`)."""
         own = ({f"{self.config.group_instance_id}-thread-{n}"
                 for n in range(self.config.num_threads)}
                if self.config.group_instance_id else set())
@@ -442,7 +442,7 @@ class App:
     async def _plan_warm_up(self, subs: list[SubTopology],
                             member_files: MemberFiles) -> WarmUpPlan | None:
         """What this instance restores before it joins, if it is new to a running group
-        (:mod:`streams.warm_up`); None to join at once."""
+        (:mod:`streams.group.warm_up`); None to join at once."""
         config = self.config
         if (not config.cooperative or config.warm_up_timeout_ms == 0
                 or member_files.predecessors or self._has_own_state()):

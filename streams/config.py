@@ -21,9 +21,9 @@ from typing import Any, get_type_hints
 
 from assignor import AssignorConfig
 from assignor.model import AssignorConfigError
-from streams.broker_quirks import QuirksSettingError
-from streams.broker_quirks import parse_setting as parse_quirks
-from streams.learner_readiness import POLICIES as LEARNER_REJOIN_POLICIES
+from streams.group.learner_readiness import POLICIES as LEARNER_REJOIN_POLICIES
+from streams.quirks.switch import QuirksSettingError
+from streams.quirks.switch import parse_setting as parse_quirks
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class AppConfig:
     acceptable_lag: int = 10_000
     max_learners: int = 2
     #: When a member asks for the round that promotes its ready learners:
-    #: ``batched``, ``eager`` or ``conservative`` (:mod:`streams.learner_readiness`).
+    #: ``batched``, ``eager`` or ``conservative`` (:mod:`streams.group.learner_readiness`).
     learner_rejoin: str = "batched"
     #: ``batched``: how long a ready learner waits for the group's other learners before its
     #: member asks for a round anyway.
@@ -85,7 +85,7 @@ class AppConfig:
     initial_delay_ms: int = 0
     scale_down_timeout_ms: int = 600_000
     #: ``cooperative``: how long a new instance restores the tasks it expects to take before
-    #: it joins, so that they move to it in its first round (:mod:`streams.warm_up`); 0 joins
+    #: it joins, so that they move to it in its first round (:mod:`streams.group.warm_up`); 0 joins
     #: at once, and its learners restore after it joined.
     warm_up_timeout_ms: int = 300_000
     imbalance_tolerance: int | None = None
@@ -94,11 +94,11 @@ class AppConfig:
     dead_letter_topic: str | None = None
     #: Partitions of internal topics whose count nothing else determines.
     default_partitions: int = 4
-    #: The static-follower digest protocol (:mod:`streams.static_followers`), for brokers
+    #: The static-follower digest protocol (:mod:`streams.quirks.static_followers`), for brokers
     #: that answer a static follower's rejoin with its cached assignment (Tansu). None:
     #: detected (on for the embedded broker and brokers that identify as Tansu).
     static_follower_digests: bool | None = None
-    #: The broker workarounds that are on (:mod:`streams.broker_quirks`): ``auto``
+    #: The broker workarounds that are on (:mod:`streams.quirks.switch`): ``auto``
     #: (detected), ``all``, ``none`` or a comma-separated list of quirk names.
     broker_quirks: str = "auto"
     #: Serve Prometheus metrics at ``/metrics`` on this port (0: any free port); None: off.
@@ -107,7 +107,7 @@ class AppConfig:
     metrics_host: str = "0.0.0.0"
     #: ``at_least_once``: outputs may repeat after a crash; ``exactly_once``: each task's
     #: outputs, changelog records and input offsets commit in one Kafka transaction
-    #: (:mod:`streams.transactions`).
+    #: (:mod:`streams.runtime.transactions`).
     processing_guarantee: str = "at_least_once"
     #: Serve interactive queries (``GET /stores/<store>/<key>``) on this port (0: any free
     #: port); None: off. The endpoint is published on the status topic for other members.

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from streams.embedded_broker import EmbeddedBroker
+from streams.testing.broker import EmbeddedBroker
 
 
 @pytest.hookimpl(trylast=True)

@@ -27,11 +27,11 @@ from rich.console import Console
 from rich.table import Table
 
 from assignor import task_sort_key
-from streams.control import LeavingMark, control_topic_name, encode_mark
-from streams.embedded_broker import EmbeddedBroker
-from streams.membership import MembershipError, describe_group, leave_group
-from streams.status import read_status as read_member_status
-from streams.status import status_topic_name
+from streams.group.control import LeavingMark, control_topic_name, encode_mark
+from streams.group.status_topic import read_status as read_member_status
+from streams.group.status_topic import status_topic_name
+from streams.kafka.membership import MembershipError, describe_group, leave_group
+from streams.testing.broker import EmbeddedBroker
 from tools.snapshot import snapshot
 
 EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
@@ -238,7 +238,7 @@ def broker(port: int, host: str) -> None:
     import signal
     import socket
 
-    from streams.embedded_broker import BrokerError
+    from streams.testing.broker import BrokerError
 
     with socket.socket() as probe:
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from streams.learner_readiness import LearnerView, asks_now, asks_promotion, being_promoted
+from streams.group.learner_readiness import LearnerView, asks_now, asks_promotion, being_promoted
 from tests.assignor.simulation import Group, SimMember
 
 
@@ -146,7 +146,7 @@ def settle_timed(group: Group, policy: str, wait_ms: int, round_ms: int = 3_000,
     ``group.catch_up_ms`` gives them, a round takes ``round_ms``, and a round runs only when
     someone asks for one: the change itself, a member that revoked tasks or shut down in the
     last round (at once), or a member whose learners are ready, as ``policy`` decides
-    (:func:`streams.learner_readiness.asks_now`, the runtime's own decision)."""
+    (:func:`streams.group.learner_readiness.asks_now`, the runtime's own decision)."""
     asked: dict[str, set[str]] = {}
     follow_up: int | None = group.now_ms  # the change starts a round
     last: int | None = None

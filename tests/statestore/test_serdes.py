@@ -86,7 +86,7 @@ def test_serde_from_name() -> None:
 
 
 def test_windowed_keys_round_trip_through_msgpack_and_json() -> None:
-    from streams.windows import Windowed, WindowedSerde
+    from streams.dsl.windows import Windowed, WindowedSerde
 
     key = Windowed(("user", 7), 60_000, 120_000)
     for inner in ("msgpack", "json"):

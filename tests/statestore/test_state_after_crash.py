@@ -15,7 +15,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from streams.thread import FatalThreadError
+from streams.runtime.thread import FatalThreadError
 from tests.conftest import wait_until
 from tests.streams.harness import (
     Traffic,

@@ -1,7 +1,7 @@
 """Fake clients for the stream thread's unit tests: a group consumer, a producer, changelog
 readers, a control channel and (for exactly-once) transactional producers over an in-memory
 transaction log with fencing, that keep what they were asked in memory. Handed to
-:func:`streams.thread_factory.build_stream_thread`, they let a test drive a real thread (real
+:func:`streams.runtime.factory.build_stream_thread`, they let a test drive a real thread (real
 topology, tasks and RocksDB stores) through assignments, records and commits, without a
 broker."""
 
@@ -23,20 +23,20 @@ from assignor import MemberAssignment, parse_task_id
 from assignor.protocol import encode_assignment
 from streams.app import App
 from streams.config import AppConfig
-from streams.predecessors import MemberFiles
-from streams.promotion_asks import PromotionAsks
-from streams.static_followers import StaticFollowers
-from streams.store_handover import ProcessStores
-from streams.synced_round import RoundReports
-from streams.thread import StreamThread
-from streams.thread_factory import ThreadClients, build_stream_thread
-from streams.topology import SubTopology
+from streams.dsl.topology import SubTopology
+from streams.group.predecessors import MemberFiles
+from streams.group.promotion_asks import PromotionAsks
+from streams.quirks.static_followers import StaticFollowers
+from streams.quirks.synced_round import RoundReports
+from streams.runtime.factory import ThreadClients, build_stream_thread
+from streams.runtime.store_handover import ProcessStores
+from streams.runtime.thread import StreamThread
 
 SOURCE, SINK = "in", "out"
 
 
 class FakeConsumer:
-    """The :class:`streams.driver.GroupConsumer` interface, in memory."""
+    """The :class:`streams.kafka.driver.GroupConsumer` interface, in memory."""
 
     def __init__(self, events: list[str] | None = None) -> None:
         self.events = events if events is not None else []
@@ -131,7 +131,7 @@ class FakeProducer:
 
     It speaks aiokafka's interface (``send``: the thread's status and control records) and
     confluent-kafka's (``produce``, ``poll``, ``flush``: the data producer of
-    :mod:`streams.delivery`), whose delivery reports are served by ``poll`` and ``flush``,
+    :mod:`streams.runtime.delivery`), whose delivery reports are served by ``poll`` and ``flush``,
     the latter waiting (in a worker thread, as the runtime calls it) for :meth:`ack`."""
 
     #: aiokafka's default request limit.

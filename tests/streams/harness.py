@@ -20,7 +20,7 @@ from aiokafka.structs import TopicPartition
 from statestore.fetch import ChangelogFetcher, FetchSettings
 from statestore.topics import TopicSpec, ensure_topics
 from streams.app import App
-from streams.status import read_status
+from streams.group.status_topic import read_status
 from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.broker_quirks import (
+from streams.config import AppConfig, ConfigError
+from streams.quirks.switch import (
     BrokerQuirks,
     Quirk,
     QuirksSettingError,
@@ -16,9 +17,8 @@ from streams.broker_quirks import (
     parse_setting,
     resolve,
 )
-from streams.config import AppConfig, ConfigError
-from streams.synced_round import RoundReports
-from streams.thread_factory import ThreadClients, build_stream_thread
+from streams.quirks.synced_round import RoundReports
+from streams.runtime.factory import ThreadClients, build_stream_thread
 from tests.streams.fakes import (
     FakeChangelogReader,
     FakeConsumer,

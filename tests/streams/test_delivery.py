@@ -1,4 +1,4 @@
-"""The at-least-once data producer's bookkeeping (streams.delivery through the record
+"""The at-least-once data producer's bookkeeping (streams.runtime.delivery through the record
 collector), with a fake confluent-kafka producer: changelog positions come from the
 acknowledged offsets, a refused record fails every later commit, and changelog records not
 handed over when a full queue's wait is cancelled stay queued."""
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from statestore.store import INPUT_POSITION_KEY, KeyValueStore, StoreSpec
-from streams.delivery import DeliveryError
-from streams.record_collector import RecordCollector
-from streams.task import StreamTask
+from streams.runtime.delivery import DeliveryError
+from streams.runtime.record_collector import RecordCollector
+from streams.runtime.task import StreamTask
 from tests.conftest import wait_until
 from tests.streams.fakes import SINK, FakeProducer, counting_subs, record
 

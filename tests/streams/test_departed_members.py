@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from streams.departed_members import departed_static_members, static_id_of
-from streams.join_watch import DEPARTED_CHECK_EVERY_S
-from streams.membership import GroupMember
+from streams.group.join_watch import DEPARTED_CHECK_EVERY_S
+from streams.kafka.membership import GroupMember
+from streams.quirks.departed_members import departed_static_members, static_id_of
 from tests.streams.fakes import rig
 
 UUID = "c28e295f-8ef0-400d-8381-3d8009bcf105"

@@ -11,8 +11,8 @@ from aiokafka.structs import ConsumerRecord
 
 from statestore.errors import StateStoreError
 from streams import App, TopologyTestDriver, TumblingWindows, Windowed
-from streams.topology import TopologyError
-from streams.windows import HoppingWindows
+from streams.dsl.topology import TopologyError
+from streams.dsl.windows import HoppingWindows
 
 
 def app(**settings: Any) -> App:
@@ -168,7 +168,7 @@ def test_serdes_declared_once_per_topic() -> None:
 
 
 def driver_record(key: Any, value: Any, topic: str, offset: int) -> Any:
-    from streams.testing import TestRecord
+    from streams.testing.driver import TestRecord
 
     return TestRecord(key, value, 0, topic, 0, offset)
 
@@ -254,7 +254,7 @@ def test_bad_records_are_dead_lettered_with_their_origin_or_stop_the_app() -> No
         assert headers["relay.stage"] == b"deserialize" and headers["relay.offset"] == b"0"
         assert headers["relay.topic"] == b"in"
         assert b"ZeroDivisionError" in dict(second.headers)["relay.error"]
-    from streams.task import RecordError
+    from streams.runtime.task import RecordError
 
     with TopologyTestDriver(a, on_error="stop") as driver, pytest.raises(
             RecordError, match=r"process failed for in\[0\]@0: ZeroDivisionError"):

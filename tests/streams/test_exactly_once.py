@@ -15,7 +15,7 @@ from aiokafka.structs import TopicPartition
 from statestore.checkpoint import read_checkpoint
 from statestore.store import INPUT_POSITION_KEY
 from streams.config import AppConfig, ConfigError
-from streams.transactions import TransactionalCollector, TransactionalCommitter
+from streams.runtime.transactions import TransactionalCollector, TransactionalCommitter
 from tests.streams.fakes import SINK, SOURCE, Rig, TransactionLog, assign, record, rig
 
 CHANGELOG = "unit-counts-changelog"
@@ -160,7 +160,7 @@ class _QueueFullOnce:
 
 
 async def test_records_handed_to_a_full_queue_wait_for_room_and_keep_their_order() -> None:
-    from streams.transactions import TaskTransaction
+    from streams.runtime.transactions import TaskTransaction
     from tests.streams.fakes import FakeTransactionalProducer
 
     log = TransactionLog()

@@ -22,8 +22,8 @@ import pytest
 from aiokafka.structs import TopicPartition
 from confluent_kafka import KafkaException
 
-from streams.status import read_status
-from streams.transactions import TaskProducers, new_transactional_producer
+from streams.group.status_topic import read_status
+from streams.runtime.transactions import TaskProducers, new_transactional_producer
 from tests.conftest import wait_until
 from tests.streams.harness import (
     FAST_GROUP,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from streams.formed_group import Step, next_step, wait_for_formed_group
+from streams.quirks.formed_group import Step, next_step, wait_for_formed_group
 
 
 def test_leaves_when_its_heartbeat_is_answered_without_error() -> None:

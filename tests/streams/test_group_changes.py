@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from streams.app import App
-from streams.status import read_status
-from streams.thread import StreamThread
+from streams.group.status_topic import read_status
+from streams.runtime.thread import StreamThread
 from tests.conftest import wait_until
 from tests.streams.harness import (
     Launched,

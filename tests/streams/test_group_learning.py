@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from streams.group_learning import FRESH_WITHIN_MS, GroupLearning
+from streams.group.group_learning import FRESH_WITHIN_MS, GroupLearning
 
 NOW_MS = 1_000_000
 

@@ -11,16 +11,16 @@ import pytest
 
 from assignor import LeaderNotes, MemberNotes
 from streams.config import AppConfig, ConfigError
-from streams.group_learning import GroupLearning
-from streams.learner_readiness import (
+from streams.group.group_learning import GroupLearning
+from streams.group.learner_readiness import (
     LearnerView,
     asks_now,
     asks_promotion,
     being_promoted,
 )
-from streams.state_updater import StateUpdater
-from streams.tasks import Tasks
-from streams.transitions import Role
+from streams.runtime.state_updater import StateUpdater
+from streams.runtime.tasks import Tasks
+from streams.runtime.transitions import Role
 from tests.streams.fakes import FakeChangelogReader
 
 HELD = frozenset({"0_1", "0_2"})

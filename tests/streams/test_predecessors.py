@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 from aiokafka.client import AIOKafkaClient
 
-from streams.membership import describe_group
-from streams.predecessors import (
+from streams.group.predecessors import (
     MEMBERS_DIRECTORY,
     MemberFiles,
     MemberRecord,
@@ -29,7 +28,8 @@ from streams.predecessors import (
     possible_leaders,
     stale_members,
 )
-from streams.status import read_status
+from streams.group.status_topic import read_status
+from streams.kafka.membership import describe_group
 from tests.conftest import wait_until
 from tests.streams.fakes import SOURCE, assign, rig
 from tests.streams.harness import ROOT, Launched, counting_topics, spawn_worker
@@ -83,7 +83,7 @@ def test_member_files_tell_a_dead_run_from_a_live_one(tmp_path: Path) -> None:
     # A run with two threads records its members and dies without a word.
     dead = _run(f"""
         import os, signal
-        from streams.predecessors import MemberFiles
+        from streams.group.predecessors import MemberFiles
         files = MemberFiles.claim({str(tmp_path)!r}, {APP!r}, 2)
         files.record(0, "dead-0", None)
         files.record(1, "dead-1", "i-thread-1")
@@ -100,7 +100,7 @@ def test_member_files_tell_a_dead_run_from_a_live_one(tmp_path: Path) -> None:
     assert json.loads((directory / "thread-0.json").read_text())["member_id"] == "me-0"
     # A process started meanwhile on the same directory finds a live holder: nothing.
     probe = _run(f"""
-        from streams.predecessors import MemberFiles
+        from streams.group.predecessors import MemberFiles
         files = MemberFiles.claim({str(tmp_path)!r}, {APP!r}, 1)
         print(len(files.predecessors))
     """)

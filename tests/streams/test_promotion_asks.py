@@ -11,7 +11,7 @@ import msgpack
 import pytest
 from aiokafka.structs import TopicPartition
 
-from streams.promotion_asks import (
+from streams.group.promotion_asks import (
     ASK_TTL_S,
     PROMOTION_KEY,
     PromotionAsk,
@@ -20,8 +20,8 @@ from streams.promotion_asks import (
     encode_ask,
     to_release,
 )
-from streams.static_followers import StaticFollowers
-from streams.synced_round import RoundReports
+from streams.quirks.static_followers import StaticFollowers
+from streams.quirks.synced_round import RoundReports
 from tests.conftest import wait_until
 from tests.streams.fakes import SOURCE, FakeControl, assign, partitions_of, rig
 

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from streams.app import App
-from streams.queries import (
+from streams.group.partition_assignor import TaskLayout
+from streams.queries.store_query import (
     Holding,
     LocalStores,
     StoreKeyError,
@@ -23,12 +24,11 @@ from streams.queries import (
     choose_copy,
     store_layouts,
 )
-from streams.rebalance import TaskLayout
-from streams.state_updater import UNKNOWN_LAG
-from streams.tasks import Tasks
-from streams.testing import TopologyTestDriver
-from streams.thread import ThreadState
-from streams.transitions import Role
+from streams.runtime.state_updater import UNKNOWN_LAG
+from streams.runtime.tasks import Tasks
+from streams.runtime.thread import ThreadState
+from streams.runtime.transitions import Role
+from streams.testing.driver import TopologyTestDriver
 
 
 def word_count_app() -> App:
@@ -184,7 +184,7 @@ def test_unknown_stores_keys_that_cannot_be_encoded_and_an_app_not_running() -> 
 
 
 def test_windowed_stores_are_partitioned_by_the_records_key(tmp_path: Path) -> None:
-    from streams.windows import HoppingWindows
+    from streams.dsl.windows import HoppingWindows
 
     app = App("windowed-queries", bootstrap_servers="127.0.0.1:1")
     (app.stream("clicks").group_by_key().windowed_by(HoppingWindows(size_ms=1000, advance_ms=1000))

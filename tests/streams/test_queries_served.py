@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from streams.queries import StoreUnavailable
+from streams.queries.store_query import StoreUnavailable
 from tests.conftest import wait_until
 from tests.streams.harness import Launched, counting_app, counting_topics, tasks_of
 

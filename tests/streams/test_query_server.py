@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from streams.queries import LocalStores, store_layouts
-from streams.query_routing import RoutingTable, StatusFollower
-from streams.query_server import FORWARDED_HEADER, QueryService, make_query_app
-from streams.rebalance import TaskLayout
-from streams.testing import TopologyTestDriver
-from streams.transitions import Role
+from streams.group.partition_assignor import TaskLayout
+from streams.queries.routing import RoutingTable, StatusFollower
+from streams.queries.server import FORWARDED_HEADER, QueryService, make_query_app
+from streams.queries.store_query import LocalStores, store_layouts
+from streams.runtime.transitions import Role
+from streams.testing.driver import TopologyTestDriver
 from tests.streams.test_queries import FakeThread, word_count_app
 
 
@@ -253,7 +253,7 @@ def test_the_status_follower_decodes_records_and_tombstones() -> None:
 
 
 async def test_a_query_port_in_use_is_an_error_naming_the_setting() -> None:
-    from streams.query_server import QueryServer
+    from streams.queries.server import QueryServer
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

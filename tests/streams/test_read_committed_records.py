@@ -1,4 +1,4 @@
-"""The group consumer's read_committed records (``streams.driver.ReadCommittedRecords``):
+"""The group consumer's read_committed records (``streams.kafka.driver.ReadCommittedRecords``):
 aborted transactions are skipped whether the fetch response lists them or only their abort
 markers show them, and a transaction whose marker is not in the response yet ends the
 records before it (no broker: synthetic record batches)."""
@@ -11,7 +11,7 @@ from aiokafka.consumer import fetcher as fetcher_module
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
 
-from streams.driver import (
+from streams.kafka.driver import (
     COMMITTED_BY_MARKERS,
     ReadCommittedRecords,
     install_read_committed_records,

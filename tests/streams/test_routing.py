@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streams.routing import route_by_task
+from streams.runtime.routing import route_by_task
 
 
 def test_partitions_of_one_task_go_together_and_unrun_partitions_are_left_out() -> None:

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from aiokafka.structs import TopicPartition
 
-from streams.driver import GroupConsumer
-from streams.record_collector import RecordCollector
-from streams.state_updater import UNKNOWN_LAG, StateUpdater
-from streams.task import StreamTask
-from streams.tasks import Tasks
-from streams.transitions import Role
+from streams.kafka.driver import GroupConsumer
+from streams.runtime.record_collector import RecordCollector
+from streams.runtime.state_updater import UNKNOWN_LAG, StateUpdater
+from streams.runtime.task import StreamTask
+from streams.runtime.tasks import Tasks
+from streams.runtime.transitions import Role
 from tests.conftest import wait_until
 from tests.streams.fakes import SINK, SOURCE, FakeChangelogReader, counting_subs
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from streams.static_followers import StaticFollowers
+from streams.quirks.static_followers import StaticFollowers
 from tests.streams.fakes import FakeControl
 
 

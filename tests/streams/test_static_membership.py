@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.thread import FatalThreadError
+from streams.runtime.thread import FatalThreadError
 from tests.conftest import broker_servers, wait_until
 from tests.streams.harness import (
     Launched,

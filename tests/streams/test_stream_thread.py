@@ -17,8 +17,8 @@ from assignor import parse_task_id
 from statestore.errors import StoreLockedError
 from statestore.record_size import TRUNCATED_BYTES
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
-from streams.store_handover import ProcessStores
-from streams.thread import MAX_REBALANCE_FAILURES, FatalThreadError, ThreadState
+from streams.runtime.store_handover import ProcessStores
+from streams.runtime.thread import MAX_REBALANCE_FAILURES, FatalThreadError, ThreadState
 from tests.conftest import wait_until
 from tests.streams.fakes import SINK, SOURCE, Rig, assign, record, rig
 

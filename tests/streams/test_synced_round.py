@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from streams.control import ROUND_KEY, decode_round_report, encode_round_report
-from streams.join_watch import LOST_SYNC_AFTER_S
-from streams.synced_round import (
+from streams.group.control import ROUND_KEY, decode_round_report, encode_round_report
+from streams.group.join_watch import LOST_SYNC_AFTER_S
+from streams.quirks.synced_round import (
     KEEP_MEMBERS,
     SYNC_WAIT_LIMIT_S,
     RoundReports,
@@ -20,7 +20,7 @@ from streams.synced_round import (
     members_synced,
     sync_answer_lost,
 )
-from streams.thread_factory import ThreadClients, build_stream_thread
+from streams.runtime.factory import ThreadClients, build_stream_thread
 from tests.conftest import wait_until
 from tests.streams.fakes import (
     SOURCE,

@@ -13,7 +13,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from statestore.errors import StoreWriteError
 from statestore.store import KeyValueStore, StoreSpec
-from streams.task import RecordError, StreamTask
+from streams.runtime.task import RecordError, StreamTask
 from tests.streams.fakes import SOURCE, counting_subs, record
 
 

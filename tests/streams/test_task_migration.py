@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from streams.app import App
-from streams.group_learning import GroupLearning
-from streams.query_routing import StatusFollower
+from streams.group.group_learning import GroupLearning
+from streams.queries.routing import StatusFollower
 from tests.conftest import wait_until
 from tests.streams.harness import (
     Launched,

@@ -10,7 +10,7 @@ from aiokafka.structs import TopicPartition
 
 from statestore.errors import StateStoreError
 from statestore.fetch import FetchedPartition, FetchSettings
-from streams.task_positions import (
+from streams.quirks.task_positions import (
     TAIL_OFFSETS,
     PositionReader,
     TaskPositions,
@@ -115,7 +115,7 @@ async def test_a_short_latest_offset_still_reads_to_the_end() -> None:
 
 
 async def test_a_failed_read_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("streams.task_positions.RETRY_BACKOFF_S", 0)
+    monkeypatch.setattr("streams.quirks.task_positions.RETRY_BACKOFF_S", 0)
     records = {3: encode_position(ORDERS, 9)}
     fetcher = FakeFetcher(records, 5, failures=2)
     assert await reader(fetcher).latest("0_1", [ORDERS]) == {ORDERS: 9}

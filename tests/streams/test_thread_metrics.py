@@ -12,7 +12,7 @@ import pytest
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from assignor import LeaderMemory, Member, MemberAssignment
-from streams.rebalance import hold_deadlines, moves_by_cause
+from streams.group.partition_assignor import hold_deadlines, moves_by_cause
 from tests.conftest import wait_until
 from tests.streams.fakes import SOURCE, assign, record, rig
 
@@ -53,7 +53,7 @@ async def test_the_status_record_carries_what_the_web_view_reads(tmp_path: Path)
 
 @pytest.mark.asyncio
 async def test_the_status_gives_the_shortest_of_the_last_rounds(tmp_path: Path) -> None:
-    """What a newcomer plans its warm-up's end on (streams.warm_up): a round that waited for
+    """What a newcomer plans its warm-up's end on (streams.group.warm_up): a round that waited for
     a crashed member's session says nothing of how long a join takes."""
     r = rig(tmp_path)
     try:

@@ -10,8 +10,8 @@ import pytest
 
 from streams.app import App
 from streams.config import AppConfig, ConfigError
-from streams.topology import TopologyError
-from streams.windows import HoppingWindows, TumblingWindows
+from streams.dsl.topology import TopologyError
+from streams.dsl.windows import HoppingWindows, TumblingWindows
 
 
 def app() -> App:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from assignor import MemberAssignment
-from streams.transitions import Role, plan_transitions
+from streams.runtime.transitions import Role, plan_transitions
 
 
 def assignment(active=(), learners=(), standbys=()) -> MemberAssignment:

@@ -12,8 +12,8 @@ from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 
 from assignor import AssignorConfig
 from assignor.protocol import Subscription, decode_assignment, encode_subscription
-from streams.rebalance import RelayAssignor, TaskLayout
-from streams.synced_round import unsynced_members
+from streams.group.partition_assignor import RelayAssignor, TaskLayout
+from streams.quirks.synced_round import unsynced_members
 from tests.streams.fakes import counting_subs
 
 

@@ -14,7 +14,7 @@ import msgpack
 import pytest
 
 from assignor import AssignorConfig, Task
-from streams.promotion_asks import (
+from streams.group.promotion_asks import (
     ASK_TTL_S,
     PROMOTION_KEY,
     PromotionAsk,
@@ -23,8 +23,7 @@ from streams.promotion_asks import (
     encode_ask,
     to_release,
 )
-from streams.thread import ThreadState
-from streams.warm_up import (
+from streams.group.warm_up import (
     WarmUpGate,
     WarmUpPlan,
     catches_up_within,
@@ -32,6 +31,7 @@ from streams.warm_up import (
     join_round_s,
     plan_warm_up,
 )
+from streams.runtime.thread import ThreadState
 from tests.conftest import wait_until
 from tests.streams.fakes import SOURCE, assign, partitions_of, rig
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from streams.embedded_broker import free_loopback_port
+from streams.testing.broker import free_loopback_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from aiokafka.client import AIOKafkaClient
 
-from streams.membership import describe_group
+from streams.kafka.membership import describe_group
 from tests.conftest import wait_until
 from tests.streams.harness import (
     counting_app,

@@ -4,7 +4,7 @@ error, as Tansu does for a departed leader it keeps; a member still there is a f
 
 from __future__ import annotations
 
-from streams.membership import GroupMember
+from streams.kafka.membership import GroupMember
 from tools.cli import removal_outcome, static_members
 
 UUID = "39a6908a-da3c-406a-bd44-ca779e506ffb"

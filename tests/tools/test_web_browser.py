@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from playwright.async_api import Page, async_playwright
 
-from streams.status import read_status
+from streams.group.status_topic import read_status
 from tests.conftest import wait_until
 from tests.streams.harness import (
     ROOT,

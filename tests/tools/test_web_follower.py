@@ -13,7 +13,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
-from streams.control import (
+from streams.group.control import (
     REBALANCE_KEY,
     ROUND_KEY,
     LeavingMark,
@@ -21,7 +21,7 @@ from streams.control import (
     encode_mark,
     encode_round_report,
 )
-from streams.status import status_topic_name
+from streams.group.status_topic import status_topic_name
 from tests.conftest import wait_until
 from tests.streams.harness import produce
 from tests.tools.test_web_model import status

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from streams.control import LeavingMark
+from streams.group.control import LeavingMark
 from tools.web.model import (
     STALE_AFTER_MS,
     GroupModel,

@@ -114,8 +114,8 @@ async def test_a_taken_port_is_a_clear_error() -> None:
 async def test_the_view_forwards_store_queries_to_the_keys_owner() -> None:
     """``/stores/<store>/<key>`` on the view: routed by the status records it follows (the
     forwarding itself is tested with the query service)."""
-    from streams.query_routing import RoutingTable
-    from streams.query_server import QueryService
+    from streams.queries.routing import RoutingTable
+    from streams.queries.server import QueryService
 
     model = GroupModel("shop")
     routes = RoutingTable()

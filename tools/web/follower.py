@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from streams.control import (
+from streams.group.control import (
     FETCH_KEY,
     REBALANCE_KEY,
     ROUND_KEY,
@@ -22,8 +22,8 @@ from streams.control import (
     control_topic_name,
     decode_mark,
 )
-from streams.query_routing import RoutingTable, now_ms
-from streams.status import status_topic_name
+from streams.group.status_topic import status_topic_name
+from streams.queries.routing import RoutingTable, now_ms
 from tools.web.model import STALE_AFTER_MS, GroupModel, MarkRecord, StatusRecord
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from streams.control import LeavingMark
+from streams.group.control import LeavingMark
 
 #: A member that published nothing for this long is shown as stale (it may have died).
 STALE_AFTER_MS = 15_000

@@ -4,7 +4,7 @@ Routes: ``/`` the page; ``/static/...`` its script and style; ``/api/group`` the
 (``?window_s=`` sets the timeline's reach); ``/api/tasks/<task>`` one task;
 ``/api/events`` the same data as server-sent events, pushed when members publish and once a
 second for the clocks; ``/stores/<store>/<key>`` an interactive query, forwarded to the
-key's owner (:mod:`streams.query_server`). Bad requests get a 4xx with
+key's owner (:mod:`streams.queries.server`). Bad requests get a 4xx with
 ``{"error": message}``.
 """
 
@@ -22,8 +22,8 @@ from typing import Any
 
 from aiohttp import web
 
-from streams.query_routing import RoutingTable
-from streams.query_server import QueryService, add_query_routes
+from streams.queries.routing import RoutingTable
+from streams.queries.server import QueryService, add_query_routes
 from tools.web.follower import GroupFollower
 from tools.web.model import DEFAULT_WINDOW_MS, GroupModel
 

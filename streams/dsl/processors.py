@@ -1,0 +1,427 @@
+"""Processor nodes: the steps a record goes through inside a task, from its source node to
+sinks, with stateful steps reading and writing the task's stores.
+
+Nodes are built once per topology and shared by its tasks; everything that belongs to one task
+(its stores, stream time, outputs, custom processor instances) lives in the
+:class:`ProcessorContext` the task passes along with each record.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from statestore.record_size import MAX_RECORD_BYTES, check_record_size
+from statestore.serdes import MsgPackSerde, Serde
+from statestore.store import KeyValueStore
+from streams.dsl.windows import HoppingWindows, Windowed, windowed_key_serde
+
+log = logging.getLogger(__name__)
+
+
+class MissingKeyError(ValueError):
+    """A record without a key reached a step that needs one (an aggregation, a table, a join,
+    a repartition): a bad record, dead-lettered like the others."""
+
+
+def _require_key(node: Node, key: Any, why: str) -> None:
+    if key is None:
+        raise MissingKeyError(f"{node.name}: the record has no key, and {why} needs one")
+
+
+@dataclass(slots=True)
+class Output:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+
+
+class ProcessorContext:
+    """What a node sees of the task processing the current record."""
+
+    def __init__(self, task_id: str, stores: dict[str, KeyValueStore]) -> None:
+        self.task_id = task_id
+        self.stores = stores
+        self.outputs: list[Output] = []
+        self.topic = ""
+        self.partition = -1
+        self.offset = -1
+        self.timestamp_ms = 0
+        self.stream_time_ms = -1
+        self.late_records_dropped = 0
+        self.custom: dict[str, Processor] = {}
+
+    def store(self, name: str) -> KeyValueStore:
+        """The task's store ``name``. A failure of RocksDB itself comes out of it as a
+        ``StoreIOError`` (an error of the machine, never dead-lettered); a key or value the
+        serdes cannot encode as a ``SerdeError`` (the record's fault)."""
+        try:
+            return self.stores[name]
+        except KeyError:
+            raise KeyError(
+                f"task {self.task_id} has no store {name!r}; declare it on the processor "
+                f"(stores=[...]) or the operation that creates it"
+            ) from None
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        if len(key or b"") + len(value or b"") > MAX_RECORD_BYTES:
+            # Refused now, as the current record's error, not by the producer when shipped.
+            check_record_size(topic, key, value)
+        self.outputs.append(Output(topic, key, value, self.timestamp_ms))
+
+
+class Node:
+    """A processing step. ``process`` handles one record and forwards results to children."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.children: list[Node] = []
+
+    def add_child(self, child: Node) -> Node:
+        self.children.append(child)
+        # Most steps have one child: forwarding then calls it directly, one Python call
+        # less per record and step.
+        if len(self.children) == 1:
+            self.forward = child.process  # type: ignore[method-assign]
+        else:
+            self.forward = self._forward_to_all  # type: ignore[method-assign]
+        return child
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        self.forward(ctx, key, value)
+
+    def forward(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        """Send a record on to every child (replaced by a direct call when there is one)."""
+        self._forward_to_all(ctx, key, value)
+
+    def _forward_to_all(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        for child in self.children:
+            child.process(ctx, key, value)
+
+    def store_names(self) -> list[str]:
+        return []
+
+
+class SourceNode(Node):
+    def __init__(self, name: str, topic: str, key_serde: Serde, value_serde: Serde) -> None:
+        super().__init__(name)
+        self.topic = topic
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+
+
+class FilterNode(Node):
+    def __init__(self, name: str, predicate: Callable[[Any, Any], bool]) -> None:
+        super().__init__(name)
+        self.predicate = predicate
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        if self.predicate(key, value):
+            self.forward(ctx, key, value)
+
+
+class MapNode(Node):
+    def __init__(self, name: str, fn: Callable[[Any, Any], tuple[Any, Any]]) -> None:
+        super().__init__(name)
+        self.fn = fn
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        new_key, new_value = self.fn(key, value)
+        self.forward(ctx, new_key, new_value)
+
+
+class MapValuesNode(Node):
+    def __init__(self, name: str, fn: Callable[[Any], Any]) -> None:
+        super().__init__(name)
+        self.fn = fn
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        self.forward(ctx, key, self.fn(value))
+
+
+class FlatMapNode(Node):
+    def __init__(self, name: str, fn: Callable[[Any, Any], Iterable[tuple[Any, Any]]]) -> None:
+        super().__init__(name)
+        self.fn = fn
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        for new_key, new_value in self.fn(key, value):
+            self.forward(ctx, new_key, new_value)
+
+
+class PeekNode(Node):
+    def __init__(self, name: str, fn: Callable[[Any, Any], None]) -> None:
+        super().__init__(name)
+        self.fn = fn
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        self.fn(key, value)
+        self.forward(ctx, key, value)
+
+
+class BranchNode(Node):
+    """Sends each record to the first branch whose predicate holds (or to none)."""
+
+    def __init__(self, name: str, predicates: list[Callable[[Any, Any], bool]]) -> None:
+        super().__init__(name)
+        self.predicates = predicates
+        self.branches: list[Node] = [Node(f"{name}-{i}") for i in range(len(predicates))]
+        self.children = list(self.branches)
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        for predicate, branch in zip(self.predicates, self.branches, strict=True):
+            if predicate(key, value):
+                branch.process(ctx, key, value)
+                return
+
+
+class SinkNode(Node):
+    """Writes records to a topic (also used for repartition topics, which need a key: it picks
+    the partition, hence the task, of the stateful step after them)."""
+
+    def __init__(
+        self, name: str, topic: str, key_serde: Serde, value_serde: Serde,
+        requires_key: bool = False,
+    ) -> None:
+        super().__init__(name)
+        self.topic = topic
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+        self.requires_key = requires_key
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        if self.requires_key:
+            _require_key(self, key, "repartitioning by key")
+        key_serde = windowed_key_serde(self.key_serde) if isinstance(key, Windowed) else (
+            self.key_serde)
+        raw_key = None if key is None else key_serde.dumps(key)
+        raw_value = None if value is None else self.value_serde.dumps(value)
+        ctx.send(self.topic, raw_key, raw_value)
+
+
+class AggregateNode(Node):
+    """Aggregates by key into a store and forwards each updated aggregate."""
+
+    def __init__(
+        self,
+        name: str,
+        store: str,
+        initializer: Callable[[], Any],
+        aggregator: Callable[[Any, Any, Any], Any],
+    ) -> None:
+        super().__init__(name)
+        self.store = store
+        self.initializer = initializer
+        self.aggregator = aggregator
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        _require_key(self, key, "an aggregation")
+        store = ctx.store(self.store)
+        current = store.get(key)
+        if current is None:
+            current = self.initializer()
+        updated = self.aggregator(key, value, current)
+        store.put(key, updated)
+        self.forward(ctx, key, updated)
+
+    def store_names(self) -> list[str]:
+        return [self.store]
+
+
+class ReduceNode(Node):
+    def __init__(self, name: str, store: str, reducer: Callable[[Any, Any], Any]) -> None:
+        super().__init__(name)
+        self.store = store
+        self.reducer = reducer
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        _require_key(self, key, "a reduce")
+        store = ctx.store(self.store)
+        current = store.get(key)
+        updated = value if current is None else self.reducer(current, value)
+        store.put(key, updated)
+        self.forward(ctx, key, updated)
+
+    def store_names(self) -> list[str]:
+        return [self.store]
+
+
+class WindowAggregateNode(Node):
+    """Aggregates by (key, window) into a store keyed ``(key, window_start)``.
+
+    Stream time is the largest timestamp the task has seen. A record whose window closed
+    (end + grace <= stream time) is dropped and counted; windows older than the retention are
+    purged as stream time advances.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        store: str,
+        windows: HoppingWindows,
+        initializer: Callable[[], Any],
+        aggregator: Callable[[Any, Any, Any], Any],
+    ) -> None:
+        super().__init__(name)
+        self.store = store
+        self.windows = windows
+        self.initializer = initializer
+        self.aggregator = aggregator
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        _require_key(self, key, "a windowed aggregation")
+        store = ctx.store(self.store)
+        timestamp = ctx.timestamp_ms
+        stream_time = max(ctx.stream_time_ms, timestamp)
+        for start, end in self.windows.windows_for(timestamp):
+            if end + self.windows.grace_ms <= stream_time:
+                ctx.late_records_dropped += 1
+                log.debug("%s: late record for window [%d, %d) dropped", self.name, start, end)
+                continue
+            current = store.get((key, start))
+            if current is None:
+                current = self.initializer()
+            updated = self.aggregator(key, value, current)
+            store.put((key, start), updated)
+            self.forward(ctx, Windowed(key, start, end), updated)
+
+    def store_names(self) -> list[str]:
+        return [self.store]
+
+    def purge(self, ctx: ProcessorContext) -> int:
+        """Delete windows past retention; returns how many."""
+        horizon = ctx.stream_time_ms - self.windows.retention_ms
+        if horizon <= 0:
+            return 0
+        store = ctx.store(self.store)
+        expired = [k for k, _ in store.items() if k[1] + self.windows.size_ms <= horizon]
+        for key in expired:
+            store.delete(key)
+        return len(expired)
+
+
+class TableNode(Node):
+    """Materializes a topic as a table: the latest value per key, tombstones delete."""
+
+    def __init__(self, name: str, store: str) -> None:
+        super().__init__(name)
+        self.store = store
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        _require_key(self, key, "a table")
+        ctx.store(self.store).put(key, value)  # put(None) deletes
+        self.forward(ctx, key, value)
+
+    def store_names(self) -> list[str]:
+        return [self.store]
+
+
+class StreamTableJoinNode(Node):
+    """Joins each stream record with the table's current value for its key."""
+
+    def __init__(
+        self, name: str, table_store: str, joiner: Callable[[Any, Any], Any], left: bool
+    ) -> None:
+        super().__init__(name)
+        self.table_store = table_store
+        self.joiner = joiner
+        self.left = left
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        # A left join has an answer without a key (no table value); an inner join has none.
+        if not self.left:
+            _require_key(self, key, "an inner join")
+        other = None if key is None else ctx.store(self.table_store).get(key)
+        if other is None and not self.left:
+            return
+        self.forward(ctx, key, self.joiner(value, other))
+
+
+class Processor(Protocol):
+    """A custom processor: ``init`` gets its context once per task; ``process`` gets records.
+
+    ``context.store(name)`` opens the stores declared for it; ``context.forward`` sends
+    results to the next steps.
+    """
+
+    def init(self, context: CustomContext) -> None: ...
+
+    def process(self, key: Any, value: Any) -> None: ...
+
+
+class CustomContext:
+    def __init__(self, node: CustomProcessorNode, ctx: ProcessorContext) -> None:
+        self._node = node
+        self._ctx = ctx
+
+    def store(self, name: str) -> KeyValueStore:
+        if name not in self._node.stores:
+            raise KeyError(f"processor {self._node.name} did not declare store {name!r}")
+        return self._ctx.store(name)
+
+    def forward(self, key: Any, value: Any) -> None:
+        self._node.forward(self._ctx, key, value)
+
+    @property
+    def timestamp_ms(self) -> int:
+        return self._ctx.timestamp_ms
+
+    @property
+    def task_id(self) -> str:
+        return self._ctx.task_id
+
+    @property
+    def topic(self) -> str:
+        """The topic of the record being processed."""
+        return self._ctx.topic
+
+    @property
+    def partition(self) -> int:
+        """The partition of the record being processed."""
+        return self._ctx.partition
+
+    @property
+    def offset(self) -> int:
+        """The offset of the record being processed."""
+        return self._ctx.offset
+
+
+class CustomProcessorNode(Node):
+    def __init__(self, name: str, factory: Callable[[], Processor], stores: list[str]) -> None:
+        super().__init__(name)
+        self.factory = factory
+        self.stores = list(stores)
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        processor = ctx.custom.get(self.name)
+        if processor is None:
+            processor = self.factory()
+            processor.init(CustomContext(self, ctx))
+            ctx.custom[self.name] = processor
+        processor.process(key, value)
+
+    def store_names(self) -> list[str]:
+        return list(self.stores)
+
+
+@dataclass
+class StoreDecl:
+    """A store a topology declares, with the serdes of its values."""
+
+    name: str
+    value_serde: Serde = field(default_factory=MsgPackSerde)
+
+
+def walk_nodes(roots: Iterable[Node]) -> list[Node]:
+    """Every node reachable from ``roots``, each once."""
+    seen: dict[int, Node] = {}
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen[id(node)] = node
+            stack.extend(node.children)
+    return list(seen.values())

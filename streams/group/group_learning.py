@@ -1,0 +1,153 @@
+"""The group's learners as the members' status records tell: which are still catching up,
+and when each last got closer.
+
+A member holding ready learners asks for the round that promotes them once every learner of
+the group is ready, or once the rest have stopped getting closer (the ``batched`` policy of
+:mod:`streams.group.learner_readiness`). It knows its own learners; the others' it reads from their
+status records, which every member publishes each second with the lag of each learner it is
+still learning (``learning``). :class:`GroupLearning` folds those records in (pure: clocks are
+passed in or given at construction) and answers, for a member of a given round, the other
+members' learners that are not ready and when each last reached a new low: a lag that
+merely goes down and up again (a copy that cannot keep up with its task's input) sets no
+new low, so it does not hold a batch back for long.
+
+The answer is None, and the member falls back to waiting a fixed time, when it cannot know
+every member's learners: fewer fresh records of its round than the round had members (a
+member that has not published since the round, a crashed one, one too old to publish
+``learning``).
+
+The app follows the status topic for this only once a member first asks, so that a group
+that never holds ready learners reads nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: A status record older than this says nothing of its member now (records come each second).
+FRESH_WITHIN_MS = 5_000
+
+
+@dataclass(frozen=True)
+class MemberLearning:
+    """One member's learners as its last status record gave them."""
+
+    generation: int
+    updated_ms: int
+    acceptable_lag: int
+    #: Learners it is still learning (not the ones its last round promoted) -> lag.
+    lags: Mapping[str, int]
+
+
+def learning_from_status(value: Mapping[str, Any]) -> MemberLearning | None:
+    """The learners in one status record; None for a record without them (an older member);
+    raises ValueError for a malformed one."""
+    lags = value.get("learning")
+    if lags is None:
+        return None
+    generation, updated_ms, acceptable = (value.get("generation"), value.get("updated_ms"),
+                                          value.get("acceptable_lag"))
+    if not (isinstance(lags, Mapping) and all(
+            isinstance(t, str) and _is_int(lag) for t, lag in lags.items())):
+        raise ValueError(f"'learning' is not a map of task to lag: {lags!r}")
+    for name, field in (("generation", generation), ("updated_ms", updated_ms),
+                        ("acceptable_lag", acceptable)):
+        if not _is_int(field):
+            raise ValueError(f"{name!r} is not an integer: {field!r}")
+    return MemberLearning(generation, updated_ms, acceptable, dict(lags))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class LagLows:
+    """When each learner's lag last reached a new low (its lowest so far): a copy whose lag
+    only goes down and up again sets none."""
+
+    def __init__(self) -> None:
+        self._lows: dict[str, tuple[int, float]] = {}
+
+    def update(self, lags: Mapping[str, int], now: float) -> None:
+        """The learners' lags at ``now``; a learner not listed is forgotten, so one placed
+        again starts over."""
+        lows = {}
+        for task, lag in lags.items():
+            low = self._lows.get(task)
+            lows[task] = (lag, now) if low is None or lag < low[0] else low
+        self._lows = lows
+
+    def since(self, task: str) -> float:
+        """When the lag of ``task`` (a learner of the last update) last reached a new low."""
+        return self._lows[task][1]
+
+
+class GroupLearning:
+    """The latest learners of every member, and when each of their lags last reached a new
+    low (on the ``clock`` given, a monotonic one in seconds by default)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._members: dict[str, MemberLearning] = {}
+        self._lows: dict[str, LagLows] = {}
+        #: Status records that could not be read (counted, and the last reason kept).
+        self.rejected = 0
+        self.last_rejection: str | None = None
+        #: Set by the app: starts following the status topic (called on first use).
+        self.start_following: Callable[[], None] | None = None
+        self._following = False
+
+    def apply(self, member: str, value: Mapping[str, Any] | None, now_ms: int) -> None:
+        """Fold in one status record (None: the member stopped)."""
+        if value is None or not isinstance(value, Mapping):
+            if value is not None:
+                self._reject(f"status of {member!r} is not a map")
+            self._forget(member)
+            return
+        try:
+            learning = learning_from_status(value)
+        except ValueError as exc:
+            self._reject(f"status of {member!r}: {exc}")
+            self._forget(member)
+            return
+        if learning is None:
+            self._forget(member)
+            return
+        self._members[member] = learning
+        self._lows.setdefault(member, LagLows()).update(learning.lags, self._clock())
+
+    def _reject(self, reason: str) -> None:
+        # Logged once per reason: a member publishes each second.
+        if reason != self.last_rejection:
+            log.warning("ignoring a status record for batching promotions (%s); that "
+                        "member's learners count as unknown", reason)
+        self.rejected += 1
+        self.last_rejection = reason
+
+    def _forget(self, member: str) -> None:
+        self._members.pop(member, None)
+        self._lows.pop(member, None)
+
+    def catching_up(self, me: str, generation: int, group_size: int,
+                    now_ms: int) -> dict[str, float] | None:
+        """The other members' learners that are not ready, for member ``me`` of the round of
+        ``generation`` that had ``group_size`` members -> when each last reached a new low;
+        None while the records do not cover every other member of that round."""
+        if not self._following:
+            self._following = True
+            if self.start_following is not None:
+                self.start_following()
+        peers = {member: learning for member, learning in self._members.items()
+                 if member != me and learning.generation == generation
+                 and now_ms - learning.updated_ms <= FRESH_WITHIN_MS}
+        if group_size <= 0 or len(peers) + 1 < group_size:
+            return None
+        return {task: self._lows[member].since(task)
+                for member, learning in peers.items()
+                for task, lag in learning.lags.items() if lag > learning.acceptable_lag}

@@ -1,0 +1,148 @@
+"""A member stuck joining a round, and what it does about it whatever the broker does.
+
+A healthy round ends within about one join round. A member still joining long after that is
+held by something only the group can undo, so it acts, each remedy at most every so often:
+
+- after about two rounds it asks the leader to rejoin (on the control topic): the leader
+  rejoining starts a round that the group completes;
+- after about one round it removes static members that are gone but that the broker still
+  keeps in the group (:mod:`streams.quirks.departed_members`), which can hold a newcomer's round
+  for good on a broker that keeps a departed leader;
+- at once, when other members' round reports show that its own SyncGroup answer was lost
+  (:func:`streams.quirks.synced_round.sync_answer_lost` for :data:`LOST_SYNC_AFTER_S`), it asks the
+  leader to rejoin, once per generation: waiting the stall limit would stop its tasks for
+  about two rounds more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+#: How often a member stuck joining looks for departed members.
+DEPARTED_CHECK_EVERY_S = 5.0
+#: How long a member waits with the evidence of a lost SyncGroup answer before it acts:
+#: followers' answers come within about a second of each other, and a report takes a
+#: moment to arrive.
+LOST_SYNC_AFTER_S = 3.0
+
+
+class Joining(Protocol):
+    def rebalancing_for_s(self, now: float) -> float: ...
+
+
+class RebalanceAsker(Protocol):
+    def request_rebalance(self, reason: str) -> None: ...
+
+
+class JoinWatch:
+    """Checks, when asked (every second by the thread's housekeeping), whether its member
+    is stuck joining, and applies the remedies above."""
+
+    def __init__(self, name: str, session_timeout_ms: int, consumer: Joining,
+                 control: RebalanceAsker | None,
+                 remove_departed: Callable[[], Awaitable[list[str]]] | None,
+                 lost_sync: Callable[[], int | None] | None = None) -> None:
+        self.name = name
+        #: The generation whose SyncGroup answer the member's round reports show was lost
+        #: (None: not lost); None: never looked at.
+        self.lost_sync = lost_sync
+        self._lost_since: tuple[int, float] | None = None
+        self._lost_asked: int | None = None
+        self.session_timeout_ms = session_timeout_ms
+        self.consumer = consumer
+        self.control = control
+        #: Removes static members that are gone but still in the group; None: never.
+        self.remove_departed = remove_departed
+        self._last_stall_request = 0.0
+        self._last_departed_check = 0.0
+        self._departed_check: asyncio.Task[None] | None = None
+
+    @property
+    def stall_s(self) -> float:
+        """About two join rounds: a member joining longer than that is stuck."""
+        return (self.session_timeout_ms + 6_000) / 1000
+
+    @property
+    def departed_after_s(self) -> float:
+        """About one join round: a member joining longer than that looks for departed
+        members that hold the round."""
+        return self.session_timeout_ms / 2000 + 6
+
+    def check(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.check_lost_sync(now)
+        self.check_stall(now)
+        self.check_departed(now)
+
+    def check_lost_sync(self, now: float | None = None) -> bool:
+        """Ask the leader to rejoin once the member's SyncGroup answer of a generation has
+        looked lost for :data:`LOST_SYNC_AFTER_S`; once per generation."""
+        now = time.monotonic() if now is None else now
+        generation = self.lost_sync() if self.lost_sync is not None else None
+        if generation is None:
+            self._lost_since = None
+            return False
+        if self._lost_since is None or self._lost_since[0] != generation:
+            self._lost_since = (generation, now)
+        if now - self._lost_since[1] < LOST_SYNC_AFTER_S or self._lost_asked == generation:
+            return False
+        self._lost_asked = generation
+        self._last_stall_request = now
+        log.warning("%s: its SyncGroup answer of generation %d looks lost (other members have "
+                    "theirs): asking the leader to rejoin", self.name, generation)
+        if self.control is not None:
+            self.control.request_rebalance(
+                f"{self.name}: SyncGroup answer of generation {generation} lost")
+        return True
+
+    def check_stall(self, now: float | None = None) -> bool:
+        """Ask the leader to rejoin if joining for longer than :attr:`stall_s`, and again
+        every while it stays stuck."""
+        now = time.monotonic() if now is None else now
+        joining = self.consumer.rebalancing_for_s(now)
+        if joining < self.stall_s or now - self._last_stall_request < self.stall_s:
+            return False
+        self._last_stall_request = now
+        log.warning("%s has been joining for %.0fs: asking the leader to rejoin", self.name,
+                    joining)
+        if self.control is not None:
+            self.control.request_rebalance(f"{self.name}: joining for {joining:.0f}s")
+        return True
+
+    def check_departed(self, now: float | None = None) -> bool:
+        """While joining for longer than :attr:`departed_after_s`, every
+        :data:`DEPARTED_CHECK_EVERY_S` remove static members that are gone (one look at a
+        time, in the background)."""
+        now = time.monotonic() if now is None else now
+        if (self.remove_departed is None
+                or self.consumer.rebalancing_for_s(now) < self.departed_after_s
+                or now - self._last_departed_check < DEPARTED_CHECK_EVERY_S
+                or (self._departed_check is not None and not self._departed_check.done())):
+            return False
+        self._last_departed_check = now
+        self._departed_check = asyncio.create_task(self._look_for_departed())
+        return True
+
+    async def _look_for_departed(self) -> None:
+        assert self.remove_departed is not None
+        try:
+            removed = await self.remove_departed()
+        except Exception as exc:
+            log.info("%s: looking for departed members failed: %s", self.name, exc)
+            return
+        if removed:
+            log.warning("%s removed departed members holding its join: %s", self.name,
+                        ", ".join(removed))
+
+    async def close(self) -> None:
+        if self._departed_check is not None:
+            self._departed_check.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._departed_check

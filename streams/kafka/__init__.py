@@ -1,0 +1,2 @@
+"""Internal: the Kafka client driver: the only place that touches aiokafka's internals (the
+cooperative coordinator, static membership requests, read-committed fetching)."""

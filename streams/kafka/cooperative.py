@@ -1,0 +1,132 @@
+"""Cooperative rebalancing over aiokafka's eager group client.
+
+aiokafka 0.14 speaks only the eager protocol: at every rebalance it revokes every partition,
+stops fetching, and forgets every position. :class:`CooperativeGroupCoordinator` changes
+that for consumers whose assignor opts in (``cooperative = True``):
+
+- at join-prepare it revokes nothing, so fetching and processing go on while the group
+  rebalances (a listener's ``before_join`` may give tasks up there, before the subscription
+  is built);
+- at join-complete it revokes only the partitions that moved away, keeps the positions of the
+  partitions it keeps, and hands the new assignment over.
+
+The member then rejoins at once if it revoked something (the assignor says so), and the moved
+partitions reach their new owner in that second round: KIP-429's two rounds.
+
+This relies on aiokafka internals (``GroupCoordinator._on_join_prepare`` and
+``_on_join_complete``, ``SubscriptionState``), which is why aiokafka is pinned to 0.14.*;
+``tests/streams/test_cooperative.py`` covers it against the real broker; what the runtime
+reads of the coordinator goes through :mod:`streams.kafka.driver`. The consumer looks the
+coordinator class up by name in ``aiokafka.consumer.consumer``; :func:`install` puts this one
+there. Consumers whose assignors do not opt in behave exactly as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import aiokafka.consumer.consumer as consumer_module
+from aiokafka.consumer.group_coordinator import GroupCoordinator
+from aiokafka.coordinator.protocol import ConsumerProtocol
+from aiokafka.structs import TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+class CooperativeGroupCoordinator(GroupCoordinator):
+    #: True from join-prepare to join-complete: the group is rebalancing.
+    rebalancing = False
+    #: When (monotonic seconds) the member entered the current round.
+    rebalancing_since: float | None = None
+    #: When (monotonic seconds) the member entered its latest round; kept after it ends, so
+    #: that the round's duration can be measured once its assignment is applied.
+    round_started: float | None = None
+
+    def _cooperative(self) -> bool:
+        return any(getattr(a, "cooperative", False) for a in self._assignors)
+
+    async def _on_join_prepare(self, previous_assignment: Any) -> None:
+        self.rebalancing = True
+        self.rebalancing_since = self.round_started = time.monotonic()
+        if not self._cooperative():
+            await super()._on_join_prepare(previous_assignment)
+            return
+        # Keep the assignment, positions and fetching; only forget the leader's view.
+        self._group_subscription = None
+        # Relay's listener may give tasks up before the subscription is built (learners
+        # that take them over in this round: streams.group.promotion_asks).
+        before_join = getattr(self._subscription.listener, "before_join", None)
+        if before_join is not None:
+            try:
+                await before_join()
+            except Exception:
+                log.exception("before_join failed; joining with what the member runs")
+
+    async def _on_join_complete(
+        self, generation: int, member_id: str, protocol: str, member_assignment_bytes: bytes
+    ) -> None:
+        self.rebalancing = False
+        self.rebalancing_since = None
+        if not self._cooperative():
+            await super()._on_join_complete(
+                generation, member_id, protocol, member_assignment_bytes
+            )
+            return
+        assignor = self._lookup_assignor(protocol)
+        assert assignor, f"invalid assignment protocol: {protocol}"
+        assignment = ConsumerProtocol.ASSIGNMENT.decode(member_assignment_bytes)
+        new_partitions = set(assignment.partitions())
+
+        previous = self._subscription.subscription
+        old_assignment = previous.assignment if previous is not None else None
+        old_partitions: set[TopicPartition] = (
+            set(old_assignment.tps) if old_assignment is not None else set()
+        )
+        kept_positions: dict[TopicPartition, int] = {}
+        if old_assignment is not None:
+            for tp in old_partitions & new_partitions:
+                state = old_assignment.state_value(tp)
+                if state.has_valid_position:
+                    kept_positions[tp] = state.position
+        revoked = old_partitions - new_partitions
+        listener = self._subscription.listener
+
+        # Give the assignor the assignment before any callback, as the eager path does.
+        assignor.on_assignment(assignment)
+        if revoked and listener is not None:
+            log.info("revoking only what moved: %s", sorted(revoked))
+            await self._call(listener.on_partitions_revoked, revoked, "on_partitions_revoked")
+
+        self._subscription.assign_from_subscribed(new_partitions)
+        subscription = self._subscription.subscription
+        for tp, position in kept_positions.items():
+            subscription.assignment.state_value(tp).seek(position)
+
+        await self._stop_commit_offsets_refresh_task()
+        self.start_commit_offsets_refresh_task(subscription.assignment)
+        log.info("kept %d partitions, gained %d, revoked %d",
+                 len(kept_positions), len(new_partitions - old_partitions), len(revoked))
+        if listener is not None:
+            await self._call(listener.on_partitions_assigned, new_partitions,
+                             "on_partitions_assigned")
+
+    async def _call(self, callback: Any, partitions: set[TopicPartition], name: str) -> None:
+        """Run a listener callback. A failure is not swallowed: the member rejoins, so that
+        the group plans again (Relay's own listener reports failures to its thread, which
+        retries or fails loudly; this is the net for any other listener)."""
+        try:
+            result = callback(partitions)
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception:
+            log.exception("rebalance listener failed in %s; rejoining", name)
+            self.request_rejoin()
+
+
+def install() -> None:
+    """Make aiokafka's consumer build :class:`CooperativeGroupCoordinator` (idempotent)."""
+    if consumer_module.GroupCoordinator is not CooperativeGroupCoordinator:
+        consumer_module.GroupCoordinator = CooperativeGroupCoordinator  # type: ignore[misc]

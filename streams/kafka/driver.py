@@ -1,0 +1,317 @@
+"""The aiokafka driver: the one place that reads or changes aiokafka's private state.
+
+aiokafka 0.14 has no public API for what a stream thread needs to know about its group:
+its member id and generation, whether a rebalance is under way (and since when), whether a
+rejoin is already pending, or a way to ask for a rejoin. :class:`GroupConsumer` wraps the
+consumer and answers those from the coordinator's internals, next to the consumer calls the
+thread makes, so that the rest of the runtime speaks only to this interface (and tests can
+hand the thread a fake with the same methods). The cooperative coordinator it installs is in
+:mod:`streams.kafka.cooperative`. aiokafka is pinned to 0.14.* while this relies on its internals.
+
+It also installs :class:`ReadCommittedRecords` in aiokafka's fetcher: a ``read_committed``
+consumer that finds aborted transactions from their abort markers too. aiokafka skips only
+the aborted transactions a fetch response lists, and some brokers (Tansu 0.6) list none, so
+the records of aborted transactions reached the next stage of an exactly-once app as if
+committed. Reading the markers is correct on every broker, so this has no switch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka.client import AIOKafkaClient, ConnectionGroup
+from aiokafka.consumer import fetcher as fetcher_module
+from aiokafka.consumer.fetcher import OffsetResetStrategy
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaError,
+    RebalanceInProgressError,
+    for_code,
+)
+from aiokafka.protocol.group import HeartbeatRequest
+from aiokafka.protocol.metadata import MetadataRequest
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
+
+from statestore.fetch import walk_batches
+from streams.config import AppConfig
+from streams.kafka import cooperative
+
+log = logging.getLogger(__name__)
+
+#: aiokafka's default fetch size per partition, and the one of read_committed members.
+DEFAULT_PARTITION_FETCH_BYTES = 1024 * 1024
+READ_COMMITTED_PARTITION_FETCH_BYTES = 16 * 1024 * 1024
+
+#: Errors of an offset commit that mean "a rebalance is under way": the next commit carries
+#: the offsets.
+COMMIT_DEFERRED_ERRORS = (CommitFailedError, RebalanceInProgressError, IllegalStateError,
+                          TimeoutError)
+
+
+class GroupConsumer:
+    """A group member's consumer, and what the runtime needs to know about its group."""
+
+    def __init__(self, consumer: AIOKafkaConsumer, committed_by_markers: bool = False) -> None:
+        self._consumer = consumer
+        self._committed_by_markers = committed_by_markers
+
+    # -- the consumer's public API ---------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._consumer.start()
+        if self._committed_by_markers:
+            read_committed_by_markers(self._consumer)
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    def subscribe(self, topics: list[str], listener: ConsumerRebalanceListener) -> None:
+        self._consumer.subscribe(topics, listener=listener)
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Any]]:
+        return await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._consumer.seek(tp, offset)
+
+    async def seek_to_beginning(self, tp: TopicPartition) -> None:
+        """Move ``tp`` to its earliest offset. The reset is requested, not waited for: the
+        fetcher does not fetch the partition before it has resolved the position, and
+        waiting (up to a fetch's max wait, 0.5 s) would hold the thread's processing of its
+        other tasks meanwhile."""
+        fetcher = getattr(self._consumer, "_fetcher", None)
+        if fetcher is None or tp not in self._consumer.assignment():
+            await self._consumer.seek_to_beginning(tp)  # raises for a partition not assigned
+            return
+        resolved = fetcher.request_offset_reset([tp], OffsetResetStrategy.EARLIEST)
+        resolved.add_done_callback(_retrieve_outcome)
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self._consumer.pause(*tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self._consumer.resume(*tps)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._consumer.assignment())
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """The partition's high watermark from the last fetch (None before one): its end.
+        ListOffsets latest is not trusted for that (see the broker notes)."""
+        if tp not in self._consumer.assignment():
+            return None  # aiokafka asserts the partition is assigned
+        return self._consumer.highwater(tp)
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return await self._consumer.committed(tp)
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        await self._consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()})
+
+    # -- the group, from the coordinator's internals ----------------------------------------
+
+    @property
+    def _coordinator(self) -> Any:
+        return getattr(self._consumer, "_coordinator", None)
+
+    @property
+    def member_id(self) -> str:
+        return str(getattr(self._coordinator, "member_id", "") or "")
+
+    @property
+    def generation(self) -> int:
+        return int(getattr(self._coordinator, "generation", -1))
+
+    @property
+    def rebalancing(self) -> bool:
+        """Between join-prepare and join-complete (see the cooperative coordinator)."""
+        return bool(getattr(self._coordinator, "rebalancing", False))
+
+    def rebalancing_for_s(self, now: float | None = None) -> float:
+        """How long the member has been joining the current round (0 when it is not)."""
+        since = getattr(self._coordinator, "rebalancing_since", None)
+        if not self.rebalancing or since is None:
+            return 0.0
+        return (time.monotonic() if now is None else now) - since
+
+    @property
+    def round_started(self) -> float | None:
+        """When (monotonic seconds) the member entered its latest round, if it did."""
+        return getattr(self._coordinator, "round_started", None)
+
+    @property
+    def rejoin_pending(self) -> bool:
+        """A rejoin was asked for and has not started yet."""
+        coordinator = self._coordinator
+        future = getattr(coordinator, "_rejoin_needed_fut", None)
+        return bool(future is not None and future.done())
+
+    def request_rejoin(self) -> None:
+        coordinator = self._coordinator
+        if coordinator is not None:
+            coordinator.request_rejoin()
+
+    async def heartbeat(self) -> str | None:
+        """Send one Heartbeat of this member's own and return the broker's error name (None
+        when answered without error, "NOT_A_MEMBER" when the member has no member id).
+
+        Broker quirk (Tansu 0.6, the leader wedge): in a forming group LeaveGroup removes the
+        member but keeps it as the group's leader, so a leader leaving mid-round wedges the
+        group. A member about to leave asks with this heartbeat whether the group is formed
+        (see :mod:`streams.quirks.formed_group`). On Apache Kafka it is one extra heartbeat.
+        """
+        coordinator = self._coordinator
+        if coordinator is None or not self.member_id:
+            return "NOT_A_MEMBER"
+        node = getattr(coordinator, "coordinator_id", None)
+        if node is None:
+            return "COORDINATOR_UNKNOWN"
+        request = HeartbeatRequest(coordinator.group_id, self.generation, self.member_id)
+        try:
+            response = await self._consumer._client.send(
+                node, request, group=ConnectionGroup.COORDINATION)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            return type(exc).__name__
+        if not response.error_code:
+            return None
+        return str(for_code(response.error_code).__name__)
+
+
+class _MarkerIsolation(int):
+    """An isolation level that fetches read_uncommitted (its value, 0, goes on the wire) and
+    that :class:`ReadCommittedRecords` reads as read_committed by markers."""
+
+
+#: Committed records only, told by their markers, from fetches up to the high watermark.
+COMMITTED_BY_MARKERS = _MarkerIsolation(fetcher_module.READ_UNCOMMITTED)
+
+
+def read_committed_by_markers(consumer: AIOKafkaConsumer) -> None:
+    """Make a started consumer read committed records by their markers alone.
+
+    Broker quirk (the ``stuck-last-stable-offset`` one, see :mod:`streams.quirks.switch`):
+    Tansu 0.6 does not move a partition's last stable offset on while any transaction on
+    it is open, so with two or more producers whose transactions overlap (the tasks writing
+    a repartition topic or a sink) a read_committed fetch returns nothing until they all
+    happen to be closed at once. Fetching read_uncommitted and stopping at the first
+    transaction whose marker has not arrived gives what read_committed means: committed
+    records, in offset order, never past an open transaction."""
+    install_read_committed_records()
+    consumer._fetcher._isolation_level = COMMITTED_BY_MARKERS  # type: ignore[attr-defined]
+
+
+class ReadCommittedRecords(fetcher_module.PartitionRecords):  # type: ignore[misc]
+    """One partition's records of a fetch response, ``read_committed`` also by abort markers.
+
+    Below the last stable offset every transaction is decided, so each transactional batch is
+    followed by its producer's commit or abort marker: in this response, or, when the response
+    ends first, in a later one. A batch whose marker is not in this response ends the records
+    before it, and the next fetch starts there. ``read_uncommitted`` is aiokafka's own."""
+
+    def _unpack_records(self) -> Any:
+        if (self._isolation_level != fetcher_module.READ_COMMITTED
+                and self._isolation_level is not COMMITTED_BY_MARKERS):
+            yield from super()._unpack_records()
+            return
+        tp, records = self._tp, self._records
+        batches = []
+        while records.has_next():
+            batch = records.next_batch()
+            if batch is None:
+                break
+            if self._check_crcs and not batch.validate_crc():
+                raise fetcher_module.Errors.CorruptRecordException(f"Invalid CRC - {tp}")
+            batches.append(batch)
+        for batch, is_data in walk_batches(batches, self._aborted_transactions):
+            if is_data is None:
+                self.next_fetch_offset = max(self.next_fetch_offset, batch.base_offset)
+                if batch is batches[0] and _WAITING_ON.get(tp) != batch.base_offset:
+                    # Said once per transaction: the fetch is repeated until its end shows.
+                    _WAITING_ON[tp] = batch.base_offset
+                    log.debug("%s: waiting for the end of the transaction at offset %d (its "
+                             "marker is not in the fetch yet)", tp, batch.base_offset)
+                return
+            if is_data:
+                for record in batch:
+                    if record.offset < self.next_fetch_offset:
+                        continue  # a fetch from inside a batch gets the whole batch
+                    consumer_record = self._consumer_record(tp, record)
+                    self.next_fetch_offset = record.offset + 1
+                    yield consumer_record
+            self.next_fetch_offset = max(self.next_fetch_offset, batch.next_offset)
+
+
+#: The transaction each partition's read_committed fetch last waited on (for its log line).
+_WAITING_ON: dict[Any, int] = {}
+
+
+def install_read_committed_records() -> None:
+    """Make aiokafka's fetcher build :class:`ReadCommittedRecords` (idempotent)."""
+    if fetcher_module.PartitionRecords is not ReadCommittedRecords:
+        fetcher_module.PartitionRecords = ReadCommittedRecords  # type: ignore[misc]
+
+
+def _retrieve_outcome(future: Any) -> None:
+    # Nobody waits for the reset; an error of it is the fetcher's to retry, but unretrieved
+    # it would be reported as "never retrieved".
+    if not future.cancelled():
+        future.exception()
+
+
+def new_group_consumer(
+    config: AppConfig, bootstrap_servers: str, static_id: str | None, index: int,
+    assignor: AbstractPartitionAssignor, committed_by_markers: bool = False,
+) -> GroupConsumer:
+    """A consumer in the app's group, with the cooperative coordinator installed.
+    ``committed_by_markers``: exactly-once input read by markers (see
+    :func:`read_committed_by_markers`)."""
+    cooperative.install()
+    install_read_committed_records()
+    return GroupConsumer(AIOKafkaConsumer(
+        bootstrap_servers=bootstrap_servers,
+        group_id=config.application_id,
+        group_instance_id=static_id,
+        client_id=f"{config.application_id}-{static_id or index}",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        partition_assignment_strategy=(assignor,),
+        session_timeout_ms=config.session_timeout_ms,
+        heartbeat_interval_ms=config.heartbeat_interval_ms,
+        max_poll_interval_ms=config.max_poll_interval_ms,
+        rebalance_timeout_ms=config.max_poll_interval_ms,
+        # Exactly-once: input written by transactions (repartition topics, upstream apps)
+        # counts only once committed.
+        isolation_level="read_committed" if config.exactly_once else "read_uncommitted",
+        # A transaction's records are delivered once its marker is fetched too (see
+        # ReadCommittedRecords): room for a commit interval's worth per partition.
+        max_partition_fetch_bytes=(READ_COMMITTED_PARTITION_FETCH_BYTES if config.exactly_once
+                                   else DEFAULT_PARTITION_FETCH_BYTES),
+    ), committed_by_markers=committed_by_markers and config.exactly_once)
+
+
+def new_producer(bootstrap_servers: str) -> AIOKafkaProducer:
+    return AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all", linger_ms=5)
+
+
+def producer_client(producer: Any) -> AIOKafkaClient | None:
+    """The producer's connection, for requests aiokafka has no API for (LeaveGroup v3)."""
+    return getattr(producer, "client", None)
+
+
+async def broker_cluster_id(bootstrap_servers: str) -> str | None:
+    """The cluster id the broker reports in a Metadata response (None when it gives none)."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap_servers)
+    await client.bootstrap()
+    try:
+        nodes: Iterable[Any] = client.cluster.brokers()
+        node = next(iter(nodes)).nodeId
+        response = await client.send(node, MetadataRequest([]))
+        return getattr(response, "cluster_id", None)
+    finally:
+        await client.close()

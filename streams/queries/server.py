@@ -1,0 +1,300 @@
+"""Interactive queries over HTTP (aiohttp): ``GET /stores/<store>/<key>`` on any worker, or on
+``relay web``, answers for any key of the app.
+
+A worker with ``query_port`` set answers from its own copy when it holds the key's task
+(:mod:`streams.queries.store_query`); otherwise it finds the key's owner in the status topic
+(:mod:`streams.queries.routing`) and forwards the request there, once: a forwarded request is
+answered locally or refused, never forwarded again. ``relay web`` holds no state and always
+forwards.
+
+Query string: ``allow_standby=true`` lets a standby or learner copy answer (its lag is in
+the answer), ``max_lag=N`` bounds that lag, ``key_format=json`` reads the key as JSON (for
+keys that are not strings; the default takes the path segment as a string).
+
+Answers are JSON: ``200`` with ``value``, ``owner`` (the member whose copy answered),
+``role``, ``lag``, ``task`` and ``partition``; ``404`` with ``found: false`` for a key the
+store does not hold (or ``error`` for an unknown store); ``400`` for a key that cannot be read
+or encoded, or a bad parameter; ``503`` with ``Retry-After`` when no copy may answer right now
+(restoring, moving, owner unknown or unreachable).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from streams.queries.routing import Route, RoutingTable, now_ms
+from streams.queries.store_query import (
+    KeyReading,
+    LocalStores,
+    StoreKeyError,
+    StoreLayout,
+    StoreQuery,
+    StoreUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+#: Set on a forwarded request (to the forwarder's endpoint): its receiver does not forward.
+FORWARDED_HEADER = "X-Relay-Forwarded-By"
+FORWARD_TIMEOUT_S = 5.0
+RETRY_AFTER_S = 1
+KEY_FORMATS = ("str", "json")
+
+
+@dataclass(frozen=True)
+class QueryRequest:
+    """A checked ``GET /stores/<store>/<key>``."""
+
+    store: str
+    key: Any
+    allow_standby: bool
+    max_lag: int | None
+
+
+class BadQuery(ValueError):
+    """A request the service cannot answer as asked: a 4xx with ``message``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def parse_request(store: str, raw_key: str, query: dict[str, str]) -> QueryRequest:
+    """The checked request; :class:`BadQuery` (400) naming what is wrong."""
+    unknown = sorted(set(query) - {"allow_standby", "max_lag", "key_format"})
+    if unknown:
+        raise BadQuery(400, f"unknown parameter(s) {', '.join(unknown)}; use allow_standby, "
+                            f"max_lag, key_format")
+    key_format = query.get("key_format", "str")
+    if key_format not in KEY_FORMATS:
+        raise BadQuery(400, f"key_format must be one of {', '.join(KEY_FORMATS)}, "
+                            f"not {key_format!r}")
+    key: Any = raw_key
+    if key_format == "json":
+        try:
+            key = json.loads(raw_key)
+        except ValueError as exc:
+            raise BadQuery(400, f"key {raw_key!r} is not valid JSON (key_format=json): "
+                                f"{exc}") from None
+    return QueryRequest(store, key, _flag(query.get("allow_standby", "false")),
+                        _max_lag(query.get("max_lag")))
+
+
+def _flag(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise BadQuery(400, f"allow_standby must be true or false, not {raw!r}")
+
+
+def _max_lag(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise BadQuery(400, f"max_lag must be a number of records >= 0, not {raw!r}")
+    return value
+
+
+def unavailable(message: str, reason: str, task: str | None,
+                retry_after_s: int = RETRY_AFTER_S) -> web.Response:
+    return web.json_response(
+        {"error": message, "reason": reason, "task": task, "retry_after_s": retry_after_s},
+        status=503, headers={"Retry-After": str(retry_after_s)})
+
+
+def bad(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+class QueryService:
+    """Answers key queries for one app: locally when ``local`` holds the key's task, else by
+    forwarding to the owner the routing table names."""
+
+    def __init__(self, table: RoutingTable, local: LocalStores | None = None, *,
+                 instance_id: str = "", endpoint: Callable[[], str | None] = lambda: None,
+                 clock: Callable[[], int] = now_ms) -> None:
+        self.table = table
+        self.local = local
+        self.instance_id = instance_id
+        self._endpoint = endpoint
+        self._clock = clock
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def layout(self, store: str) -> StoreLayout:
+        layouts: dict[str, StoreLayout | str] = {}
+        if self.local is not None:
+            layouts.update(self.local.layouts())
+        if store not in layouts:
+            layouts.update(self.table.layouts(self._clock()))
+        found = layouts.get(store)
+        if found is None:
+            known = ", ".join(sorted(layouts)) or "none known yet"
+            raise BadQuery(404, f"unknown store {store!r} (stores: {known})")
+        if isinstance(found, str):
+            raise BadQuery(400, found)
+        return found
+
+    async def handle(self, request: web.Request) -> web.Response:
+        try:
+            query = parse_request(request.match_info["store"], request.match_info["key"],
+                                  dict(request.query))
+            layout = self.layout(query.store)
+            task = layout.task_of(query.key)
+        except BadQuery as exc:
+            return bad(exc.status, str(exc))
+        except StoreKeyError as exc:
+            return bad(400, str(exc))
+        partition = int(task.rsplit("_", 1)[1])
+        forwarded_by = request.headers.get(FORWARDED_HEADER)
+        local_refusal: StoreUnavailable | None = None
+        if self.local is not None:
+            try:
+                reading = StoreQuery(query.store, self.local).read(
+                    query.key, allow_standby=query.allow_standby, max_lag=query.max_lag)
+            except StoreKeyError as exc:
+                return bad(400, str(exc))
+            except StoreUnavailable as exc:
+                local_refusal = exc
+            else:
+                return self._answer(reading, partition)
+            if forwarded_by is not None or local_refusal.reason == "restoring":
+                return unavailable(str(local_refusal), local_refusal.reason, task)
+        return await self._forward(request, query, task, local_refusal)
+
+    def _answer(self, reading: KeyReading, partition: int) -> web.Response:
+        body = reading.to_json()
+        body["partition"] = partition
+        body["owner"] = {"member": reading.thread, "instance_id": self.instance_id,
+                         "endpoint": self._endpoint()}
+        return web.json_response(body, status=200 if reading.found else 404,
+                                 dumps=_dumps)
+
+    def _candidates(self, query: QueryRequest, task: str) -> tuple[list[Route], Route | None]:
+        """Members to forward to (the active, then allowed copies), and a member restoring
+        the task (to say so when nobody can answer)."""
+        mine = self._endpoint()
+        routes = [r for r in self.table.routes(task, self._clock()) if r.endpoint != mine]
+        restoring = next((r for r in routes if r.role == "restoring"), None)
+        chosen = [r for r in routes if r.role == "active"]
+        if query.allow_standby:
+            chosen += [r for r in routes if r.role in ("standby", "learner")
+                       and r.lag is not None
+                       and (query.max_lag is None or r.lag <= query.max_lag)]
+        return chosen, restoring
+
+    async def _forward(self, request: web.Request, query: QueryRequest, task: str,
+                       local_refusal: StoreUnavailable | None) -> web.Response:
+        candidates, restoring = self._candidates(query, task)
+        if not candidates:
+            if restoring is not None:
+                return unavailable(f"task {task} of store {query.store} is restoring on "
+                                   f"{restoring.member}; retry", "restoring", task)
+            if local_refusal is not None and local_refusal.reason != "not_local":
+                return unavailable(str(local_refusal), local_refusal.reason, task)
+            return unavailable(f"no live member that serves queries holds task {task} of "
+                               f"store {query.store} right now (it may be moving, or its "
+                               f"owner does not set query_port); retry", "no_owner", task)
+        route = candidates[0]
+        url = route.endpoint.rstrip("/") + request.rel_url.raw_path_qs
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S))
+        headers = {FORWARDED_HEADER: self._endpoint() or "relay-web"}
+        try:
+            async with self._session.get(url, headers=headers) as response:
+                text = await response.text()
+                status = response.status
+                retry_after = response.headers.get("Retry-After")
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return unavailable(f"the owner of task {task} ({route.member} at "
+                               f"{route.endpoint}) did not answer: {exc or type(exc).__name__}"
+                               f"; retry", "owner_unreachable", task)
+        try:
+            body = json.loads(text)
+        except ValueError:
+            return unavailable(f"the owner of task {task} ({route.member}) answered "
+                               f"{status} without JSON; retry", "owner_unreachable", task)
+        if isinstance(body, dict):
+            body["forwarded_by"] = self._endpoint() or "relay-web"
+        headers = {"Retry-After": retry_after} if retry_after else {}
+        return web.json_response(body, status=status, headers=headers, dumps=_dumps)
+
+
+def _dumps(value: Any) -> str:
+    # Values are whatever the store's serde gives back; ones JSON cannot hold are shown as
+    # their repr rather than failing the answer.
+    return json.dumps(value, default=repr)
+
+
+@web.middleware
+async def json_errors(request: web.Request,
+                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                      ) -> web.StreamResponse:
+    """aiohttp's own 404 and 405 answer with a JSON message too."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return web.json_response({"error": f"{exc.reason}: {request.method} {request.path}; "
+                                           f"queries are GET /stores/<store>/<key>"},
+                                 status=exc.status)
+
+
+def add_query_routes(app: web.Application, service: QueryService) -> None:
+    app.router.add_get("/stores/{store}/{key:.+}", service.handle)
+
+
+def make_query_app(service: QueryService) -> web.Application:
+    app = web.Application(middlewares=[json_errors])
+    add_query_routes(app, service)
+    return app
+
+
+class QueryServer:
+    """A worker's query server, on the app's event loop (the stores are read there)."""
+
+    def __init__(self, service: QueryService) -> None:
+        self.service = service
+        self.url: str | None = None
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str, port: int, advertised_host: str) -> str:
+        runner = web.AppRunner(make_query_app(self.service), shutdown_timeout=1.0,
+                               access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise OSError(f"cannot serve queries on {host}:{port} (query_port): "
+                          f"{exc.strerror or exc}") from exc
+        self._runner = runner
+        bound = runner.addresses[0][1] if runner.addresses else port
+        self.url = f"http://{advertised_host}:{bound}"
+        return self.url
+
+    async def close(self) -> None:
+        await self.service.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,396 @@
+"""Interactive queries of a process's own stores: ``app.store("counts").get(key)``.
+
+A key lives in one task: the partition the runtime's producer (aiokafka's default murmur2
+partitioner) sends it to, hashed from the key as the store's sub-topology reads it from its
+source topic. :class:`StoreLayout` computes that task from plain data; the choice of which
+local copy may answer (:func:`choose_copy`) is a pure decision over what the threads hold.
+
+What a read guarantees:
+
+- It reads **committed** state: the database as of the store's last commit (a copy: the last
+  changelog batch it applied), never the writes buffered since. A commit is what the
+  changelog vouches for, so a read never shows a value a crash could take back; it trails
+  the processing by up to one ``commit_interval_ms``.
+- By default only a running active answers. A standby or learner copy answers only when the
+  caller passes ``allow_standby=True``, and the answer carries its changelog lag.
+- A key whose task is not here, restoring, or between owners raises
+  :class:`StoreUnavailable` (retry later, or ask the owner), never an older value.
+
+Reads run on the app's event loop, between two steps of the stream threads (which run on the
+same loop), and do not await: a read never sees half a commit, and no store closes under it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiokafka.partitioner import DefaultPartitioner
+
+from statestore.serdes import Serde, SerdeError, serde_from_name
+from streams.dsl.processors import WindowAggregateNode, walk_nodes
+from streams.dsl.topology import SubTopology
+from streams.runtime.state_updater import UNKNOWN_LAG
+from streams.runtime.transitions import Role
+
+if TYPE_CHECKING:
+    from statestore.store import KeyValueStore
+    from streams.runtime.thread import StreamThread
+
+#: The runtime's producers pick partitions with aiokafka's default partitioner.
+_PARTITIONER = DefaultPartitioner()
+#: A range read returns at most this many entries unless told otherwise.
+DEFAULT_RANGE_LIMIT = 1_000
+
+
+class UnknownStoreError(KeyError):
+    """The app declares no store of that name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown store"
+
+
+class StoreKeyError(ValueError):
+    """A key the store's serdes cannot encode (or a windowed store's key that is not
+    ``(key, window_start)``)."""
+
+
+class StoreUnavailable(Exception):
+    """The key's state cannot be read here right now; retry (or ask its owner).
+
+    ``reason``: ``not_local`` (no copy of the task here), ``standby_only`` (only a copy,
+    and the caller did not allow reading one), ``restoring`` (the task's state is being
+    restored, or a copy's lag is not known yet), ``moving`` (the task is changing hands or
+    the app is stopping), ``too_far_behind`` (a copy above ``max_lag``), ``not_running``.
+    """
+
+    def __init__(self, store: str, task: str | None, reason: str, message: str,
+                 retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.store = store
+        self.task = task
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """Where a store's keys live: its sub-topology, its partition count, and the serde its
+    keys were hashed with (the key serde of the source topic the store is fed from)."""
+
+    store: str
+    sub_topology: int
+    partitions: int
+    key_serde: Serde
+    #: A windowed aggregate's store, keyed ``(key, window_start)``: partitioned by ``key``.
+    windowed: bool = False
+
+    def store_key(self, key: Any) -> Any:
+        """The key as the store holds it (a windowed store's key becomes a tuple)."""
+        if not self.windowed:
+            return key
+        if not isinstance(key, list | tuple) or len(key) != 2 or not isinstance(key[1], int):
+            raise StoreKeyError(f"store {self.store} is windowed: its keys are "
+                                f"(key, window_start_ms), not {key!r}")
+        return (key[0], key[1])
+
+    def partition_of(self, key: Any) -> int:
+        """The partition the key is processed in, as the runtime's partitioner picks it."""
+        record_key = self.store_key(key)[0] if self.windowed else key
+        if record_key is None:
+            raise StoreKeyError(f"store {self.store} holds no entry without a key")
+        try:
+            raw = self.key_serde.dumps(record_key)
+        except Exception as exc:
+            raise StoreKeyError(f"store {self.store}: cannot encode key {record_key!r} with "
+                                f"its source's key serde: {exc}") from None
+        partitions = list(range(self.partitions))
+        return int(_PARTITIONER(raw, partitions, partitions))
+
+    def task_of(self, key: Any) -> str:
+        return f"{self.sub_topology}_{self.partition_of(key)}"
+
+    def to_status(self) -> dict[str, Any]:
+        """As published on the status topic, for routers without the app's code: the serde
+        by name, or None when its name does not rebuild it (a serde of the app's own)."""
+        name = getattr(self.key_serde, "name", None)
+        try:
+            rebuilt = None if name is None else serde_from_name(str(name))
+        except ValueError:
+            rebuilt = None
+        return {"sub_topology": self.sub_topology, "partitions": self.partitions,
+                "key_serde": name if type(rebuilt) is type(self.key_serde) else None,
+                "windowed": self.windowed}
+
+    @classmethod
+    def from_status(cls, store: str, value: Any) -> StoreLayout:
+        """The layout a member published; ValueError when it cannot be used."""
+        if not isinstance(value, dict):
+            raise ValueError(f"store {store}: layout is not a map")
+        serde = value.get("key_serde")
+        if not isinstance(serde, str):
+            raise ValueError(f"store {store}: its keys use a serde of the app's own, which "
+                             f"only the app's workers can rebuild; query a worker")
+        sub, partitions = value.get("sub_topology"), value.get("partitions")
+        if not isinstance(sub, int) or not isinstance(partitions, int) or partitions < 1:
+            raise ValueError(f"store {store}: layout {value!r} is malformed")
+        return cls(store, sub, partitions, serde_from_name(serde), bool(value.get("windowed")))
+
+
+def store_layouts(subs: Iterable[SubTopology]) -> dict[str, StoreLayout]:
+    """Every store of the app's sub-topologies (their partition counts already resolved)."""
+    layouts: dict[str, StoreLayout] = {}
+    for sub in subs:
+        for store in sorted(sub.stores):
+            for topic in sorted(sub.sources):
+                source = sub.sources[topic]
+                nodes = [n for n in walk_nodes([source]) if store in n.store_names()]
+                if nodes:
+                    windowed = any(isinstance(n, WindowAggregateNode) for n in nodes)
+                    layouts[store] = StoreLayout(store, sub.id, sub.partitions,
+                                                 source.key_serde, windowed)
+                    break
+            else:  # a store no source reaches (a processor's own): the first source's key
+                first = sub.sources[sorted(sub.sources)[0]]
+                layouts[store] = StoreLayout(store, sub.id, sub.partitions, first.key_serde)
+    return layouts
+
+
+# -- which local copy answers ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One local thread's hold on a task: its role there, the copy's lag, and whether the
+    thread is in a state to serve it (running, or rebalancing with the task kept)."""
+
+    task: str
+    thread: str
+    role: str  # "active", "restoring", "standby", "learner"
+    lag: int | None = 0
+    serving: bool = True
+
+
+def choose_copy(store: str, task: str, holdings: Sequence[Holding], allow_standby: bool,
+                max_lag: int | None = None) -> Holding:
+    """The copy that answers for ``task``: a serving active, else (when allowed) the copy
+    with the smallest known lag. Raises :class:`StoreUnavailable` saying why none can."""
+    mine = [h for h in holdings if h.task == task]
+    for holding in mine:
+        if holding.role == "active" and holding.serving:
+            return holding
+    if any(h.role == "restoring" for h in mine):
+        raise StoreUnavailable(store, task, "restoring",
+                               f"task {task} of store {store} is restoring its state here; "
+                               f"retry")
+    if any(h.role == "active" for h in mine):
+        raise StoreUnavailable(store, task, "moving",
+                               f"task {task} of store {store} is changing hands here; retry")
+    copies = [h for h in mine if h.role in ("standby", "learner") and h.serving]
+    if not copies:
+        raise StoreUnavailable(store, task, "not_local",
+                               f"task {task} of store {store} is not held by this process; "
+                               f"ask its owner (GET /stores/{store}/<key> on any worker)")
+    if not allow_standby:
+        raise StoreUnavailable(store, task, "standby_only",
+                               f"this process holds only a {copies[0].role} copy of task "
+                               f"{task} (lag {copies[0].lag}); pass allow_standby=True to "
+                               f"read it, or ask its owner")
+    known = [h for h in copies if h.lag is not None]
+    if not known:
+        raise StoreUnavailable(store, task, "restoring",
+                               f"the copy of task {task} has no known lag yet; retry")
+    best = min(known, key=lambda h: (h.lag, h.role != "standby"))
+    if max_lag is not None and best.lag is not None and best.lag > max_lag:
+        raise StoreUnavailable(store, task, "too_far_behind",
+                               f"the local copy of task {task} is {best.lag} records behind "
+                               f"(max_lag {max_lag}); retry")
+    return best
+
+
+# -- readings -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyReading:
+    """One key read from a local copy: its value (None when absent), which task and copy
+    answered, and how far that copy trails the changelog (0 for the active)."""
+
+    store: str
+    key: Any
+    value: Any
+    found: bool
+    task: str
+    role: str
+    lag: int | None
+    thread: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"store": self.store, "key": self.key, "value": self.value,
+                "found": self.found, "task": self.task, "role": self.role, "lag": self.lag,
+                "thread": self.thread}
+
+
+@dataclass(frozen=True)
+class RangeReading:
+    """Entries of a range read from the local copies, in key order, with the copy that
+    answered for each task, and the store's tasks this process could not read (their keys
+    are missing from ``entries``)."""
+
+    store: str
+    entries: list[tuple[Any, Any]]
+    tasks: dict[str, Holding]
+    unavailable: dict[str, str] = field(default_factory=dict)
+    truncated: bool = False
+
+
+class LocalStores:
+    """What the process's stream threads hold, for queries: the layouts of the app's stores
+    and, per task, each thread's copy."""
+
+    def __init__(self, threads: Callable[[], Sequence[StreamThread]]) -> None:
+        self._threads = threads
+        self._layouts: dict[str, StoreLayout] | None = None
+
+    def layouts(self) -> dict[str, StoreLayout]:
+        threads = self._threads()
+        if self._layouts is None and threads:
+            self._layouts = store_layouts(threads[0].layout.subs)
+        return self._layouts or {}
+
+    def holdings(self, task: str) -> list[Holding]:
+        found: list[Holding] = []
+        for thread in self._threads():
+            found.extend(thread_holdings(thread, task))
+        return found
+
+    def store_of(self, holding: Holding, store: str) -> KeyValueStore | None:
+        for thread in self._threads():
+            if thread.status_key.decode() != holding.thread:
+                continue
+            registry = thread.registry
+            if holding.role == "active":
+                task = registry.active.get(holding.task)
+                return None if task is None else task.stores.get(store)
+            return registry.copies.get(holding.task, {}).get(store)
+        return None
+
+
+def thread_holdings(thread: StreamThread, task: str) -> list[Holding]:
+    """The thread's hold on ``task`` (none, or one)."""
+    from streams.runtime.thread import ThreadState  # the thread module imports this one
+
+    registry = thread.registry
+    label = thread.status_key.decode()
+    # A kept active serves through a cooperative round (its state does not change then); a
+    # stopping thread's tasks are about to close.
+    serving = thread.state in (ThreadState.RUNNING, ThreadState.REBALANCING)
+    if task in registry.active:
+        return [Holding(task, label, "active", 0, serving)]
+    if task in registry.restoring:
+        return [Holding(task, label, "restoring", None, False)]
+    role = registry.copy_roles.get(task)
+    if role is None:
+        return []
+    lag = thread.state_updater.copy_lag(task)
+    return [Holding(task, label, "standby" if role is Role.STANDBY else "learner",
+                    None if lag >= UNKNOWN_LAG else lag, serving)]
+
+
+class StoreQuery:
+    """``app.store(name)``: reads of one store's committed state held by this process."""
+
+    def __init__(self, name: str, local: LocalStores) -> None:
+        self.name = name
+        self._local = local
+
+    @property
+    def layout(self) -> StoreLayout:
+        layout = self._local.layouts().get(self.name)
+        if layout is None:
+            raise StoreUnavailable(self.name, None, "not_running",
+                                   f"store {self.name}: the app is not running yet; retry")
+        return layout
+
+    def task_of(self, key: Any) -> str:
+        """The task that holds ``key``."""
+        return self.layout.task_of(key)
+
+    def get(self, key: Any, default: Any = None, *, allow_standby: bool = False,
+            max_lag: int | None = None) -> Any:
+        """The committed value of ``key``, else ``default``. Raises
+        :class:`StoreUnavailable` when no local copy may answer (see :meth:`read`)."""
+        reading = self.read(key, allow_standby=allow_standby, max_lag=max_lag)
+        return reading.value if reading.found else default
+
+    def read(self, key: Any, *, allow_standby: bool = False,
+             max_lag: int | None = None) -> KeyReading:
+        """The committed value of ``key`` with the copy that answered and its lag."""
+        layout = self.layout
+        store_key = layout.store_key(key)
+        task = layout.task_of(key)
+        holding = choose_copy(self.name, task, self._local.holdings(task), allow_standby,
+                              max_lag)
+        store = self._open_store(holding)
+        sentinel = object()
+        try:
+            value = store.get_committed(store_key, sentinel)
+        except SerdeError as exc:
+            raise StoreKeyError(f"store {self.name}: cannot encode key {key!r}: {exc}") \
+                from None
+        found = value is not sentinel
+        return KeyReading(self.name, key, value if found else None, found, task,
+                          holding.role, holding.lag, holding.thread)
+
+    def range(self, start: Any = None, end: Any = None, *, allow_standby: bool = False,
+              max_lag: int | None = None, limit: int = DEFAULT_RANGE_LIMIT) -> RangeReading:
+        """Committed entries with ``start <= key < end`` across the tasks this process can
+        read, in key order, at most ``limit``. Keys are spread over every task by hash, so
+        the tasks it could not read are listed in ``unavailable``."""
+        layout = self.layout
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, not {limit}")
+        lower = None if start is None else layout.store_key(start)
+        upper = None if end is None else layout.store_key(end)
+        tasks: dict[str, Holding] = {}
+        unavailable: dict[str, str] = {}
+        entries: list[tuple[bytes, tuple[Any, Any]]] = []
+        truncated = False
+        for partition in range(layout.partitions):
+            task = f"{layout.sub_topology}_{partition}"
+            try:
+                holding = choose_copy(self.name, task, self._local.holdings(task),
+                                      allow_standby, max_lag)
+            except StoreUnavailable as exc:
+                unavailable[task] = exc.reason
+                continue
+            tasks[task] = holding
+            store = self._open_store(holding)
+            dumps = store.spec.key_serde.dumps
+            # Each task's entries are materialized now, without awaiting: no commit and no
+            # close can come between (see the module's docstring).
+            try:
+                for n, entry in enumerate(store.range_committed(lower, upper)):
+                    if n >= limit:
+                        truncated = True
+                        break
+                    entries.append((dumps(entry[0]), entry))
+            except SerdeError as exc:
+                raise StoreKeyError(f"store {self.name}: cannot encode the range's bounds: "
+                                    f"{exc}") from None
+        # Merged in the order the store keeps its keys (its encoding's byte order).
+        entries.sort(key=lambda item: item[0])
+        if len(entries) > limit:
+            truncated = True
+            entries = entries[:limit]
+        return RangeReading(self.name, [entry for _, entry in entries], tasks, unavailable,
+                            truncated)
+
+    def _open_store(self, holding: Holding) -> KeyValueStore:
+        store = self._local.store_of(holding, self.name)
+        if store is None or not store.is_open:
+            raise StoreUnavailable(self.name, holding.task, "moving",
+                                   f"task {holding.task}'s store {self.name} is not open "
+                                   f"here right now; retry")
+        return store

@@ -1,0 +1,78 @@
+"""Departed members the broker still keeps in the group: found from the status topic and
+removed with LeaveGroup, so that a newcomer is never held by a member that is gone.
+
+A static member stops without LeaveGroup, so that a restart within its session timeout gets
+its tasks back. Its session then expires, and on Apache Kafka that ends it. Tansu keeps an
+expired leader as the leader of the next round: a static member that replaces it (a new
+``group_instance_id``) joins round after round as a follower of a member that is gone and
+never gets an assignment (seen for minutes, until an operator removed the departed member).
+
+So a member that has been joining for longer than a round removes, itself, every static
+member of the group that has published nothing for a session timeout: its status record
+(published every second while it runs) is older than that, or it tombstoned its record (a
+clean stop) longer ago than that. By then its session is over on any broker, so removing it
+changes nothing on a broker that already expired it. A member with no record at all (not a
+Relay member, or one that just started) is left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from aiokafka.client import AIOKafkaClient
+
+from streams.group.status_topic import read_status
+from streams.kafka.membership import GroupMember, describe_group, leave_group
+
+log = logging.getLogger(__name__)
+
+#: A static member's id on the broker: ``<group_instance_id>-<uuid>``, and Relay's group
+#: instance ids are ``<instance>-thread-<n>``.
+_STATIC_MEMBER_ID = re.compile(r"^(.+-thread-\d+)-[0-9a-fA-F-]{36}$")
+
+
+def static_id_of(member_id: str) -> str | None:
+    match = _STATIC_MEMBER_ID.match(member_id)
+    return match.group(1) if match else None
+
+
+def departed_static_members(
+    members: Iterable[GroupMember], statuses: dict[str, dict[str, Any]],
+    departures: dict[str, int], now_ms: int, session_timeout_ms: int, own: str | None,
+) -> list[tuple[str, str]]:
+    """``(member_id, static_id)`` of the members that have published nothing for longer
+    than ``session_timeout_ms``, ``own`` excepted."""
+    gone = []
+    for member in members:
+        static = static_id_of(member.member_id)
+        if static is None or static == own:
+            continue
+        status = statuses.get(static)
+        # A running member's last record, else when it stopped cleanly.
+        last = status.get("updated_ms") if status is not None else departures.get(static)
+        if isinstance(last, int) and now_ms - last > session_timeout_ms:
+            gone.append((member.member_id, static))
+    return gone
+
+
+async def remove_departed_members(
+    client: AIOKafkaClient, bootstrap: str, group: str, session_timeout_ms: int,
+    own: str | None,
+) -> list[str]:
+    """Remove the departed static members of ``group``; returns their static ids."""
+    departures: dict[str, int] = {}
+    statuses = await read_status(bootstrap, group, departures)
+    described = await describe_group(client, group)
+    gone = departed_static_members(described.members, statuses, departures,
+                                   int(time.time() * 1000), session_timeout_ms, own)
+    if not gone:
+        return []
+    answers = await leave_group(client, group, gone)
+    log.warning("removed departed members from the group (silent for over %d ms): %s",
+                session_timeout_ms,
+                ", ".join(f"{s} ({answers.get(s) or 'removed'})" for _m, s in gone))
+    return [s for _m, s in gone]

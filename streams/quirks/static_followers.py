@@ -1,0 +1,125 @@
+"""The static-follower digest protocol: how static members stay in step with the leader on a
+broker that answers a static follower's rejoin with its cached assignment.
+
+On such a broker (Tansu) a static follower that rejoins a stable group gets its old assignment
+back, no rebalance starts, and the broker may keep the follower's old metadata. So, with this
+protocol on (the quirk ``cached-static-rejoin``, see :mod:`streams.quirks.switch`):
+
+- a static follower that needs a rebalance also asks the leader, on the control topic, to
+  rejoin (the leader rejoining always starts one);
+- a static member publishes its current subscription on the control topic after every
+  change, and the leader's assignor uses the freshest copy;
+- after each assignment the leader publishes, per static follower, a digest of the assignment
+  it computed for it; a follower holding another one asks for a rebalance the way a ready
+  learner does. A digest, not the generation: when only the leader rejoins, Tansu completes
+  the round without moving the generation on;
+- a member that hands over and leaves first lets a round under way finish (a leader that
+  left during a round left the others joining rounds led by the departed member), and a
+  leaving leader sends its followers their digests only once it has left.
+
+On a broker that rebalances on a static member's rejoin (Apache Kafka) none of this is
+needed; the messages would be harmless there, but the quirk is off there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+from streams.kafka.driver import GroupConsumer
+
+log = logging.getLogger(__name__)
+
+class ControlSender(Protocol):
+    def request_rebalance(self, reason: str) -> None: ...
+    def publish_subscription(self, static_id: str, data: bytes) -> None: ...
+    def request_fetch(self, digests: dict[str, str]) -> None: ...
+
+
+class StaticMember(Protocol):
+    static_id: str | None
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    @property
+    def received_digest(self) -> str | None: ...
+
+    def request_rejoin(self, reason: str, broadcast: bool = True, news: bool = True) -> None: ...
+
+
+class StaticFollowers:
+    """The protocol for every stream thread of one process (they share the control topic)."""
+
+    def __init__(self, enabled: bool, control: ControlSender | None = None) -> None:
+        self.enabled = enabled
+        self._control = control
+        self._members: list[StaticMember] = []
+        self._subscriptions: dict[str, bytes] = {}
+
+    def add_member(self, member: StaticMember) -> None:
+        self._members.append(member)
+
+    def _active_for(self, member: StaticMember) -> bool:
+        return self.enabled and self._control is not None and member.static_id is not None
+
+    # -- a member's side --------------------------------------------------------------------
+
+    def ask_leader(self, member: StaticMember, reason: str) -> None:
+        """A static follower asking for a rebalance also asks the leader to rejoin."""
+        if self._active_for(member) and not member.is_leader:
+            self._control.request_rebalance(f"{member.static_id}: {reason}")  # type: ignore[union-attr]
+
+    def publish_subscription(self, member: StaticMember, data: bytes) -> None:
+        if self._active_for(member):
+            self._control.publish_subscription(member.static_id, data)  # type: ignore[union-attr, arg-type]
+
+    def tell_followers(self, member: StaticMember, digests: dict[str, str]) -> None:
+        """From the leader: the digest of the assignment it computed for each static
+        follower."""
+        if not (self._active_for(member) and member.is_leader):
+            return
+        followers = {s: d for s, d in digests.items() if s != member.static_id}
+        if followers:
+            self._control.request_fetch(followers)  # type: ignore[union-attr]
+
+    async def settle(self, consumer: GroupConsumer, session_timeout_ms: int,
+                     heartbeat_interval_ms: int) -> None:
+        """Before a member that handed everything over leaves: let a round under way finish
+        (bounded by the session timeout)."""
+        if not self.enabled:
+            return
+        deadline = time.monotonic() + session_timeout_ms / 1000
+        # A round another member started shows at this member's next heartbeat.
+        await asyncio.sleep(heartbeat_interval_ms / 1000)
+        while time.monotonic() < deadline and (consumer.rebalancing or consumer.rejoin_pending):
+            await asyncio.sleep(0.1)
+
+    # -- the control topic's side ------------------------------------------------------------
+
+    def fresh_subscription(self, static_id: str) -> bytes | None:
+        """The latest subscription ``static_id`` published (read by the leader's assignor)."""
+        return self._subscriptions.get(static_id) if self.enabled else None
+
+    def on_subscription(self, static_id: str, data: bytes) -> None:
+        self._subscriptions[static_id] = data
+
+    def on_fetch_request(self, digests: dict[str, str]) -> None:
+        if not self.enabled:
+            return
+        for member in self._members:
+            if member.static_id in digests and not member.is_leader:
+                rejoin_if_assignment_missed(member, digests[member.static_id])  # type: ignore[index]
+
+
+def rejoin_if_assignment_missed(member: StaticMember, digest: str) -> bool:
+    """Ask for a rebalance if the leader computed another assignment (``digest``) for this
+    member than the one it holds: a static follower the broker did not wait for missed the
+    round. A plain rejoin is not enough on every broker (Tansu may hold the follower's join
+    until the leader rejoins too), so it asks the way a ready learner does."""
+    if member.received_digest == digest:
+        return False
+    member.request_rejoin("missed the leader's last assignment", news=False)
+    return True

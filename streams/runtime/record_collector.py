@@ -1,0 +1,116 @@
+"""The record collector: ships a thread's output, dead-letter and changelog records through
+its data producer (:mod:`streams.runtime.delivery`) and tracks their acknowledgements.
+
+Outputs are handed after every batch, without a per-record await; the handing waits only
+while the producer's queue is full. Changelog records wait in their stores, coalesced to the
+latest write per key, until the commit or until the thread's stores hold more than
+``changelog_buffer_bytes`` of them: a key counted a thousand times between two commits costs
+one changelog record, not a thousand. Cancelled while the queue is full (a thread stopping),
+the records not handed over yet stay queued (outputs in the task, changelog records in their
+store), so the final commit ships them instead of dropping them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from statestore.record_size import truncated_payload
+from statestore.store import KeyValueStore
+from streams.metrics import Metrics
+from streams.runtime.delivery import Deliveries
+from streams.runtime.task import MAX_ERROR_CHARS, RecordError, StreamTask
+
+log = logging.getLogger(__name__)
+
+
+def changelogs_due(tasks: Iterable[StreamTask], buffer_bytes: int) -> bool:
+    """Whether the changelog records the stores of ``tasks`` hold have outgrown the buffer."""
+    queued = 0
+    for task in tasks:
+        for store in task.stores.values():
+            queued += store.changelog_bytes
+    return queued > buffer_bytes
+
+
+class RecordCollector:
+    def __init__(self, producer: Any, dead_letter_topic: str, metrics: Metrics | None = None,
+                 metrics_label: str = "", changelog_buffer_bytes: int = 0) -> None:
+        self.producer = producer
+        self.changelog_buffer_bytes = changelog_buffer_bytes
+        self.deliveries = Deliveries(producer)
+        self._metrics = metrics
+        self._label = metrics_label
+        self._dead_letter_topic = dead_letter_topic
+        self.dead_lettered = 0
+
+    async def ship_outputs(self, tasks: Iterable[StreamTask]) -> None:
+        """After a batch: hand the queued outputs of ``tasks`` to the producer, and their
+        changelog records too once they outgrew ``changelog_buffer_bytes``."""
+        tasks = list(tasks)
+        await self.ship(tasks, changelogs=changelogs_due(tasks, self.changelog_buffer_bytes))
+
+    async def ship(self, tasks: Iterable[StreamTask], changelogs: bool = True) -> None:
+        """Hand every queued output and (``changelogs``) changelog record of ``tasks`` to the
+        producer, with each task's input position written into its stores first."""
+        deliveries = self.deliveries
+        for task in tasks:
+            outputs = task.take_outputs()
+            handed = 0
+            try:
+                handed = deliveries.hand(outputs, 0)
+                while handed < len(outputs):
+                    await deliveries.room()
+                    handed = deliveries.hand(outputs, handed)
+            finally:
+                task.context.outputs[:0] = outputs[handed:]
+            if changelogs and task.stores:
+                task.record_input_position()
+                await self._send_pending(task.stores.values())
+        deliveries.serve()
+
+    async def _send_pending(self, stores: Iterable[KeyValueStore]) -> None:
+        deliveries = self.deliveries
+        for store in stores:
+            topic = store.changelog_topic
+            if topic is None:
+                continue
+            records = store.drain_changelog()
+            if not records:
+                continue
+            tracked = deliveries.for_store(store)
+            handed = 0
+            try:
+                handed = deliveries.hand(records, 0, topic, store.partition, tracked)
+                while handed < len(records):
+                    await deliveries.room()
+                    handed = deliveries.hand(records, handed, topic, store.partition, tracked)
+            finally:
+                # Cancelled while the queue was full (a thread stopping), the records not yet
+                # handed over must stay queued, or the input offsets committed next would
+                # cover state the changelog never got.
+                store.requeue_changelog(records[handed:])
+
+    async def send_changelogs(self, tasks: Iterable[StreamTask]) -> None:
+        for task in tasks:
+            await self._send_pending(task.stores.values())
+
+    async def dead_letter(self, error: RecordError, task_id: str = "") -> None:
+        record = error.record
+        log.warning("%s; sent to %s", str(error)[:MAX_ERROR_CHARS], self._dead_letter_topic)
+        key, value, cut = truncated_payload(record.key, record.value)
+        await self.deliveries.send(self._dead_letter_topic, key, value,
+                                   error.dead_letter_headers() + cut)
+        self.dead_lettered += 1
+        if self._metrics is not None:
+            self._metrics.record_dead_letters(self._label, task_id)
+
+    async def wait_acknowledged(self) -> None:
+        """Every output, dead letter and changelog record sent so far is acknowledged (the
+        stores' changelog positions move on); raises the first send error."""
+        await self.deliveries.wait_acknowledged()
+
+    async def close(self) -> None:
+        """Wait (bounded) for what is in flight; the thread stops its other producer."""
+        await self.deliveries.close()

@@ -1,0 +1,246 @@
+"""A stream task: one partition of one sub-topology, with its stores.
+
+A record goes: source topic -> :meth:`StreamTask.process` (deserialize with the source's
+serdes) -> processor nodes -> stores (changelog records queued) and outputs (sink records
+queued). The stream thread ships what was queued and commits; the task remembers the next
+offset of each input partition it processed, which is what gets committed and where a kept
+partition resumes after a rebalance. It drops records below that offset, so a batch fetched
+before a rebalance sought its partition back is never processed twice.
+
+A bad record (one that cannot be deserialized, or whose processing raises) is a
+:class:`RecordError`, dead-lettered by the caller. An error of the machine (an ``OSError``, a
+store that cannot be written, memory) is not: it propagates unchanged and the record does not
+count as processed, so the runtime stops without committing past it.
+
+With its input position the task keeps its stream time in its stores' state, so that windows
+closed before a restart stay closed after it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from assignor.model import parse_task_id
+from statestore.errors import StateStoreError
+from statestore.recovery import open_task_store
+from statestore.snapshot import SnapshotSettings
+from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
+from streams.dsl.processors import ProcessorContext, SourceNode, WindowAggregateNode, walk_nodes
+from streams.dsl.topology import SubTopology
+
+log = logging.getLogger(__name__)
+
+
+class RecordError(Exception):
+    """A record could not be deserialized or processed; carries where it came from."""
+
+    def __init__(self, stage: str, record: ConsumerRecord, cause: BaseException,
+                 index: int = 0) -> None:
+        super().__init__(
+            f"{stage} failed for {record.topic}[{record.partition}]@{record.offset}: "
+            f"{type(cause).__name__}: {cause}"
+        )
+        self.stage = stage
+        self.record = record
+        self.cause = cause
+        #: The record's place in the batch it was processed in.
+        self.index = index
+
+    def dead_letter_headers(self) -> list[tuple[str, bytes]]:
+        """The headers a dead-lettered record carries: what failed, where it came from."""
+        record = self.record
+        # An error's text can quote the whole record: keep it a header's size.
+        error = f"{type(self.cause).__name__}: {self.cause}"[:MAX_ERROR_CHARS]
+        return [
+            ("relay.error", error.encode()),
+            ("relay.stage", self.stage.encode()),
+            ("relay.topic", record.topic.encode()),
+            ("relay.partition", str(record.partition).encode()),
+            ("relay.offset", str(record.offset).encode()),
+        ]
+
+
+#: What the ``relay.error`` header keeps of an error's text.
+MAX_ERROR_CHARS = 2_000
+
+#: Errors of the machine or the runtime, never of a record: they propagate as they are.
+MACHINE_ERRORS = (OSError, MemoryError, StateStoreError)
+
+#: The entry of a store's input position that holds the task's stream time (topic entries
+#: are ``"topic:partition"``, and a topic name cannot hold ``:``).
+STREAM_TIME_ENTRY = "stream-time"
+
+
+def open_task_stores(
+    sub: SubTopology, task_id: str, application_id: str, state_dir: Path,
+    snapshots: SnapshotSettings | None = None, *, bulk_load: bool = False,
+) -> dict[str, KeyValueStore]:
+    """Open (lock, check checkpoints, bootstrap from snapshots) every store of a task; not
+    restored yet. ``bulk_load``: opened for restoration (see ``KeyValueStore.open``)."""
+    partition = parse_task_id(task_id)[1]
+    stores: dict[str, KeyValueStore] = {}
+    try:
+        for name, decl in sorted(sub.stores.items()):
+            spec = StoreSpec(name, value_serde=decl.value_serde)
+            stores[name] = open_task_store(
+                spec,
+                store_directory(state_dir, application_id, task_id, name),
+                changelog_topic_name(application_id, name),
+                partition,
+                snapshot=snapshots.for_store(application_id, task_id, name) if snapshots else None,
+                bulk_load=bulk_load,
+            )
+    except BaseException:
+        for store in stores.values():
+            store.close()
+        raise
+    return stores
+
+
+class StreamTask:
+    """Processes the records of one partition of one sub-topology."""
+
+    def __init__(self, task_id: str, sub: SubTopology, stores: dict[str, KeyValueStore]) -> None:
+        self.task_id = task_id
+        self.sub = sub
+        self.partition = parse_task_id(task_id)[1]
+        self.stores = stores
+        self.context = ProcessorContext(task_id, stores)
+        self.sources: dict[str, SourceNode] = dict(sub.sources)
+        self.partitions = [TopicPartition(t, self.partition) for t in sorted(sub.sources)]
+        # Next offset to process per input partition; what is committed.
+        self.processed: dict[TopicPartition, int] = {}
+        self.records_processed = 0
+        #: Records dropped because they were at or below the processed position.
+        self.records_skipped = 0
+        self._recorded: dict[TopicPartition, int] = {}
+        self._recorded_stream_time = -1
+        #: The key of each input partition in ``processed``, made once.
+        self._partition_keys: dict[tuple[str, int], TopicPartition] = {}
+        self._window_nodes = [n for n in walk_nodes(sub.sources.values())
+                             if isinstance(n, WindowAggregateNode)]
+
+    def process(self, record: ConsumerRecord) -> bool:
+        """Run one record through the topology; False if it was already processed (dropped).
+
+        Raises :class:`RecordError` on bad input; the record then counts as processed (it goes
+        to the dead-letter topic instead). A machine error propagates as it is and the record
+        does not count as processed.
+        """
+        return self.process_batch((record,)) == 1
+
+    def process_batch(self, records: Sequence[ConsumerRecord]) -> int:
+        """Run ``records`` through the topology in order, each as :meth:`process` would;
+        returns how many ran (the others were at or below the processed position: dropped).
+
+        A :class:`RecordError` stops the batch; its ``index`` is the bad record's place in
+        ``records`` (it and those before it are done, the caller goes on after it)."""
+        processed = self.processed
+        sources = self.sources
+        ctx = self.context
+        ran = 0
+        tp: TopicPartition | None = None
+        topic, partition = "", -1
+        # Per record, only what changes: the partition's key is looked up once per run of
+        # records from one partition (a fetch's batch is one partition's).
+        try:
+            for index, record in enumerate(records):
+                if record.partition != partition or record.topic != topic:
+                    topic, partition = record.topic, record.partition
+                    tp = self._partition_keys.get((topic, partition))
+                    if tp is None:
+                        tp = self._partition_keys[(topic, partition)] = TopicPartition(
+                            topic, partition)
+                    source = sources[topic]
+                    loads_key, loads_value = source.key_serde.loads, source.value_serde.loads
+                offset = record.offset
+                if offset < processed.get(tp, -1):
+                    self.records_skipped += 1
+                    continue
+                try:
+                    raw = record.key
+                    key = None if raw is None else loads_key(raw)
+                    raw = record.value
+                    value = None if raw is None else loads_value(raw)
+                except Exception as exc:
+                    processed[tp] = offset + 1  # type: ignore[index]
+                    raise RecordError("deserialize", record, exc, index) from exc
+                timestamp = record.timestamp
+                ctx.topic, ctx.partition, ctx.offset = topic, partition, offset
+                ctx.timestamp_ms = timestamp
+                try:
+                    source.process(ctx, key, value)
+                except MACHINE_ERRORS:
+                    raise
+                except Exception as exc:
+                    processed[tp] = offset + 1  # type: ignore[index]
+                    if timestamp > ctx.stream_time_ms:
+                        ctx.stream_time_ms = timestamp
+                    raise RecordError("process", record, exc, index) from exc
+                processed[tp] = offset + 1  # type: ignore[index]
+                if timestamp > ctx.stream_time_ms:
+                    ctx.stream_time_ms = timestamp
+                ran += 1
+        finally:
+            self.records_processed += ran
+        return ran
+
+    def record_input_position(self) -> None:
+        """Write the input offsets processed so far and the stream time into every store,
+        with the data."""
+        stream_time = self.context.stream_time_ms
+        if not self.stores or (self.processed == self._recorded
+                               and stream_time == self._recorded_stream_time):
+            return
+        position = {f"{tp.topic}:{tp.partition}": offset for tp, offset in self.processed.items()}
+        if stream_time >= 0:
+            position[STREAM_TIME_ENTRY] = stream_time
+        for store in self.stores.values():
+            store.write_input_position(position)
+        self._recorded = dict(self.processed)
+        self._recorded_stream_time = stream_time
+
+    def restored_input_position(self) -> dict[TopicPartition, int]:
+        """The input offsets every store's restored state reflects (the smallest per input);
+        also takes the stream time back from the state."""
+        merged: dict[TopicPartition, int] = {}
+        stream_times: list[int] = []
+        for i, store in enumerate(self.stores.values()):
+            positions = {}
+            for name, offset in store.read_input_position().items():
+                if name == STREAM_TIME_ENTRY:
+                    stream_times.append(offset)
+                    continue
+                topic, _, partition = name.rpartition(":")
+                positions[TopicPartition(topic, int(partition))] = offset
+            if i == 0:
+                merged = positions
+            else:
+                merged = {tp: min(o, positions[tp]) for tp, o in merged.items() if tp in positions}
+        self._recorded = dict(merged)
+        if stream_times:
+            # Like the offsets, the stream time of the state that is furthest behind.
+            self.context.stream_time_ms = max(self.context.stream_time_ms, min(stream_times))
+        self._recorded_stream_time = self.context.stream_time_ms
+        return merged
+
+    @property
+    def stream_time_ms(self) -> int:
+        """The largest record timestamp this task has processed (-1 before any)."""
+        return self.context.stream_time_ms
+
+    def purge_expired_windows(self) -> int:
+        return sum(node.purge(self.context) for node in self._window_nodes)
+
+    def take_outputs(self) -> list:
+        outputs, self.context.outputs = self.context.outputs, []
+        return outputs
+
+    def close(self) -> None:
+        for store in self.stores.values():
+            store.close()
+

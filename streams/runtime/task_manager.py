@@ -1,0 +1,274 @@
+"""The task manager: carries out the pure transition plan (:mod:`streams.runtime.transitions`) when
+an assignment arrives, and owns the lifecycle of a thread's tasks and copies.
+
+- close what the member no longer has (state stays on disk);
+- demote actives that become standby or learner copies (their stores stay open);
+- open new copies, and hand them to the state updater to follow;
+- start new actives: restoring first (from a copy this member held, if any), running once
+  restored, at the input position their state reflects. Their committed offsets are asked
+  for as soon as they are assigned: asked for later, while the member joins the next round,
+  the request would wait behind the JoinGroup on the coordinator's connection (a broker
+  answers a connection's requests in order), and the restored task with it;
+- seek kept partitions back to where their task stopped, pause the partitions of actives that
+  are still restoring.
+
+Stores a thread opens are registered with the process (:mod:`streams.runtime.store_handover`), so a
+task moving between two threads of one process is handed over rather than clashing on its
+lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+
+from aiokafka.structs import TopicPartition
+
+from assignor import MemberAssignment
+from statestore.store import KeyValueStore
+from streams.group.partition_assignor import TaskLayout
+from streams.kafka.driver import GroupConsumer
+from streams.quirks.task_positions import PositionReader
+from streams.runtime.state_updater import StateUpdater
+from streams.runtime.store_handover import ProcessStores
+from streams.runtime.task import StreamTask
+from streams.runtime.tasks import Tasks
+from streams.runtime.transitions import Plan, Role, plan_transitions
+
+log = logging.getLogger(__name__)
+
+
+class TaskManager:
+    def __init__(
+        self,
+        name: str,
+        layout: TaskLayout,
+        tasks: Tasks,
+        consumer: GroupConsumer,
+        state_updater: StateUpdater,
+        process_stores: ProcessStores,
+        open_stores: Callable[[str], dict[str, KeyValueStore]],
+        positions: PositionReader | None = None,
+    ) -> None:
+        self._name = name
+        #: Each task's input positions beside the group's offsets (broker quirk
+        #: ``deferred-transactional-offsets``); None where the group's offsets suffice.
+        self._positions = positions
+        self._layout = layout
+        self.tasks = tasks
+        self._consumer = consumer
+        self._updater = state_updater
+        self._process_stores = process_stores
+        self._open_stores = open_stores
+        #: The committed offsets of each restoring active, asked for when it was assigned.
+        self._committed: dict[str, asyncio.Future[dict[TopicPartition, int]]] = {}
+
+    # -- applying an assignment -------------------------------------------------------------
+
+    def handle_assignment(self, assignment: MemberAssignment) -> Plan:
+        plan = plan_transitions(self.tasks.roles(), assignment)
+        for task_id in plan.close:
+            self.close_task(task_id)
+        for task_id, role in plan.demote:
+            self._add_copy(task_id, role, self._stop_active(task_id))
+        for task_id, role in plan.retag:
+            self.tasks.retag(task_id, role)
+        for task_id, role in plan.add_copies:
+            stores = self._process_stores.take_over(task_id, self)
+            if stores is None and self._process_stores.held_by_another(task_id, self):
+                # Another thread of this process runs it: a copy on the same instance adds
+                # nothing, and its store is locked. Not held, so not reported either.
+                log.warning("%s: not keeping a %s copy of %s, which another thread of this "
+                            "process runs", self._name, role.value, task_id)
+                continue
+            self._add_copy(task_id, role, self._open(task_id) if stores is None else stores)
+        for task_id in plan.start:
+            stores = self._remove_copy(task_id) if task_id in plan.promote else None
+            if stores is None:
+                stores = self._stores_for(task_id)
+            self.tasks.add_restoring(task_id, stores)
+            self._ask_committed(task_id)
+        # Kept partitions resume where their task stopped; restoring ones wait paused.
+        for task in self.tasks.active.values():
+            for tp in task.partitions:
+                if tp in task.processed:
+                    self._consumer.seek(tp, task.processed[tp])
+        paused = [tp for task_id in self.tasks.restoring for tp in self.partitions_of(task_id)]
+        if paused:
+            self._consumer.pause(*paused)
+        self._updater.assignment_changed()
+        return plan
+
+    def partitions_of(self, task_id: str) -> list[TopicPartition]:
+        return [TopicPartition(t, p) for t, p in self._layout.partitions_of(task_id)]
+
+    def _stores_for(self, task_id: str) -> dict[str, KeyValueStore]:
+        """The task's stores: taken over from another thread of this process that holds them
+        as a copy, or opened."""
+        stores = self._process_stores.take_over(task_id, self)
+        return self._open(task_id) if stores is None else stores
+
+    def _open(self, task_id: str) -> dict[str, KeyValueStore]:
+        stores = self._open_stores(task_id)
+        self._process_stores.hold(task_id, self)
+        return stores
+
+    # -- restored actives become running tasks ---------------------------------------------
+
+    def _ask_committed(self, task_id: str) -> None:
+        self._forget_committed(task_id)
+        with contextlib.suppress(RuntimeError):  # no running loop: asked at the start
+            self._committed[task_id] = asyncio.ensure_future(
+                self._read_committed(self.partitions_of(task_id)))
+
+    def _forget_committed(self, task_id: str) -> None:
+        future = self._committed.pop(task_id, None)
+        if future is not None:
+            future.cancel()
+
+    async def _read_committed(self, partitions: list[TopicPartition],
+                              ) -> dict[TopicPartition, int]:
+        committed: dict[TopicPartition, int] = {}
+        for tp in partitions:
+            offset = await self._consumer.committed(tp)
+            if offset is not None and offset >= 0:
+                committed[tp] = offset
+        return committed
+
+    async def _committed_offsets(self, task_id: str, partitions: list[TopicPartition],
+                                 ) -> dict[TopicPartition, int]:
+        """The offsets asked for at assignment; asked again if that failed."""
+        future = self._committed.pop(task_id, None)
+        if future is not None:
+            try:
+                return dict(await future)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+                # Only the request was cancelled (its task was closed meanwhile): asked
+                # again, and the caller sees whether the task still restores.
+            except Exception as exc:
+                log.info("%s: asking for %s's committed offsets again (%s)", self._name,
+                         task_id, exc)
+        return await self._read_committed(partitions)
+
+    async def start_restored(self, task_id: str, stores: dict[str, KeyValueStore]) -> bool:
+        """Run ``task_id`` if it is still restoring these stores; False if it was revoked."""
+        if self.tasks.restoring.get(task_id) is not stores:
+            return False
+        partitions = [TopicPartition(t, p) for t, p in self._layout.partitions_of(task_id)]
+        recorded: dict[TopicPartition, int] = {}
+        if self._positions is not None:
+            recorded = await self._positions.latest(task_id, partitions)
+        committed = await self._committed_offsets(task_id, partitions)
+        if self.tasks.restoring.get(task_id) is not stores:
+            return False  # revoked (or the thread closed) while its offsets were read
+        # Nothing awaits from here until the task is registered as running: stores that sat
+        # in neither registry across an await would be missed by whatever closes the
+        # thread's tasks meanwhile, and stay open, their directory locked, for good.
+        self.tasks.remove_restoring(task_id)
+        for store in stores.values():
+            store.end_bulk_load()  # the task reads it from now on
+        task = StreamTask(task_id, self._layout.sub_of(task_id), stores)
+        restored_position = task.restored_input_position()
+        for tp in task.partitions:
+            # The group's offset may lag the last committed transaction (see
+            # streams.quirks.task_positions): the task's own record of it is then later.
+            if tp in recorded and recorded[tp] > committed.get(tp, -1):
+                committed[tp] = recorded[tp]
+            # The state may already reflect records past the committed offset (a member that
+            # died after its changelog was written but before it committed): skip those.
+            if tp in restored_position and restored_position[tp] > committed.get(tp, -1):
+                committed[tp] = restored_position[tp]
+        self.tasks.add_running(task)
+        assigned = self._consumer.assignment()
+        from_start = [tp for tp in task.partitions if tp in assigned and tp not in committed]
+        for tp in task.partitions:
+            if tp in assigned and tp in committed:
+                self._consumer.seek(tp, committed[tp])
+                task.processed[tp] = committed[tp]
+        for tp in from_start:
+            await self._consumer.seek_to_beginning(tp)
+        if self.tasks.active.get(task_id) is not task:
+            return False  # closed while it sought the beginning
+        assigned = self._consumer.assignment()
+        self._consumer.resume(*[tp for tp in task.partitions if tp in assigned])
+        log.info("%s: task %s restored and running from %s", self._name, task_id,
+                 {f"{tp.topic}[{tp.partition}]": committed.get(tp, "the beginning")
+                  for tp in task.partitions if tp in assigned} or "no assigned partition")
+        return True
+
+    # -- stopping, demoting, closing -------------------------------------------------------
+
+    def _stop_active(self, task_id: str) -> dict[str, KeyValueStore]:
+        task = self.tasks.remove_running(task_id)
+        if task is not None:
+            return task.stores
+        stores = self.tasks.remove_restoring(task_id) or {}
+        self._updater.cancel_restore(stores)
+        return stores
+
+    def _add_copy(self, task_id: str, role: Role, stores: dict[str, KeyValueStore]) -> None:
+        self.tasks.add_copy(task_id, role, stores)
+        self._updater.follow(stores, task_id)
+
+    def _remove_copy(self, task_id: str) -> dict[str, KeyValueStore] | None:
+        stores = self.tasks.remove_copy(task_id)
+        if stores is not None:
+            self._updater.unfollow(task_id, stores)
+        return stores
+
+    def release(self, task_ids: list[str]) -> None:
+        """Give running tasks up before a round, for their ready learners to take in it (see
+        :mod:`streams.group.promotion_asks`). Their state stays as standby copies, and their
+        partitions stay paused until the round's assignment says what becomes of them."""
+        for task_id in task_ids:
+            self._forget_committed(task_id)
+            self._add_copy(task_id, Role.STANDBY, self._stop_active(task_id))
+            self._consumer.pause(*self.partitions_of(task_id))
+            log.info("%s: gave up %s for its ready learner; keeps its state as a copy",
+                     self._name, task_id)
+
+    def warm_up(self, task_ids: Iterable[str]) -> list[str]:
+        """Before the first join: open learner copies of these tasks (streams.group.warm_up). A
+        task whose stores cannot be opened is left out, with a warning: it is learned after
+        the join, as usual."""
+        opened: list[str] = []
+        for task_id in task_ids:
+            try:
+                self._add_copy(task_id, Role.LEARNER, self._open(task_id))
+            except Exception as exc:
+                log.warning("%s: not warming up %s (%s: %s)", self._name, task_id,
+                            type(exc).__name__, exc)
+                continue
+            opened.append(task_id)
+        return opened
+
+    def give_up(self, task_id: str) -> dict[str, KeyValueStore] | None:
+        """Another thread of this process takes this copy over (see ProcessStores)."""
+        if task_id not in self.tasks.copies:
+            return None
+        log.info("%s: hands its %s copy of %s to another thread of this process",
+                 self._name, self.tasks.copy_roles[task_id].value, task_id)
+        return self._remove_copy(task_id)
+
+    def close_task(self, task_id: str) -> None:
+        self._forget_committed(task_id)
+        if task_id in self.tasks.active or task_id in self.tasks.restoring:
+            stores = self._stop_active(task_id)
+        else:
+            stores = self._remove_copy(task_id) or {}
+        self._process_stores.release(task_id, self)
+        for store in stores.values():
+            store.close()  # commits what the changelog holds; says so and drops the rest
+        log.info("%s: closed task %s (state stays on disk)", self._name, task_id)
+
+    def close_all(self) -> None:
+        for task_id in self.tasks.ids():
+            try:
+                self.close_task(task_id)
+            except Exception:
+                log.exception("%s: closing %s failed", self._name, task_id)

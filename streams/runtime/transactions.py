@@ -1,0 +1,458 @@
+"""Exactly-once processing: one Kafka transaction per task and commit interval.
+
+Each active task has a transactional producer of its own (confluent-kafka; aiokafka's fails
+on Tansu), with ``transactional.id`` ``<application_id>-<task>``. When a task becomes active
+its producer's ``init_transactions`` runs before its state is restored: that fences any
+earlier owner of the task (a zombie that lost it and does not know yet) and aborts the
+zombie's open transaction, so restoration reads a changelog no one else can still extend.
+
+Every commit interval, each task's transaction holds its outputs, dead letters, changelog
+records (the last of which is the task's input position, kept in its state) and, through
+``send_offsets_to_transaction``, its input offsets for the group. Commit or abort decides
+them all at once. The store's write buffer reaches RocksDB only after the transaction
+committed; a failed transaction (fenced, aborted, a send error) discards the buffer, closes
+the task and asks the group to plan again: reopened, the task starts from the committed
+state on disk plus the committed changelog after its checkpoint, never a full restore.
+
+The offsets go with a consumer group metadata that names the group only (no member id, no
+generation): fencing rests on the per-task transactional id, not on the group generation,
+because the group members are aiokafka consumers that confluent-kafka cannot describe.
+
+The confluent-kafka calls that wait on the broker (``init_transactions``, ``flush``,
+``send_offsets_to_transaction``, ``commit_transaction``, ``abort_transaction``) run in a
+worker thread, so that the event loop (heartbeats, fetches) goes on meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka.structs import TopicPartition
+
+from statestore.store import KeyValueStore
+from streams.metrics import Metrics
+from streams.quirks.task_positions import TaskPositions
+from streams.runtime.delivery import hand_changelog, hand_outputs
+from streams.runtime.record_collector import changelogs_due
+from streams.runtime.task import RecordError, StreamTask
+
+log = logging.getLogger(__name__)
+
+#: How long a blocking transactional call may take before it counts as failed.
+TRANSACTION_TIMEOUT_S = 30.0
+#: How long an abort may take before the producer is released instead.
+ABORT_TIMEOUT_S = 5.0
+#: Attempts at fencing a task's previous owner before the error propagates.
+INIT_ATTEMPTS = 3
+
+
+def transactional_id(application_id: str, task_id: str) -> str:
+    return f"{application_id}-{task_id}"
+
+
+def new_transactional_producer(bootstrap_servers: str, tid: str) -> Any:
+    """A confluent-kafka producer for one task. ``murmur2_random`` places keyed records on
+    the partitions Java clients and aiokafka choose."""
+    from confluent_kafka import Producer
+
+    return Producer({
+        "bootstrap.servers": bootstrap_servers,
+        "transactional.id": tid,
+        "transaction.timeout.ms": 60_000,
+        # Outputs become visible only at the commit, which flushes at once: a longer linger
+        # costs no latency a reader sees, and makes fewer, larger produce requests.
+        "linger.ms": 50,
+        "partitioner": "murmur2_random",
+        "enable.idempotence": True,
+        "acks": "all",
+    })
+
+
+def new_group_metadata(bootstrap_servers: str, group_id: str) -> Any:
+    """Consumer group metadata naming ``group_id`` alone, for ``send_offsets_to_transaction``
+    (read from a confluent-kafka consumer that never joins)."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group_id,
+                         "enable.auto.commit": False})
+    try:
+        return consumer.consumer_group_metadata()
+    finally:
+        consumer.close()
+
+
+class TransactionFailed(Exception):
+    """A task's transaction could not commit; its writes are discarded."""
+
+
+@dataclass
+class _StoreAcks:
+    store: KeyValueStore
+    count: int = 0
+    end: int = 0
+
+
+@dataclass
+class TaskTransaction:
+    """One task's producer and what its open transaction holds."""
+
+    task_id: str
+    producer: Any
+    open: bool = False
+    #: Changelog acknowledgements per store (filled by delivery reports).
+    acks: dict[int, _StoreAcks] = field(default_factory=dict)
+    errors: list[Any] = field(default_factory=list)
+    produced: int = 0
+    #: One delivery callback per store (the store kept to tell a reopened one apart).
+    _callbacks: dict[int, tuple[KeyValueStore, Callable[[Any, Any], None]]] = field(
+        default_factory=dict)
+
+    def _delivered(self, store: KeyValueStore | None, err: Any, msg: Any) -> None:
+        # Called from the thread that flushes or polls the producer.
+        if err is not None:
+            self.errors.append(err)
+        elif store is not None:
+            acks = self.acks.setdefault(id(store), _StoreAcks(store))
+            acks.count += 1
+            acks.end = max(acks.end, msg.offset() + 1)
+
+    async def produce(self, topic: str, key: bytes | None, value: bytes | None, *,
+                      partition: int | None = None, timestamp_ms: int | None = None,
+                      headers: list[tuple[str, bytes]] | None = None,
+                      store: KeyValueStore | None = None) -> None:
+        if self.errors:
+            return  # the transaction fails at commit and is discarded: nothing more to add
+        if not self.open:
+            try:
+                self.producer.begin_transaction()
+            except Exception as exc:
+                self.errors.append(exc)
+                return
+            self.open = True
+        kwargs: dict[str, Any] = {"key": key, "value": value,
+                                  "on_delivery": lambda err, msg: self._delivered(store, err, msg)}
+        if partition is not None:
+            kwargs["partition"] = partition
+        if timestamp_ms:
+            kwargs["timestamp"] = timestamp_ms
+        if headers:
+            kwargs["headers"] = headers
+        while True:
+            try:
+                self.producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                # The producer's queue is full: let it drain (off the event loop).
+                await asyncio.to_thread(self.producer.poll, 0.1)
+            except Exception as exc:
+                # A fenced or failed producer refuses records: the commit reports it (the
+                # task is closed there), the processing loop goes on with other tasks.
+                self.errors.append(exc)
+                return
+        self.produced += 1
+
+    def hand(self, records: list[Any], start: int, topic: str | None = None,
+             partition: int | None = None, store: KeyValueStore | None = None) -> int:
+        """Hand ``records[start:]`` to the transaction without awaiting each one, until the
+        producer's queue is full; returns the index of the first record not handed (the
+        caller waits for room and calls again). Each record is an output (``topic``,
+        ``key``, ``value``, ``timestamp_ms``) or, with ``topic`` and ``store`` given, a
+        changelog ``(key, value)`` pair for ``partition``. A producer that refuses records
+        (fenced, failed) fails the transaction at commit: the rest are dropped here."""
+        if self.errors:
+            return len(records)
+        if not self.open:
+            try:
+                self.producer.begin_transaction()
+            except Exception as exc:
+                self.errors.append(exc)
+                return len(records)
+            self.open = True
+        produce = self.producer.produce
+        try:
+            if store is not None:
+                index = hand_changelog(produce, records, start, topic or "", partition,
+                                       self._store_callback(store))
+            else:
+                index = hand_outputs(produce, records, start, self._output_callback)
+        except Exception as exc:
+            # A fenced or failed producer refuses records: the commit reports it.
+            self.errors.append(exc)
+            index = len(records)
+        self.produced += index - start
+        return index
+
+    def _output_callback(self, err: Any, msg: Any) -> None:
+        self._delivered(None, err, msg)
+
+    def _store_callback(self, store: KeyValueStore) -> Callable[[Any, Any], None]:
+        callback = self._callbacks.get(id(store))
+        if callback is None or callback[0] is not store:
+            callback = (store, lambda err, msg: self._delivered(store, err, msg))
+            self._callbacks[id(store)] = callback
+        return callback[1]
+
+    async def room(self) -> None:
+        """Wait for the full queue to drain a little (off the event loop)."""
+        await asyncio.to_thread(self.producer.poll, 0.1)
+
+    def reset(self) -> None:
+        self.open = False
+        self.acks.clear()
+        self.errors.clear()
+        self.produced = 0
+
+
+class TaskProducers:
+    """The transactional producers of a thread's tasks, by task id."""
+
+    def __init__(self, application_id: str, new_producer: Callable[[str], Any]) -> None:
+        self._application_id = application_id
+        self._new_producer = new_producer
+        self.transactions: dict[str, TaskTransaction] = {}
+
+    async def start_task(self, task_id: str) -> TaskTransaction:
+        """A fresh producer for ``task_id``, its transactions initialised: every earlier
+        producer with the task's transactional id is fenced, its open transaction aborted."""
+        await self.drop(task_id)
+        tid = transactional_id(self._application_id, task_id)
+        for attempt in range(1, INIT_ATTEMPTS + 1):
+            producer = self._new_producer(tid)
+            try:
+                await asyncio.to_thread(producer.init_transactions, TRANSACTION_TIMEOUT_S)
+                break
+            except Exception as exc:
+                await _close_producer(producer)
+                if attempt == INIT_ATTEMPTS:
+                    raise
+                log.warning("init_transactions for %s failed (%s); retrying", tid, exc)
+        transaction = TaskTransaction(task_id, producer)
+        self.transactions[task_id] = transaction
+        log.info("task %s: transactional producer %s ready (earlier owners fenced)",
+                 task_id, tid)
+        return transaction
+
+    async def drop(self, task_id: str, failed: bool = False) -> None:
+        """Close the task's producer; an open transaction is aborted. A producer whose
+        transaction ``failed`` (fenced, or an abort that did not go through) is only
+        released: it could not abort nor close (both wait on a transaction the broker will
+        not finish), and its open transaction is aborted by the task's next owner's
+        ``init_transactions``, or by the broker's transaction timeout."""
+        transaction = self.transactions.pop(task_id, None)
+        if transaction is None:
+            return
+        producer = transaction.producer
+        if transaction.open and not failed:
+            try:
+                await asyncio.to_thread(producer.abort_transaction, ABORT_TIMEOUT_S)
+            except Exception as exc:
+                log.warning("task %s: abort failed (%s); releasing its producer", task_id, exc)
+                failed = True
+        if failed:
+            with contextlib.suppress(Exception):
+                producer.purge()
+            return  # released: librdkafka destroys it without waiting on the transaction
+        await _close_producer(producer)
+
+    async def retain(self, task_ids: Iterable[str]) -> None:
+        """Close the producers of tasks this thread no longer holds."""
+        keep = set(task_ids)
+        for task_id in [t for t in self.transactions if t not in keep]:
+            await self.drop(task_id)
+
+    async def close(self) -> None:
+        for task_id in list(self.transactions):
+            await self.drop(task_id)
+
+
+async def _close_producer(producer: Any) -> None:
+    close = getattr(producer, "close", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.to_thread(close), ABORT_TIMEOUT_S)
+
+
+class TransactionalCollector:
+    """The record collector of an exactly-once thread: ships each task's outputs, dead
+    letters and changelog records into the task's open transaction. The broker's
+    acknowledgements count only once the transaction commits (see the committer)."""
+
+    def __init__(self, producers: TaskProducers, dead_letter_topic: str,
+                 metrics: Metrics | None = None, metrics_label: str = "",
+                 changelog_buffer_bytes: int = 0) -> None:
+        self.producers = producers
+        self.changelog_buffer_bytes = changelog_buffer_bytes
+        self._dead_letter_topic = dead_letter_topic
+        self._metrics = metrics
+        self._label = metrics_label
+        self.dead_lettered = 0
+
+    async def transaction(self, task_id: str) -> TaskTransaction:
+        transaction = self.producers.transactions.get(task_id)
+        if transaction is None:
+            # Every active is started through the state updater, which fences first; a task
+            # without a producer lost it to a failed transaction and is being closed.
+            transaction = await self.producers.start_task(task_id)
+        return transaction
+
+    async def ship_outputs(self, tasks: Iterable[StreamTask]) -> None:
+        """After a batch: hand the queued outputs of ``tasks`` to their transactions, and
+        their changelog records too once they outgrew ``changelog_buffer_bytes``."""
+        tasks = list(tasks)
+        await self.ship(tasks, changelogs=changelogs_due(tasks, self.changelog_buffer_bytes))
+
+    async def ship(self, tasks: Iterable[StreamTask], changelogs: bool = True) -> None:
+        """Hand every queued output and (``changelogs``) changelog record of ``tasks`` to
+        their task's transaction, with each task's input position written into its stores
+        first."""
+        for task in tasks:
+            outputs = task.take_outputs()
+            if changelogs and task.stores:
+                task.record_input_position()
+                changelogs_of = [(store, store.drain_changelog())
+                                 for store in task.stores.values()]
+            else:
+                changelogs_of = []
+            if not outputs and not any(records for _, records in changelogs_of):
+                continue
+            transaction = await self.transaction(task.task_id)
+            handed = transaction.hand(outputs, 0)
+            while handed < len(outputs):
+                await transaction.room()
+                handed = transaction.hand(outputs, handed)
+            for store, records in changelogs_of:
+                topic = store.changelog_topic
+                if topic is None:
+                    continue
+                handed = transaction.hand(records, 0, topic, store.partition, store)
+                while handed < len(records):
+                    await transaction.room()
+                    handed = transaction.hand(records, handed, topic, store.partition, store)
+
+    async def send_changelogs(self, tasks: Iterable[StreamTask]) -> None:
+        await self.ship(tasks)
+
+    async def dead_letter(self, error: RecordError, task_id: str = "") -> None:
+        record = error.record
+        log.warning("%s; sent to %s", error, self._dead_letter_topic)
+        transaction = await self.transaction(task_id)
+        await transaction.produce(self._dead_letter_topic, record.key, record.value,
+                                  headers=error.dead_letter_headers())
+        self.dead_lettered += 1
+        if self._metrics is not None:
+            self._metrics.record_dead_letters(self._label, task_id)
+
+    async def wait_acknowledged(self) -> None:
+        """Acknowledgements are waited for at commit, inside each transaction."""
+
+    async def close(self) -> None:
+        await self.producers.close()
+
+
+class TransactionalCommitter:
+    """Commits each running task's transaction: ship what is queued, wait for the
+    acknowledgements, add the input offsets, commit; then the stores apply their buffers.
+
+    A task whose transaction fails is reported to ``on_failed`` (which closes it and asks
+    for a rebalance); the other tasks commit independently."""
+
+    def __init__(self, collector: TransactionalCollector, group_metadata: Callable[[], Any],
+                 tasks: Callable[[], list[StreamTask]], held: Callable[[], Iterable[str]],
+                 name: str, on_failed: Callable[[str, BaseException], Awaitable[None] | None],
+                 metrics: Metrics | None = None, metrics_label: str = "",
+                 positions: TaskPositions | None = None) -> None:
+        self._collector = collector
+        #: Where each task also records its input offsets (broker quirk
+        #: ``deferred-transactional-offsets``); None where the group's offsets suffice.
+        self._positions = positions
+        self._group_metadata = group_metadata
+        self._metadata: Any = None
+        self._tasks = tasks
+        self._held = held
+        self._name = name
+        self._on_failed = on_failed
+        self._metrics = metrics
+        self._label = metrics_label or name
+        #: The offsets this thread committed last, per partition.
+        self.committed: dict[TopicPartition, int] = {}
+        #: Transactions committed and failed, for tests and status.
+        self.commits = 0
+        self.failures = 0
+
+    async def commit(self, force: bool = False) -> None:
+        """One transaction per task with something to commit. ``force`` is accepted for the
+        at-least-once committer's interface: a transaction commits during a rebalance too
+        (its offsets are not a group commit)."""
+        started = time.perf_counter()
+        tasks = self._tasks()
+        # The tasks' transactions are independent (a producer each): their flushes and
+        # commits, round trips to the broker, overlap.
+        outcomes = await asyncio.gather(*(self._commit_task(task) for task in tasks),
+                                        return_exceptions=True)
+        for task, exc in zip(tasks, outcomes, strict=True):
+            if isinstance(exc, BaseException) and not isinstance(exc, Exception):
+                raise exc
+            if exc is not None:
+                self.failures += 1
+                log.warning("%s: transaction of task %s failed, its writes are discarded: "
+                            "%s: %s", self._name, task.task_id, type(exc).__name__, exc)
+                await self._collector.producers.drop(task.task_id, failed=True)
+                outcome = self._on_failed(task.task_id, exc)
+                if outcome is not None:
+                    await outcome
+        # Restoring tasks keep the producer that fenced their previous owner.
+        await self._collector.producers.retain(self._held())
+        if self._metrics is not None:
+            self._metrics.observe_commit(self._label, time.perf_counter() - started)
+
+    async def _commit_task(self, task: StreamTask) -> None:
+        task.purge_expired_windows()
+        offsets = {tp: offset for tp, offset in task.processed.items()
+                   if self.committed.get(tp) != offset}
+        await self._collector.ship([task])
+        transaction = self._collector.producers.transactions.get(task.task_id)
+        if transaction is None or (not transaction.open and not offsets):
+            return
+        producer = transaction.producer
+        if transaction.errors:
+            raise TransactionFailed(f"sends failed: {transaction.errors[0]}")
+        if not transaction.open:
+            producer.begin_transaction()
+            transaction.open = True
+        if offsets and self._positions is not None:
+            # Every input partition's position, not only those that moved: the last
+            # transaction's records then hold them all, and a reader finds them at the end.
+            partition = self._positions.partition_of(task.task_id)
+            for key, value in self._positions.records(task.processed):
+                await transaction.produce(self._positions.topic, key, value,
+                                          partition=partition)
+        unsent = await asyncio.to_thread(producer.flush, TRANSACTION_TIMEOUT_S)
+        if transaction.errors:
+            raise TransactionFailed(f"sends failed: {transaction.errors[0]}")
+        if unsent:
+            raise TransactionFailed(f"{unsent} records still unsent after the flush")
+        if offsets:
+            from confluent_kafka import TopicPartition as OffsetPartition
+
+            if self._metadata is None:
+                self._metadata = await asyncio.to_thread(self._group_metadata)
+            await asyncio.to_thread(
+                producer.send_offsets_to_transaction,
+                [OffsetPartition(tp.topic, tp.partition, offset)
+                 for tp, offset in offsets.items()],
+                self._metadata, TRANSACTION_TIMEOUT_S)
+        await asyncio.to_thread(producer.commit_transaction, TRANSACTION_TIMEOUT_S)
+        self.commits += 1
+        # Committed: the changelog holds every write, the stores may apply their buffers.
+        for acks in transaction.acks.values():
+            acks.store.acknowledged(acks.end, acks.count)
+        transaction.reset()
+        for store in task.stores.values():
+            store.commit()
+        self.committed.update(offsets)

@@ -67,4 +67,4 @@ if TYPE_CHECKING:  # what editors and type checkers see
     from streams.dsl.topology import TopicDecl, TopologyError
     from streams.dsl.windows import HoppingWindows, TumblingWindows, Windowed, WindowedSerde
     from streams.runtime.task import RecordError
-    from streams.testing.driver import TopologyTestDriver
+    from streams.testing import TopologyTestDriver

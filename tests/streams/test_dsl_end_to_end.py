@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from streams.testing.driver import TopologyTestDriver
+from streams.testing import TopologyTestDriver
 from tests.conftest import wait_until
 from tests.streams.harness import FAST_GROUP, create_topics, latest, read_all, running
 from tests.streams.test_readme import block_named

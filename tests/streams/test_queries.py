@@ -28,7 +28,7 @@ from streams.runtime.state_updater import UNKNOWN_LAG
 from streams.runtime.tasks import Tasks
 from streams.runtime.thread import ThreadState
 from streams.runtime.transitions import Role
-from streams.testing.driver import TopologyTestDriver
+from streams.testing import TopologyTestDriver
 
 
 def word_count_app() -> App:

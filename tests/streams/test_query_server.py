@@ -20,7 +20,7 @@ from streams.queries.routing import RoutingTable, StatusFollower
 from streams.queries.server import FORWARDED_HEADER, QueryService, make_query_app
 from streams.queries.store_query import LocalStores, store_layouts
 from streams.runtime.transitions import Role
-from streams.testing.driver import TopologyTestDriver
+from streams.testing import TopologyTestDriver
 from tests.streams.test_queries import FakeThread, word_count_app
 
 

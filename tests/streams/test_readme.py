@@ -50,7 +50,7 @@ def test_the_readme_has_driver_examples() -> None:
 
 def test_the_failover_example_sets_what_the_readme_says(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from streams.testing.driver import TopologyTestDriver
+    from streams.testing import TopologyTestDriver
 
     (tmp_path / "failover.py").write_text(block_named("failover.py"))
     monkeypatch.syspath_prepend(str(tmp_path))

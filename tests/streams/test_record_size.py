@@ -9,7 +9,7 @@ import msgpack
 
 from statestore.record_size import MAX_RECORD_BYTES, TRUNCATED_BYTES
 from streams import App
-from streams.testing.driver import TopologyTestDriver
+from streams.testing import TopologyTestDriver
 
 BIG = "x" * (MAX_RECORD_BYTES + 1)
 

@@ -68,6 +68,18 @@ from streams.runtime.store_handover import ProcessStores
 from streams.runtime.thread import FatalThreadError, StreamThread
 
 log = logging.getLogger(__name__)
+
+#: The shortest wait before a duplicate static id's status is looked at again: members
+#: publish every second, so a live one has published again by then.
+DUPLICATE_RECHECK_MIN_S = 1.5
+
+
+def duplicate_recheck_wait_s(updated_ms: int, now_ms: float, recheck_s: float) -> float:
+    """How long to wait before looking again at a status record of this static id written
+    at ``updated_ms``: until ``recheck_s`` after it was written, and at least
+    :data:`DUPLICATE_RECHECK_MIN_S` (clocks of two machines may disagree)."""
+    age_s = max(0.0, (now_ms - updated_ms) / 1000)
+    return max(DUPLICATE_RECHECK_MIN_S, recheck_s - age_s)
 _APP_COUNTER = itertools.count()
 
 
@@ -309,7 +321,7 @@ class App:
                 subs = await self.prepare(admin, quirks)
             finally:
                 await admin.close()
-            await self._refuse_duplicate_instance()
+            restarted = await self._refuse_duplicate_instance()
             warm_up = await self._plan_warm_up(subs, member_files)
             topics = sorted({t for s in subs for t in s.sources})
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -356,6 +368,8 @@ class App:
             if follower is not None:
                 extras.append(asyncio.create_task(follower.run(self._stop)))
             runs = [asyncio.create_task(t.run(topics)) for t in self.threads]
+            if restarted:
+                self.static_followers.restarted(f"{self.config.group_instance_id} restarted")
             stopper = asyncio.create_task(self._stop.wait())
             pending = set(runs)
             error: BaseException | None = None
@@ -481,24 +495,28 @@ class App:
         except OSError:
             return False
 
-    async def _refuse_duplicate_instance(self, recheck_s: float = 3.0) -> None:
-        """Fail fast when a live process already runs this static id.
+    async def _refuse_duplicate_instance(self, recheck_s: float = 3.0) -> bool:
+        """Fail fast when a live process already runs this static id; True when an earlier
+        process of this static id left status records (this one is its restart).
 
         Some brokers do not fence a second member with the same group instance id: it would
         silently share the first one's partitions. A member is live when its status record
         (published every second) is still being updated; a stale record of a crashed process
-        does not count.
+        does not count. The second look comes ``recheck_s`` after the record was written,
+        and at least a publication and a margin after the first look: a restart after a
+        crash then waits for nothing, as its tasks wait for it.
         """
         gid = self.config.group_instance_id
         if gid is None or self.bootstrap_servers is None:
-            return
+            return False
         mine = {f"{gid}-thread-{n}" for n in range(self.config.num_threads)}
         first = {k: v for k, v in (await read_status(self.bootstrap_servers,
                                                      self.config.application_id)).items()
                  if k in mine and v.get("incarnation") != self.incarnation}
         if not first:
-            return
-        await asyncio.sleep(recheck_s)
+            return False
+        newest_ms = max(int(v.get("updated_ms", 0) or 0) for v in first.values())
+        await asyncio.sleep(duplicate_recheck_wait_s(newest_ms, time.time() * 1000, recheck_s))
         again = await read_status(self.bootstrap_servers, self.config.application_id)
         for key, record in sorted(first.items()):
             now = again.get(key)
@@ -508,6 +526,7 @@ class App:
                     f"(instance {now.get('instance_id')}) is running it; give this instance "
                     f"another group_instance_id, or stop the other one first"
                 )
+        return True
 
     def stop(self) -> None:
         if self._stop is not None:

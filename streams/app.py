@@ -39,6 +39,7 @@ from streams.environment import (
 )
 from streams.group.control import ControlChannel, ControlListener, LeavingMark, control_topic_name
 from streams.group.group_learning import GroupLearning
+from streams.group.member_id import instance_member_ids
 from streams.group.partition_assignor import TaskLayout
 from streams.group.predecessors import (
     MemberFiles,
@@ -59,8 +60,9 @@ from streams.metrics import Metrics, MetricsServer, serve_metrics
 from streams.queries.routing import RoutingTable, StatusFollower
 from streams.queries.server import QueryServer, QueryService
 from streams.queries.store_query import LocalStores, StoreQuery, UnknownStoreError
+from streams.quirks.detect import broker_quirks
 from streams.quirks.static_followers import StaticFollowers
-from streams.quirks.switch import BrokerQuirks, Quirk, broker_quirks
+from streams.quirks.switch import BrokerQuirks, Quirk
 from streams.quirks.synced_round import RoundReports
 from streams.quirks.task_positions import TaskPositions, positions_topic_name
 from streams.runtime.factory import build_stream_thread
@@ -401,8 +403,7 @@ class App:
                                    quirks: BrokerQuirks) -> None:
         """Remove from the group the members a crashed earlier run on this state directory
         left there, before this run joins (see :mod:`streams.group.predecessors`)."""
-        own = ({f"{self.config.group_instance_id}-thread-{n}"
-                for n in range(self.config.num_threads)}
+        own = (instance_member_ids(self.config.group_instance_id, self.config.num_threads)
                if self.config.group_instance_id else set())
         stale = stale_members(files.predecessors, own)
         if not stale:
@@ -492,7 +493,7 @@ class App:
         gid = self.config.group_instance_id
         if gid is None or self.bootstrap_servers is None:
             return
-        mine = {f"{gid}-thread-{n}" for n in range(self.config.num_threads)}
+        mine = instance_member_ids(gid, self.config.num_threads)
         first = {k: v for k, v in (await read_status(self.bootstrap_servers,
                                                      self.config.application_id)).items()
                  if k in mine and v.get("incarnation") != self.incarnation}

@@ -42,6 +42,7 @@ from assignor.protocol import (
     member_from_subscription,
 )
 from streams.dsl.topology import SubTopology
+from streams.group.member_id import thread_member_id
 from streams.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,7 @@ class RelayAssignor(AbstractPartitionAssignor):
         for member_id in sorted(members):
             subscription = decode_subscription_or_none(member_id, members[member_id].user_data)
             if subscription is not None and subscription.static:
-                static_id = f"{subscription.instance_id}-thread-{subscription.thread}"
+                static_id = thread_member_id(subscription.instance_id, subscription.thread)
                 static_ids[member_id] = static_id
                 subscription = self._freshest(static_id, subscription)
             if subscription is None:
@@ -316,7 +317,7 @@ class RelayAssignor(AbstractPartitionAssignor):
 
 
 def _member_name(key: MemberKey) -> str:
-    return f"{key[0]}-thread-{key[1]}"
+    return thread_member_id(*key)
 
 
 def assignment_digest(user_data: bytes) -> str:

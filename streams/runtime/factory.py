@@ -19,6 +19,7 @@ from statestore.store import KeyValueStore
 from streams.config import AppConfig
 from streams.dsl.topology import SubTopology
 from streams.group.group_learning import GroupLearning
+from streams.group.member_id import thread_member_id
 from streams.group.partition_assignor import RelayAssignor, TaskLayout
 from streams.group.predecessors import MemberFiles
 from streams.group.promotion_asks import PromotionAsks
@@ -96,11 +97,12 @@ def build_stream_thread(
     if bootstrap_servers is None and any(client is None for client in needed):
         raise ValueError("bootstrap_servers is needed for the clients not given")
     layout = TaskLayout(tuple(subs))
-    static_id = f"{config.group_instance_id}-thread-{index}" if config.group_instance_id else None
+    static_id = (thread_member_id(config.group_instance_id, index) if config.group_instance_id
+                 else None)
     instance = instance_id or config.group_instance_id or f"pid-{os.getpid()}-{index}"
     identity = ThreadIdentity(index, instance, static_id, incarnation)
     # Each thread records under its status key: its static id, else one unique in the process.
-    label = static_id or f"{instance}-thread-{index}"
+    label = static_id or thread_member_id(instance, index)
     metrics = metrics if metrics is not None else Metrics()
     static_followers = static_followers or StaticFollowers(enabled=False)
     process_stores = process_stores or ProcessStores()

@@ -30,7 +30,6 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Any
 
 import msgpack
@@ -44,6 +43,7 @@ from streams.group.control import ROUND_KEY, control_topic_name, encode_round_re
 from streams.group.join_watch import JoinWatch
 from streams.group.learner_readiness import being_promoted
 from streams.group.listener import RebalanceListener
+from streams.group.member_id import thread_member_id
 from streams.group.partition_assignor import RelayAssignor, TaskLayout
 from streams.group.predecessors import MemberFiles
 from streams.group.promotion_asks import (
@@ -58,7 +58,7 @@ from streams.group.warm_up import WarmUpGate
 from streams.kafka.driver import GroupConsumer, producer_client
 from streams.kafka.membership import leave_as_static_member
 from streams.metrics import Metrics
-from streams.queries.store_query import store_layouts
+from streams.queries.store_layout import store_layouts
 from streams.quirks.formed_group import wait_for_formed_group
 from streams.quirks.static_followers import ControlSender, StaticFollowers
 from streams.quirks.synced_round import (
@@ -70,6 +70,7 @@ from streams.quirks.synced_round import (
     sync_answer_lost,
 )
 from streams.runtime.commit import Committer
+from streams.runtime.lifecycle import FatalThreadError, ThreadState
 from streams.runtime.record_collector import RecordCollector
 from streams.runtime.routing import route_by_task
 from streams.runtime.state_updater import StateUpdater
@@ -94,20 +95,6 @@ ANNOUNCE_TIMEOUT_S = 2.0
 CONTROL_CATCH_UP_S = 1.0
 #: Rounds whose durations a member keeps: its status gives the shortest of them.
 RECENT_ROUNDS = 5
-
-
-class FatalThreadError(RuntimeError):
-    """The thread cannot go on (duplicate instance id, a record error with on_error=stop,
-    rebalance callbacks that keep failing)."""
-
-
-class ThreadState(StrEnum):
-    CREATED = "created"
-    STARTING = "starting"  # clients starting, first join under way
-    REBALANCING = "rebalancing"  # between a revocation (or first join) and the assignment
-    RUNNING = "running"
-    PENDING_SHUTDOWN = "pending_shutdown"
-    DEAD = "dead"
 
 
 @dataclass
@@ -293,7 +280,7 @@ class StreamThread:
 
     @property
     def status_key(self) -> bytes:
-        return (self.static_id or f"{self.instance_id}-thread-{self.index}").encode()
+        return (self.static_id or thread_member_id(self.instance_id, self.index)).encode()
 
     # -- the subscription and the assignment (called from aiokafka's coordinator) ---------
 

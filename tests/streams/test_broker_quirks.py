@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from streams.config import AppConfig, ConfigError
+from streams.quirks.detect import broker_quirks
 from streams.quirks.switch import (
     BrokerQuirks,
     Quirk,
     QuirksSettingError,
-    broker_quirks,
     detected,
     parse_setting,
     resolve,

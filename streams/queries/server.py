@@ -30,11 +30,10 @@ import aiohttp
 from aiohttp import web
 
 from streams.queries.routing import Route, RoutingTable, now_ms
+from streams.queries.store_layout import StoreKeyError, StoreLayout
 from streams.queries.store_query import (
     KeyReading,
     LocalStores,
-    StoreKeyError,
-    StoreLayout,
     StoreQuery,
     StoreUnavailable,
 )

@@ -41,11 +41,8 @@ duplicate static id from the status topic, and LeaveGroup with both member and i
 from __future__ import annotations
 
 import difflib
-import logging
 from dataclasses import dataclass
 from enum import StrEnum
-
-log = logging.getLogger(__name__)
 
 
 class Quirk(StrEnum):
@@ -127,24 +124,4 @@ def resolve(setting: str, static_follower_digests: bool | None, cluster_id: str 
         else:
             enabled.discard(Quirk.CACHED_STATIC_REJOIN)
         quirks = BrokerQuirks(frozenset(enabled))
-    return quirks
-
-
-async def broker_quirks(setting: str, static_follower_digests: bool | None,
-                        bootstrap_servers: str, embedded: bool) -> BrokerQuirks:
-    """The quirks in force for this broker; asks it for its cluster id only when the
-    setting is ``auto`` and the broker is not the embedded one."""
-    cluster_id: str | None = None
-    if not embedded and parse_setting(setting) is None:
-        # Imported here: the decision above stays free of the client.
-        from streams.kafka.driver import broker_cluster_id
-
-        try:
-            cluster_id = await broker_cluster_id(bootstrap_servers)
-        except Exception as exc:
-            log.warning("could not ask the broker for its cluster id (%s): no broker quirks "
-                        "assumed; set broker_quirks to choose", exc)
-    quirks = resolve(setting, static_follower_digests, cluster_id, embedded)
-    log.info("broker %s: quirks %s", "embedded" if embedded else repr(cluster_id),
-             quirks.describe())
     return quirks

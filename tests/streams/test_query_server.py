@@ -18,7 +18,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from streams.group.partition_assignor import TaskLayout
 from streams.queries.routing import RoutingTable, StatusFollower
 from streams.queries.server import FORWARDED_HEADER, QueryService, make_query_app
-from streams.queries.store_query import LocalStores, store_layouts
+from streams.queries.store_layout import store_layouts
+from streams.queries.store_query import LocalStores
 from streams.runtime.transitions import Role
 from streams.testing import TopologyTestDriver
 from tests.streams.test_queries import FakeThread, word_count_app

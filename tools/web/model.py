@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streams.group.control import LeavingMark
+from streams.group.member_id import instance_of as member_instance
 
 #: A member that published nothing for this long is shown as stale (it may have died).
 STALE_AFTER_MS = 15_000
@@ -554,7 +555,7 @@ class GroupModel:
         open ones (ending now), each clipped to the window."""
         spans = [(*s, False) for s in self._spans.get(task, ()) if s[3] >= start]
         spans += open_spans
-        return [{"member": m, "instance": instance_of.get(m, m.rsplit("-thread-", 1)[0]),
+        return [{"member": m, "instance": instance_of.get(m, member_instance(m)),
                  "role": r, "start_ms": max(a, start), "end_ms": b, "open": is_open}
                 for m, r, a, b, is_open in sorted(spans, key=lambda s: (s[2], s[1]))]
 

@@ -492,6 +492,7 @@ class StreamThread:
                          list(assignment.active))
                 self._report_round()
                 return
+            await self.task_manager.open_ahead(assignment)
             self._apply(assignment)
             self._report_round()
             self._record_round()
@@ -756,7 +757,7 @@ class StreamThread:
         (:mod:`streams.group.warm_up`)."""
         ready: frozenset[str] = frozenset()
         try:
-            opened = self.task_manager.warm_up(gate.tasks_of(self.index))
+            opened = await self.task_manager.warm_up(gate.tasks_of(self.index))
             if opened:
                 ready = await self._restore_warm_up(opened, gate.plan.join_lead_s)
         except Exception:

@@ -1,10 +1,14 @@
 """The App: where people declare their topology and configuration, and the worker that runs it.
 
-``App.run()`` (or ``python -m streams run module:app``) starts the embedded broker when no
-bootstrap address is configured, checks the source topics and creates the internal ones
-(repartition, changelog, dead letters), then runs ``num_threads`` stream threads until SIGINT
-or SIGTERM, and shuts down cleanly: commit, flush, close stores, leave the group (dynamic
-members only; static members keep their tasks for a restart within the session timeout).
+``App.run()`` (or ``relay run module:app``) checks that a broker answers at
+``bootstrap_servers``, checks the source topics and creates the internal ones (repartition,
+changelog, dead letters), then runs ``num_threads`` stream threads until SIGINT or SIGTERM,
+and shuts down cleanly: commit, flush, close stores, leave the group (dynamic members only;
+static members keep their tasks for a restart within the session timeout).
+
+An App needs no broker to be built or tested (the topology test driver runs it alone), but
+running one needs a broker address. Run without one, it still starts an embedded broker of
+its own, with a :class:`DeprecationWarning`: that goes in the next release.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import signal
 import socket
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +35,7 @@ from statestore.store import changelog_topic_name
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics, existing_partition_counts
 from streams.config import AppConfig
 from streams.dsl.stream import Stream, Table, stream_from_topic, table_from_topic
-from streams.dsl.topology import SubTopology, TopicDecl, Topology
+from streams.dsl.topology import SubTopology, TopicDecl, Topology, TopologyError
 from streams.environment import (
     UnreachableBrokerError,
     check_reachable,
@@ -87,6 +92,12 @@ def duplicate_recheck_wait_s(updated_ms: int, now_ms: float, recheck_s: float) -
     age_s = max(0.0, (now_ms - updated_ms) / 1000)
     return max(DUPLICATE_RECHECK_MIN_S, recheck_s - age_s)
 _APP_COUNTER = itertools.count()
+
+#: The deprecation of running an App without a broker address.
+EMBEDDED_BROKER_DEPRECATED = (
+    "running an App without bootstrap_servers starts an embedded broker of its own; this "
+    "goes in the next release: pass bootstrap_servers (or set RELAY_BOOTSTRAP_SERVERS), and "
+    "for development run `relay broker` and point the app at it")
 
 
 class App:
@@ -168,6 +179,7 @@ class App:
         self.bootstrap_servers: str | None = self.config.bootstrap_servers
         self._stop: asyncio.Event | None = None
         self._broker: Any = None
+        self._warned_embedded = False
         #: The process's identity in the group: its group instance id when static, else a
         #: name of its own (``relay describe`` shows it; ``relay mark-leaving`` takes it).
         #: Tells this run apart from any other process (or earlier run) with the same ids.
@@ -240,7 +252,7 @@ class App:
         positions topic too, for exactly-once on a broker whose quirks need it)."""
         subs = self.topology.sub_topologies()
         if not subs:
-            raise ValueError("the app declares no streams or tables: nothing to run")
+            raise TopologyError("the app declares no streams or tables: nothing to run")
         external = {
             t for s in subs for t in s.sources if t not in self.topology.repartition_topics
         }
@@ -285,20 +297,29 @@ class App:
         ])
         check_state_dir(self.config.state_dir)
 
+    def _warn_embedded_broker(self, stacklevel: int) -> None:
+        if not self._warned_embedded:
+            self._warned_embedded = True
+            warnings.warn(EMBEDDED_BROKER_DEPRECATED, DeprecationWarning,
+                          stacklevel=stacklevel + 1)
+
     def _start_embedded_broker(self) -> str:
         # Imported only when asked for: the runtime does not need it otherwise.
         from streams.testing.broker import EmbeddedBroker
 
         self._broker = EmbeddedBroker().start()
-        log.info("no bootstrap_servers: started an embedded broker at %s",
-                 self._broker.bootstrap_servers)
+        # Also logged: a DeprecationWarning is hidden by default outside ``__main__``.
+        log.warning("no bootstrap_servers: started an embedded broker at %s (deprecated: %s)",
+                    self._broker.bootstrap_servers, EMBEDDED_BROKER_DEPRECATED)
         return str(self._broker.bootstrap_servers)
 
     async def run_async(self) -> None:
         """Run until :meth:`stop` is called or a thread fails."""
         self._stop = asyncio.Event()
-        self.check_environment()
         embedded = self.bootstrap_servers is None
+        if embedded:
+            self._warn_embedded_broker(stacklevel=2)
+        self.check_environment()
         if embedded:
             self.bootstrap_servers = self._start_embedded_broker()
         else:
@@ -551,6 +572,8 @@ class App:
 
     def run(self) -> None:
         """Run in the foreground until SIGINT/SIGTERM."""
+        if self.bootstrap_servers is None:
+            self._warn_embedded_broker(stacklevel=2)  # at the caller's line
 
         async def main() -> None:
             loop = asyncio.get_running_loop()

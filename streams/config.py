@@ -54,7 +54,9 @@ class AppConfig:
     """Settings of a Relay app. See the README for what each one does."""
 
     application_id: str
-    #: ``host:port[,host:port]``; None starts an embedded broker on loopback.
+    #: ``host:port[,host:port]``. Required to run (``relay run`` refuses None); None is for
+    #: building and testing an App (``App.run()`` still starts an embedded broker then, with
+    #: a DeprecationWarning, for one release).
     bootstrap_servers: str | None = None
     state_dir: Path = field(default_factory=lambda: Path(".relay-state"))
     #: Snapshots (``relay snapshot build``) that stores without a checkpoint bootstrap from.

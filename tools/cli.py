@@ -1,11 +1,11 @@
-"""``relay``: the command-line tool for running Relay apps.
+"""``relay``: the command-line tool for running and operating Relay apps.
 
-Subcommands: ``broker`` (an embedded broker on a fixed port, for development),
-``describe`` (the group as Relay sees it), ``web`` (a live web view of the group, see
-:mod:`tools.web`), ``mark-leaving`` (announce a scale-down), ``remove-members`` (remove static
-members for good) and ``snapshot build|list`` (store snapshots built with Spark, see
-:mod:`tools.snapshot`). Exit codes: 0 done,
-1 failed, 2 bad arguments or unknown app/instance, 3 broker unreachable.
+Commands: ``run`` (run an app, :mod:`streams.run_command`), ``broker`` (an embedded broker on
+a fixed port, for development), ``describe`` (the group as Relay sees it), ``web`` (a live web
+view of the group, see :mod:`tools.web`), ``mark-leaving`` (announce a scale-down),
+``remove-members`` (remove static members for good) and ``snapshot build|list`` (store
+snapshots built with Spark, see :mod:`tools.snapshot`). Exit codes: one table for every
+command, :class:`streams.exit_codes.ExitCode`.
 """
 
 from __future__ import annotations
@@ -27,44 +27,44 @@ from rich.console import Console
 from rich.table import Table
 
 from assignor import task_sort_key
+from streams.exit_codes import ExitCode, summary
 from streams.group.control import LeavingMark, control_topic_name, encode_mark
 from streams.group.status_topic import read_status as read_member_status
 from streams.group.status_topic import status_topic_name
 from streams.kafka.membership import MembershipError, describe_group, leave_group
+from streams.run_command import run as run_command
 from streams.testing.broker import EmbeddedBroker
 from tools.snapshot import snapshot
 
-EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+#: What a command that talks to a broker says without an address.
+NO_BOOTSTRAP = ("no broker address: pass --bootstrap host:port or set RELAY_BOOTSTRAP_SERVERS "
+                "(for development, `relay broker` runs a broker on 127.0.0.1:9092)")
 STALE_AFTER_MS = 15_000
 console = Console()
 T = TypeVar("T")
 
 
 class ToolError(click.ClickException):
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+    def __init__(self, message: str, code: int = ExitCode.FAILED) -> None:
         super().__init__(message)
-        self.exit_code = code
+        self.exit_code = int(code)
 
 
 def run(bootstrap: str | None, work: Callable[[str], Awaitable[T]]) -> T:
-    """Run ``work(bootstrap)``; without a bootstrap address on a fresh embedded broker."""
-
-    async def main() -> T:
-        if bootstrap is None:
-            console.print("[yellow]no --bootstrap given: using a fresh embedded broker, which "
-                          "knows no apps (set RELAY_BOOTSTRAP_SERVERS)[/]", highlight=False)
-            with EmbeddedBroker() as broker:
-                return await work(broker.bootstrap_servers)
-        return await work(bootstrap)
+    """Run ``work(bootstrap)``. Without a bootstrap address it is a configuration error: no
+    broker is started behind the user's back (a fresh one would know no apps anyway)."""
+    if not bootstrap:
+        raise ToolError(NO_BOOTSTRAP, ExitCode.CONFIG)
 
     try:
-        return asyncio.run(main())
+        return asyncio.run(work(bootstrap))
     except KafkaConnectionError as exc:
-        raise ToolError(f"cannot reach the broker at {bootstrap}: {exc}", EXIT_UNREACHABLE) from exc
+        raise ToolError(f"cannot reach the broker at {bootstrap}: {exc}",
+                        ExitCode.UNREACHABLE) from exc
     except (KafkaError, OSError) as exc:
         if "Unable to bootstrap" in str(exc) or isinstance(exc, OSError):
             raise ToolError(f"cannot reach the broker at {bootstrap}: {exc}",
-                            EXIT_UNREACHABLE) from exc
+                            ExitCode.UNREACHABLE) from exc
         raise ToolError(f"broker error: {exc}") from exc
 
 
@@ -74,7 +74,7 @@ async def _admin(bootstrap: str) -> AIOKafkaAdminClient:
         await asyncio.wait_for(admin.start(), 15)
     except (TimeoutError, KafkaError, OSError) as exc:
         raise ToolError(f"cannot reach the broker at {bootstrap}: {exc}",
-                        EXIT_UNREACHABLE) from exc
+                        ExitCode.UNREACHABLE) from exc
     return admin
 
 
@@ -88,7 +88,7 @@ async def read_status(bootstrap: str, app: str) -> dict[str, dict[str, Any]]:
     topic = status_topic_name(app)
     if topic not in topics:
         raise ToolError(f"unknown app {app!r}: there is no topic {topic} on {bootstrap}",
-                        EXIT_USAGE)
+                        ExitCode.USAGE)
     return await read_member_status(bootstrap, app)
 
 
@@ -128,11 +128,13 @@ def unowned_tasks(tasks: dict[str, dict[str, Any]]) -> list[str]:
     return [t for t, view in tasks.items() if view["active"] is None and view["restoring"] is None]
 
 
-@click.group()
+@click.group(epilog=f"Exit codes: {summary()}.")
 def cli() -> None:
-    """Operate Relay apps: describe groups, scale down, remove members, build snapshots."""
+    """Run and operate Relay apps: run one, describe its group, scale down, remove members,
+    build snapshots; and a broker for development."""
 
 
+cli.add_command(run_command, "run")
 cli.add_command(snapshot)
 
 
@@ -292,7 +294,7 @@ def mark_leaving(app: str, instances: tuple[str, ...], bootstrap: str | None,
             raise ToolError(
                 f"unknown instance(s) of {app}: {', '.join(unknown)}; running instances: "
                 f"{', '.join(sorted(known)) or 'none'} (leaving needs a group_instance_id)",
-                EXIT_USAGE,
+                ExitCode.USAGE,
             )
         producer = AIOKafkaProducer(bootstrap_servers=address)
         await producer.start()
@@ -325,7 +327,8 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) 
         try:
             group = await describe_group(client, app)
             if not group.members and group.state in ("Dead", ""):
-                raise ToolError(f"unknown app {app!r}: the group has no members", EXIT_USAGE)
+                raise ToolError(f"unknown app {app!r}: the group has no members",
+                                ExitCode.USAGE)
             pairs: list[tuple[str, str]] = []
             for instance in instances:
                 found = static_members(group.members, app, instance)
@@ -333,7 +336,7 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) 
                     raise ToolError(
                         f"instance {instance!r} is not a member of {app} (members: "
                         f"{', '.join(sorted(m.member_id for m in group.members)) or 'none'})",
-                        EXIT_USAGE,
+                        ExitCode.USAGE,
                     )
                 pairs.extend(found)
             answers = await leave_group(client, app, pairs)
@@ -350,7 +353,7 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) 
     for static_id, (_removed, message) in sorted(results.items()):
         console.print(f"{static_id}: {message}", highlight=False)
     if not all(removed for removed, _message in results.values()):
-        sys.exit(EXIT_FAILED)
+        sys.exit(ExitCode.FAILED)
 
 
 def removal_outcome(answers: dict[str, str | None],

@@ -129,6 +129,7 @@ class RebalanceListener(ConsumerRebalanceListener):
                          list(assignment.active))
                 self._round_applied(tell_followers=False)
                 return
+            await self.task_manager.open_ahead(assignment)
             self._apply(assignment)
             # A leaving static leader tells its followers once it has left (see the thread's
             # close).

@@ -41,7 +41,7 @@ class WarmUp:
         gate, stopped = self.gate, self.lifecycle.stopped
         ready: frozenset[str] = frozenset()
         try:
-            opened = self.task_manager.warm_up(gate.tasks_of(self.index))
+            opened = await self.task_manager.warm_up(gate.tasks_of(self.index))
             if opened:
                 ready = await self._restore(opened, gate.plan.join_lead_s)
         except Exception:

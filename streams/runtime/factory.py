@@ -174,8 +174,9 @@ def build_stream_thread(
               if positions is not None and isinstance(restorer, ChangelogReader) else None)
     if reader is None:
         positions = None
+    # Only a snapshot bootstrap takes long enough to matter; other stores open on the loop.
     manager = TaskManager(name, layout, tasks, consumer, updater, process_stores, stores.open,
-                          reader)
+                          reader, open_off_loop=snapshots is not None)
     collector: RecordCollector | TransactionalCollector
     committer: Committer | TransactionalCommitter
     if producers is not None:

@@ -50,7 +50,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class AppConfig:
-    """Settings of a Relay app. See the README for what each one does."""
+    """Settings of a Relay app. docs/configuration.md says what each one does."""
 
     application_id: str
     #: ``host:port[,host:port]``; None starts an embedded broker on loopback.

@@ -23,7 +23,7 @@ def python_blocks(page: Path) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.S | re.M)
 
 
-def block_named(page: Path, name: str) -> str:
+def block_named(name: str, page: Path = README) -> str:
     (block,) = [b for b in python_blocks(page) if b.startswith(f"# {name}\n")]
     return block
 
@@ -48,23 +48,23 @@ def run_tests_of(code: str, filename: str) -> int:
 
 def test_the_readme_word_count_app_and_its_test(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "wordcount.py").write_text(block_named(README, "wordcount.py"))
+    (tmp_path / "wordcount.py").write_text(block_named("wordcount.py"))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "wordcount", raising=False)
-    assert run_tests_of(block_named(README, "test_wordcount.py"), "test_wordcount.py") == 1
+    assert run_tests_of(block_named("test_wordcount.py"), "test_wordcount.py") == 1
 
 
 def test_the_readme_test_fails_when_the_app_counts_wrong(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's test checks the app: an app that drops one word fails it."""
-    app = block_named(README, "wordcount.py").replace(
+    app = block_named("wordcount.py").replace(
         ".flat_map_values(str.split)", ".flat_map_values(lambda line: line.split()[1:])")
     assert "line.split()[1:]" in app
     (tmp_path / "wordcount.py").write_text(app)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "wordcount", raising=False)
     with pytest.raises(AssertionError):
-        run_tests_of(block_named(README, "test_wordcount.py"), "test_wordcount.py")
+        run_tests_of(block_named("test_wordcount.py"), "test_wordcount.py")
 
 
 @pytest.mark.parametrize(("where", "code"), driver_examples(), ids=lambda v: v[:40])
@@ -80,7 +80,7 @@ def test_the_failover_example_sets_what_its_page_says(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from streams.testing import TopologyTestDriver
 
-    (tmp_path / "failover.py").write_text(block_named(ROOT / "docs/migration.md", "failover.py"))
+    (tmp_path / "failover.py").write_text(block_named("failover.py", ROOT / "docs/migration.md"))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "failover", raising=False)
     from failover import app  # type: ignore[import-not-found]

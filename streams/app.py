@@ -108,7 +108,7 @@ class App:
     >>> counts = words.count(store="counts")
     >>> counts.to_stream().to("word-counts")
 
-    Every setting is a keyword argument (see the README's configuration table); one left at
+    Every setting is a keyword argument (see the table in docs/configuration.md); one left at
     None comes from its ``RELAY_<SETTING>`` environment variable, else its default. The
     configuration, the assignor's included, is validated here: a wrong value raises
     :class:`streams.config.ConfigError` naming the setting.

@@ -51,7 +51,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class AppConfig:
-    """Settings of a Relay app. See the README for what each one does."""
+    """Settings of a Relay app. docs/configuration.md says what each one does."""
 
     application_id: str
     #: ``host:port[,host:port]``. Required to run (``relay run`` refuses None); None is for

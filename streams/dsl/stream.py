@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from statestore.serdes import MsgPackSerde, Serde
+from streams.dsl.deprecated import DeprecatedTableOperations
 from streams.dsl.processors import (
     AggregateNode,
     BranchNode,
@@ -234,7 +235,7 @@ class WindowedStream:
         return self.aggregate(lambda: sentinel, reduce_or_first, store)
 
 
-class Table:
+class Table(DeprecatedTableOperations):
     """The latest value per key, kept in a store; its updates can be read as a stream."""
 
     def __init__(self, stream: Stream, store: str) -> None:

@@ -99,8 +99,8 @@ async def read_all(
 async def read_committed(bootstrap: str, topic: str, partitions: int) -> list[Any]:
     """Every committed record of a topic as (key, value), msgpack-decoded, in per-partition
     order: what a read_committed consumer sees. Read with the changelog fetcher by the
-    transactions' markers up to the high watermark, as the README tells users of the embedded
-    broker to: it lists no aborted transactions, and holds a partition's last stable offset
+    transactions' markers up to the high watermark, as docs/guarantee.md tells users of the
+    embedded broker to: it lists no aborted transactions, and holds a partition's last stable offset
     back while any transaction on it is open."""
     fetcher = ChangelogFetcher(bootstrap, "read-committed",
                                FetchSettings(committed_by_markers=True))

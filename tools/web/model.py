@@ -382,13 +382,17 @@ class GroupModel:
                 self._owned_by.get(old, set()).discard(task)
             if new is not None:
                 self._owned_by.setdefault(new, set()).add(task)
+            # A silent owner stopped at its last record (a crash is only seen later, once
+            # it has been silent too long): its task was unassigned from then.
+            stopped = at if old is None or self._live(old, at) else self._last_seen(old, at)
             if old is not None:
-                self._close((task, old, "active"), at)
+                self._close((task, old, "active"), stopped if new is None else at)
             if new is not None:
                 self._open[(task, new, "active")] = at
             if new is None:
                 del self._owner[task]
-                self._released[task] = _Released(old, at, self._release_cause(old, at))  # type: ignore[arg-type]
+                self._released[task] = _Released(old, stopped,  # type: ignore[arg-type]
+                                                  self._release_cause(old, at))  # type: ignore[arg-type]
                 continue
             self._owner[task] = new
             released = self._released.pop(task, None)
@@ -407,6 +411,10 @@ class GroupModel:
                             members=(source, new), cause=cause, gap_ms=gap)
             if self._learned_by.get(task) == new:
                 del self._learned_by[task]
+
+    def _last_seen(self, member: str, at: int) -> int:
+        entry = self._members.get(member)
+        return entry.at_ms if entry is not None else at
 
     def _release_cause(self, member: str, at: int) -> str | None:
         entry = self._members.get(member)

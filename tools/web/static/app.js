@@ -104,12 +104,20 @@ function copyNode(task, c) {
   if (c.ready_in_ms !== null && c.ready_in_ms !== undefined) {
     label += ` · ready in ${duration(c.ready_in_ms)}`;
   }
-  return el("div", {class: `copy ${c.role}` + (c.isReady ? " ready" : ""), "data-task": task,
-                    "data-role": c.role, "data-member": c.member, "data-ready": c.isReady,
+  // A copy on a silent member (killed, say) is what it was when the member last published:
+  // drawn stale, never ready.
+  const state = c.stale ? el("span", {class: "tag stale", "data-tag": "stale",
+                                      title: "its member has been silent: it may be dead"},
+                             "stale")
+    : c.isReady ? tag("isReady") : el("span", {class: "tag not-ready"}, "catching up");
+  const look = c.stale ? " stale" : c.isReady ? " ready" : "";
+  return el("div", {class: `copy ${c.role}${look}`, "data-task": task,
+                    "data-role": c.role, "data-member": c.member,
+                    "data-ready": c.isReady && !c.stale, "data-stale": c.stale,
                     "data-lag": c.lag},
     el("code", {}, c.member), " ",
     c.isLearner ? tag("isLearner") : null,
-    c.isReady ? tag("isReady") : el("span", {class: "tag not-ready"}, "catching up"),
+    state,
     bar(c.progress, label, {"data-role": c.role}));
 }
 

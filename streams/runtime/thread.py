@@ -73,7 +73,7 @@ from streams.runtime.commit import Committer
 from streams.runtime.record_collector import RecordCollector
 from streams.runtime.routing import route_by_task
 from streams.runtime.state_updater import StateUpdater
-from streams.runtime.task import RecordError, StreamTask
+from streams.runtime.task import RecordError, StreamTask, status_figures
 from streams.runtime.task_manager import TaskManager
 from streams.runtime.tasks import Tasks
 from streams.runtime.transactions import TransactionalCollector, TransactionalCommitter
@@ -708,6 +708,7 @@ class StreamThread:
             "leaving_deadline_ms": self.leaving_deadline_ms(),
             "rebalances": self.status.rebalances,
             "processed": sum(t.records_processed for t in self.registry.active.values()),
+            **status_figures(self.registry.active.values()),
             "restored_records": self.state_updater.restored_records,
             #: Restoring actives whose changelog end is known: records left to restore.
             "restoring_lag": self.state_updater.restoring_lags(),

@@ -308,3 +308,20 @@ def test_a_killed_members_task_is_unassigned_from_its_last_record() -> None:
     [active_a] = [s for s in next(lane for lane in view["lanes"] if lane["task"] == "0_0")
                   ["spans"] if s["member"] == "a-thread-0"]
     assert active_a["end_ms"] == 1_000
+
+
+def test_a_tasks_dropped_and_misrouted_records_come_from_its_active() -> None:
+    model = GroupModel("app")
+    model.apply(status("a", active=("0_0", "0_1"), at=1_000,
+                       dropped={"0_0": {"late": 3, "deserialize": 1}}, misrouted={"0_1": 2}))
+    view = model.view(1_000)
+    assert task(view, "0_0")["dropped"] == {"late": 3, "deserialize": 1}
+    assert task(view, "0_0")["misrouted"] == 0
+    assert task(view, "0_1")["dropped"] == {} and task(view, "0_1")["misrouted"] == 2
+    assert json.loads(json.dumps(view)) == view
+
+
+def test_malformed_drop_counts_are_rejected_by_name() -> None:
+    model = GroupModel("app")
+    model.apply(status("a", active=("0_0",), at=1_000, dropped={"0_0": "many"}))
+    assert model.unreadable == 1 and "'dropped'" in (model.last_error or "")

@@ -88,3 +88,9 @@ def test_a_stale_members_standby_is_drawn_stale_not_ready() -> None:
     assert node["attrs"]["data-stale"] == "true"
     assert "isReady" not in texts(node)
     assert any("stale" in c.split() for c in classes(node)[1:])
+
+
+def test_a_tasks_late_drops_are_drawn_beside_its_active() -> None:
+    node = run("dropsNode", {"task": "1_0", "dropped": {"late": 1073}, "misrouted": 2})
+    assert "dropped 1,073 late" in texts(node) and "2 misrouted" in texts(node)
+    assert run("dropsNode", {"task": "1_0", "dropped": {}, "misrouted": 0}) is None

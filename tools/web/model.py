@@ -110,6 +110,10 @@ class MemberStatus:
     restoring_lag: dict[str, int] | None = None
     stateful_tasks: tuple[str, ...] | None = None
     being_learned: tuple[str, ...] | None = None
+    #: Per task: records it dropped (by reason) and misrouted records it saw, since it
+    #: started on this member.
+    dropped: dict[str, dict[str, int]] | None = None
+    misrouted: dict[str, int] | None = None
 
 
 def parse_status(member: str, value: Mapping[str, Any]) -> MemberStatus:
@@ -146,6 +150,18 @@ def parse_status(member: str, value: Mapping[str, Any]) -> MemberStatus:
             raise ValueError(f"status of {member!r}: {name!r} is not a map of task to lag")
         return dict(items)
 
+    def drops(name: str) -> dict[str, dict[str, int]] | None:
+        items = get(name, Mapping, None)
+        if items is None:
+            return None
+        if not all(isinstance(t, str) and isinstance(counts, Mapping)
+                   and all(isinstance(r, str) and isinstance(n, int) and not isinstance(n, bool)
+                           for r, n in counts.items())
+                   for t, counts in items.items()):
+            raise ValueError(f"status of {member!r}: {name!r} is not a map of task to counts "
+                             f"by reason")
+        return {t: dict(counts) for t, counts in items.items()}
+
     thread = get("thread", int)
     instance = get("instance_id", str, None) or member
     return MemberStatus(
@@ -171,6 +187,8 @@ def parse_status(member: str, value: Mapping[str, Any]) -> MemberStatus:
         restoring_lag=lags("restoring_lag", None),
         stateful_tasks=tasks("stateful_tasks", None),
         being_learned=tasks("being_learned", None),
+        dropped=drops("dropped"),
+        misrouted=lags("misrouted", None),
     )
 
 
@@ -552,6 +570,8 @@ class GroupModel:
             "standbys": standbys,
             "isStateful": stateful,
             "beingLearned": being_learned,
+            "dropped": dict((owner.status.dropped or {}).get(task, {})) if owner else {},
+            "misrouted": (owner.status.misrouted or {}).get(task, 0) if owner else 0,
             "tags": [t for t, on in (("isStateful", stateful), ("beingLearned", being_learned))
                      if on],
         }

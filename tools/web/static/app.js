@@ -121,6 +121,22 @@ function copyNode(task, c) {
     bar(c.progress, label, {"data-role": c.role}));
 }
 
+// Records the task's active dropped (late ones most of all) and keys it got on the wrong
+// partition: invisible in the output, so shown where the task is.
+function dropsNode(t) {
+  const dropped = Object.entries(t.dropped || {}).filter(([, n]) => n > 0);
+  if (!dropped.length && !t.misrouted) return null;
+  return el("div", {class: "drops", "data-task": t.task},
+    dropped.map(([reason, n]) => el("span", {class: `tag dropped ${reason}`,
+                                            "data-tag": `dropped-${reason}`,
+                                            title: "records dropped since it started here"},
+                                    `dropped ${number(n)} ${reason}`)),
+    t.misrouted ? el("span", {class: "tag misrouted", "data-tag": "misrouted",
+                              title: "keys that murmur2 places on another partition: a " +
+                                     "producer with another partitioner"},
+                     `${number(t.misrouted)} misrouted`) : null);
+}
+
 function renderTasks(view) {
   const rows = view.tasks.map((t) => {
     let active;
@@ -147,7 +163,7 @@ function renderTasks(view) {
                    : el("span", {class: "tag unknown", title: view.derived.isStateful},
                         "stateful?"),
          t.beingLearned ? tag("beingLearned") : null),
-      el("td", {class: "active-cell"}, active),
+      el("td", {class: "active-cell"}, active, dropsNode(t)),
       el("td", {}, t.learners.map((c) => copyNode(t.task, c))),
       el("td", {}, t.standbys.map((c) => copyNode(t.task, c))));
   });

@@ -31,6 +31,10 @@ def _require_key(node: Node, key: Any, why: str) -> None:
         raise MissingKeyError(f"{node.name}: the record has no key, and {why} needs one")
 
 
+#: The reason a processor drops a record whose window had closed.
+DROPPED_LATE = "late"
+
+
 @dataclass(slots=True)
 class Output:
     topic: str
@@ -51,8 +55,32 @@ class ProcessorContext:
         self.offset = -1
         self.timestamp_ms = 0
         self.stream_time_ms = -1
+        #: Late records dropped since the runtime last took the figure (it resets it).
         self.late_records_dropped = 0
+        #: Records the task's processors dropped, by reason, since the task opened.
+        self.dropped: dict[str, int] = {}
+        #: Windows (node, start) a late record was dropped for: each is logged once.
+        self._late_windows: set[tuple[str, int]] = set()
         self.custom: dict[str, Processor] = {}
+
+    def drop_late(self, node: str, store: str, start: int, end: int, grace_ms: int) -> None:
+        """Count a record dropped because its window ``[start, end)`` had closed, and log the
+        first one of each window."""
+        self.late_records_dropped += 1
+        self.dropped[DROPPED_LATE] = self.dropped.get(DROPPED_LATE, 0) + 1
+        if (node, start) in self._late_windows:
+            return
+        self._late_windows.add((node, start))
+        log.warning(
+            "task %s: a record of %s dropped as late for window [%d, %d) of store %s: its "
+            "stream time %d is past the window's end plus grace (%d ms); later ones for this "
+            "window are only counted (relay_dropped_records_total{reason=\"late\"})",
+            self.task_id, self.topic, start, end, store, self.stream_time_ms, grace_ms)
+
+    def forget_late_windows(self, node: str, before_ms: int) -> None:
+        """Windows that started before ``before_ms`` are purged: stop remembering them."""
+        self._late_windows = {(n, s) for n, s in self._late_windows
+                              if n != node or s >= before_ms}
 
     def store(self, name: str) -> KeyValueStore:
         """The task's store ``name``. A failure of RocksDB itself comes out of it as a
@@ -278,8 +306,7 @@ class WindowAggregateNode(Node):
         stream_time = max(ctx.stream_time_ms, timestamp)
         for start, end in self.windows.windows_for(timestamp):
             if end + self.windows.grace_ms <= stream_time:
-                ctx.late_records_dropped += 1
-                log.debug("%s: late record for window [%d, %d) dropped", self.name, start, end)
+                ctx.drop_late(self.name, self.store, start, end, self.windows.grace_ms)
                 continue
             current = store.get((key, start))
             if current is None:
@@ -296,6 +323,7 @@ class WindowAggregateNode(Node):
         horizon = ctx.stream_time_ms - self.windows.retention_ms
         if horizon <= 0:
             return 0
+        ctx.forget_late_windows(self.name, horizon - self.windows.size_ms)
         store = ctx.store(self.store)
         expired = [k for k, _ in store.items() if k[1] + self.windows.size_ms <= horizon]
         for key in expired:

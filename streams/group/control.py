@@ -44,6 +44,9 @@ SUBSCRIPTION_KEY = b"__subscription__"
 #: so that a member about to ask for the next round can wait until the whole round has its
 #: assignments (see :mod:`streams.quirks.synced_round`).
 ROUND_KEY = b"__round__"
+#: Every key of a control message that is not an instance's leaving mark, so that readers
+#: of the topic (the web view) can tell them apart; a new message kind is added here.
+CONTROL_MESSAGE_KEYS = (REBALANCE_KEY, FETCH_KEY, SUBSCRIPTION_KEY, ROUND_KEY, PROMOTION_KEY)
 
 
 def encode_round_report(member_id: str, generation: int) -> bytes:

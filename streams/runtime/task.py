@@ -19,9 +19,11 @@ closed before a restart stay closed after it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
+from aiokafka.partitioner import murmur2
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from assignor.model import parse_task_id
@@ -29,7 +31,13 @@ from statestore.errors import StateStoreError
 from statestore.recovery import open_task_store
 from statestore.snapshot import SnapshotSettings
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
-from streams.dsl.processors import ProcessorContext, SourceNode, WindowAggregateNode, walk_nodes
+from streams.dsl.processors import (
+    MissingKeyError,
+    ProcessorContext,
+    SourceNode,
+    WindowAggregateNode,
+    walk_nodes,
+)
 from streams.dsl.topology import SubTopology
 
 log = logging.getLogger(__name__)
@@ -70,9 +78,44 @@ MAX_ERROR_CHARS = 2_000
 #: Errors of the machine or the runtime, never of a record: they propagate as they are.
 MACHINE_ERRORS = (OSError, MemoryError, StateStoreError)
 
+#: One input record in this many is checked against its partition at a stateful task.
+MISROUTE_SAMPLE = 128
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The partition Kafka's Java clients (and Relay's producers) put ``key`` in."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def drop_reason(error: RecordError) -> str:
+    """Why a dead-lettered record was dropped: it could not be read, it had no key where
+    one is needed, or processing it raised."""
+    if error.stage == "deserialize":
+        return "deserialize"
+    if isinstance(error.cause, MissingKeyError):
+        return "no_key"
+    return "error"
+
+
 #: The entry of a store's input position that holds the task's stream time (topic entries
 #: are ``"topic:partition"``, and a topic name cannot hold ``:``).
 STREAM_TIME_ENTRY = "stream-time"
+
+
+def task_counts(tasks: Iterable[StreamTask]) -> list[tuple[str, dict[str, int], int]]:
+    """What each task dropped (by reason) and saw misrouted since the last call, for the
+    metrics."""
+    return [(task.task_id, *task.take_counts()) for task in tasks]
+
+
+def status_figures(tasks: Iterable[StreamTask]) -> dict[str, dict[str, Any]]:
+    """What a member publishes of its tasks' drops for the web view: ``dropped`` (task ->
+    reason -> records since the task opened here) and ``misrouted`` (task -> records)."""
+    tasks = list(tasks)
+    return {
+        "dropped": {t.task_id: dict(t.context.dropped) for t in tasks if t.context.dropped},
+        "misrouted": {t.task_id: t.misrouted for t in tasks if t.misrouted},
+    }
 
 
 def open_task_stores(
@@ -123,6 +166,14 @@ class StreamTask:
         self._partition_keys: dict[tuple[str, int], TopicPartition] = {}
         self._window_nodes = [n for n in walk_nodes(sub.sources.values())
                              if isinstance(n, WindowAggregateNode)]
+        #: Sampled input records whose key hashes to another partition than they came from.
+        self.misrouted = 0
+        #: Stateful tasks check keys against partitions (a wrong partitioner upstream);
+        #: hashing costs more than processing, so one record in MISROUTE_SAMPLE is checked.
+        self._misroute_partitions = sub.partitions if sub.stateful and sub.partitions > 1 else 0
+        self._until_misroute_check = 0
+        self._reported: dict[str, int] = {}
+        self._reported_misrouted = 0
 
     def process(self, record: ConsumerRecord) -> bool:
         """Run one record through the topology; False if it was already processed (dropped).
@@ -185,9 +236,41 @@ class StreamTask:
                 if timestamp > ctx.stream_time_ms:
                     ctx.stream_time_ms = timestamp
                 ran += 1
+                if self._misroute_partitions:
+                    self._until_misroute_check -= 1
+                    if self._until_misroute_check < 0:
+                        self._until_misroute_check = MISROUTE_SAMPLE - 1
+                        self._check_partition(record)
         finally:
             self.records_processed += ran
         return ran
+
+    def _check_partition(self, record: ConsumerRecord) -> None:
+        if record.key is None:
+            return
+        expected = partition_of(record.key, self._misroute_partitions)
+        if expected == record.partition:
+            return
+        self.misrouted += 1
+        if self.misrouted == 1:
+            log.warning(
+                "task %s: a record of %s[%d]@%d has a key that murmur2 places in partition "
+                "%d: its producer does not partition as Kafka's Java clients do, so this "
+                "task's state misses that key's other records and queries for it miss (use "
+                "the murmur2 partitioner, e.g. partitioner=murmur2_random in confluent-kafka; "
+                "relay_misrouted_records_total counts such records, one in %d checked; "
+                "logged once per task)", self.task_id, record.topic, record.partition,
+                record.offset, expected, MISROUTE_SAMPLE)
+
+    def take_counts(self) -> tuple[dict[str, int], int]:
+        """Records dropped, by reason, and misrouted records counted since the last call."""
+        dropped = {reason: n - self._reported.get(reason, 0)
+                   for reason, n in self.context.dropped.items()
+                   if n > self._reported.get(reason, 0)}
+        self._reported = dict(self.context.dropped)
+        misrouted, self._reported_misrouted = (self.misrouted - self._reported_misrouted,
+                                               self.misrouted)
+        return dropped, misrouted
 
     def record_input_position(self) -> None:
         """Write the input offsets processed so far and the stream time into every store,

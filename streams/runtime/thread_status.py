@@ -25,6 +25,7 @@ from streams.metrics import Metrics
 from streams.queries.store_layout import store_layouts
 from streams.runtime.lifecycle import Lifecycle
 from streams.runtime.state_updater import StateUpdater
+from streams.runtime.task import status_figures
 from streams.runtime.tasks import Tasks
 from streams.runtime.transitions import Role
 
@@ -139,6 +140,7 @@ class StatusReporter:
             "leaving_deadline_ms": self.leaving_deadline_ms(),
             "rebalances": self.status.rebalances,
             "processed": sum(t.records_processed for t in self.registry.active.values()),
+            **status_figures(self.registry.active.values()),
             "restored_records": self.state_updater.restored_records,
             #: Restoring actives whose changelog end is known: records left to restore.
             "restoring_lag": self.state_updater.restoring_lags(),

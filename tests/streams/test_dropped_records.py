@@ -141,7 +141,7 @@ async def test_drops_and_misrouted_keys_are_on_metrics_and_in_the_status(
         assert value("relay_dropped_records_total", task="0_0", reason="deserialize") == 1
         assert value("relay_misrouted_records_total", task="0_0") == 1
         assert value("relay_misrouted_records_total", task="0_1") is None
-        status = r.thread.status_record()
+        status = r.thread.reporter.status_record()
         assert status["dropped"] == {"0_0": {"late": 1}}
         assert status["misrouted"] == {"0_0": 1}
         warnings = [m.getMessage() for m in caplog.records if "murmur2" in m.getMessage()]

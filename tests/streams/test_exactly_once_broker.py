@@ -276,7 +276,7 @@ async def test_input_written_by_overlapping_transactions_is_processed_while_they
                 assert not writer.done(), writer
                 # The writer may get ahead before the app has built its thread.
                 return bool(app.threads) and (
-                    app.threads[0].status_record()["processed"] >= floor)
+                    app.threads[0].reporter.status_record()["processed"] >= floor)
 
             await wait_until(processed_while_overlapping, timeout_s=60,
                              message=f"{floor} committed records processed while "

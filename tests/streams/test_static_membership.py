@@ -79,7 +79,7 @@ async def test_a_static_restart_moves_nothing(
     # changelog (its checkpoints were current).
     assert other.threads[0].status.generation == generation
     assert other.threads[0].status.rebalances == rebalances
-    assert again.threads[0].restorer.stats.records == 0
+    assert again.threads[0].state_updater.restorer.stats.records == 0
 
 
 async def test_duplicate_group_instance_id_fails_the_newcomer_fast(

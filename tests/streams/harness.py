@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
-from statestore.fetch import ChangelogFetcher, FetchSettings
+import streams
 from statestore.topics import TopicSpec, ensure_topics
 from streams.app import App
 from streams.group.status_topic import read_status
@@ -98,32 +98,9 @@ async def read_all(
 
 async def read_committed(bootstrap: str, topic: str, partitions: int) -> list[Any]:
     """Every committed record of a topic as (key, value), msgpack-decoded, in per-partition
-    order: what a read_committed consumer sees. Read with the changelog fetcher by the
-    transactions' markers up to the high watermark, as docs/guarantee.md tells users of the
-    embedded broker to: it lists no aborted transactions, and holds a partition's last stable offset
-    back while any transaction on it is open."""
-    fetcher = ChangelogFetcher(bootstrap, "read-committed",
-                               FetchSettings(committed_by_markers=True))
-    await fetcher.start()
-    fetcher.track(topic)
-    out: list[Any] = []
-    try:
-        positions = {TopicPartition(topic, p): 0 for p in range(partitions)}
-        done: set[TopicPartition] = set()
-        while len(done) < len(positions):
-            for fetched in await fetcher.fetch({tp: o for tp, o in positions.items()
-                                                if tp not in done}):
-                out += [(None if k is None else msgpack.unpackb(k, raw=False),
-                         None if v is None else msgpack.unpackb(v, raw=False))
-                        for k, v in fetched.changes]
-                stalled = fetched.next_offset == positions[fetched.tp] and not fetched.changes
-                positions[fetched.tp] = fetched.next_offset
-                # At the end, or at a transaction still open: what is committed so far.
-                if stalled or (fetched.end is not None and fetched.next_offset >= fetched.end):
-                    done.add(fetched.tp)
-    finally:
-        await fetcher.close()
-    return out
+    order: what a read_committed consumer sees, on the embedded broker too (the public
+    reader, ``streams.read_committed``)."""
+    return await streams.read_committed(bootstrap, topic, partitions=range(partitions))
 
 
 def latest(records: list[tuple[Any, Any]]) -> dict[Any, Any]:

@@ -11,8 +11,10 @@ import click
 from streams.config import ConfigError
 from streams.dsl.topology import TopologyError
 from streams.environment import UnreachableBrokerError
+from streams.kafka.membership import FencedMemberError
 
-#: Exit codes, as ``relay``'s: 1 failed (a configuration error), 3 broker unreachable.
+#: Exit codes, as ``relay``'s: 1 failed (a configuration error, a member fenced), 3 broker
+#: unreachable.
 EXIT_CONFIG, EXIT_UNREACHABLE = 1, 3
 
 
@@ -71,6 +73,8 @@ def run(target: str, log_level: str) -> None:
         raise RunError(f"configuration error: {exc}", EXIT_CONFIG) from None
     except TopologyError as exc:
         raise RunError(f"topology error: {exc}", EXIT_CONFIG) from None
+    except FencedMemberError as exc:
+        raise RunError(f"stopped: {exc}", EXIT_CONFIG) from None
     except KeyboardInterrupt:
         pass
 

@@ -462,9 +462,11 @@ async def test_a_multi_stage_app_gives_exact_results_through_kills(
              "ORDERS_WINDOWED": f"{app_id}-windowed"}
     await create_topics(bootstrap, {names["ORDERS_INPUT"]: 4, names["ORDERS_USERS"]: 4,
                                     names["ORDERS_PER_REGION"]: 1, names["ORDERS_WINDOWED"]: 1})
-    await produce(bootstrap, names["ORDERS_USERS"],
-                  [(f"u{u}", f"r{u % REGIONS}") for u in range(USERS)])
     orders = Orders(bootstrap, names["ORDERS_INPUT"])
+    # Older than every order: a task reads its inputs in timestamp order, and the join must
+    # find each user's region.
+    await produce(bootstrap, names["ORDERS_USERS"],
+                  [(f"u{u}", f"r{u % REGIONS}", orders.base_ms - 1_000) for u in range(USERS)])
     settings = {**static_group(bootstrap), **EXACTLY_ONCE}
 
     def start(name: str) -> Any:

@@ -3,7 +3,8 @@
 Broker tests run on Apache Kafka (``RELAY_TEST_ENGINE=kafka``, the default): one single-node
 KRaft broker for the whole run, started by the xdist controller while the workers collect
 (or by the session itself without xdist), its address passed to the workers in
-``RELAY_TEST_KAFKA``. Tests marked ``tansu`` (the smoke set on the demo's path) run on the
+``RELAY_TEST_KAFKA`` (``RELAY_TEST_KAFKA_PER_WORKER=1``: one per worker instead, each
+started on first use). Tests marked ``tansu`` (the smoke set on the demo's path) run on the
 embedded Tansu broker too, one per worker (it starts in a fraction of a second).
 ``RELAY_TEST_ENGINE=tansu`` runs every broker test on Tansu instead, and
 ``RELAY_TEST_BOOTSTRAP`` on another Kafka-protocol broker.
@@ -27,6 +28,7 @@ from streams.testing.loopback import BrokerError, cluster_view
 ENGINE_ENV = "RELAY_TEST_ENGINE"
 SHARED_KAFKA_ENV = "RELAY_TEST_KAFKA"
 EXTERNAL_ENV = "RELAY_TEST_BOOTSTRAP"
+PER_WORKER_ENV = "RELAY_TEST_KAFKA_PER_WORKER"
 #: The broker a run's shared Kafka was started for (the xdist controller's).
 _shared_kafka: LoopbackBroker | None = None
 #: Brokers this process started, by engine: stopped when the session ends.
@@ -45,6 +47,8 @@ def _starts_shared_kafka(config: pytest.Config) -> bool:
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return False
     if os.environ.get(EXTERNAL_ENV) or os.environ.get(SHARED_KAFKA_ENV):
+        return False
+    if os.environ.get(PER_WORKER_ENV):  # each worker starts its own, on first use
         return False
     marks = getattr(config.option, "markexpr", "") or ""
     return default_engine() == "kafka" and "not broker" not in marks

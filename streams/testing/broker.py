@@ -68,6 +68,8 @@ class EmbeddedBroker:
     needs.
     """
 
+    name = "embedded broker"
+
     def __init__(
         self,
         port: int | None = None,

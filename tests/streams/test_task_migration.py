@@ -30,6 +30,7 @@ from tests.streams.harness import (
 pytestmark = pytest.mark.broker
 
 
+@pytest.mark.tansu
 async def test_scale_out_learns_first_then_moves(
     tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched
 ) -> None:

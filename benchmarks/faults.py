@@ -75,8 +75,11 @@ from benchmarks.faults_check import (
     Exactness,
     compare_latest,
     compare_occurrences,
+    fault_limit_s,
+    gaps,
     longest_stalls,
     rebalances,
+    stalls_per_fault,
 )
 from benchmarks.scaling import mark_leaving
 from benchmarks.scaling_workers import PoolSettings, WorkerPool
@@ -100,6 +103,10 @@ NOT_RUN = {"broker-restart": (
 
 # -- worker processes ---------------------------------------------------------------------------
 
+
+#: Output gaps at least this long are listed in the report (``gaps``), for reading against the
+#: workers' logs.
+GAP_REPORTED_S = 3.0
 
 #: Not a Relay setting: tells the pool to give each worker its name as static instance id.
 STATIC_SETTING = "BENCH_STATIC_MEMBERS"
@@ -559,7 +566,8 @@ class Bench:
             self.start(worker)
         finally:
             self.held.discard(worker)
-        entry.update(worker=worker, detail=f"SIGKILL pid {pid}, restarted {delay:.1f}s later")
+        entry.update(worker=worker, seconds=round(delay, 1),
+                     detail=f"SIGKILL pid {pid}, restarted {delay:.1f}s later")
 
     async def fault_stop(self, entry: dict[str, Any]) -> None:
         await self.stop_for(self.pick(), 1.5 * self.args.session_timeout_ms / 1000, entry)
@@ -573,7 +581,8 @@ class Bench:
             process.send_signal(signal.SIGCONT)
         finally:
             self.held.discard(worker)
-        entry.update(worker=worker, detail=f"SIGSTOP for {pause:.0f}s, then SIGCONT")
+        entry.update(worker=worker, seconds=round(pause, 1),
+                     detail=f"SIGSTOP for {pause:.0f}s, then SIGCONT")
 
     async def wait_for_member(self, run: AppRun, want: str, timeout_s: float
                               ) -> tuple[dict[str, Any], str] | None:
@@ -1101,6 +1110,12 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
     worst = max(stalls.values(), key=lambda s: s.gap_s, default=None)
     session_s = bench.args.session_timeout_ms / 1000
     limit = stall_limit_s(session_s, session_s / 2 + 3, bench.args.script or [])
+    every_gap = [dataclasses.replace(g, from_s=round(g.from_s + offset, 1),
+                                     to_s=round(g.to_s + offset, 1), gap_s=round(g.gap_s, 1))
+                 for g in gaps(times, start, end, at_least_s=GAP_REPORTED_S)]
+    applied = [(e["at_s"], f"{e['fault']} {e.get('worker', '')}".strip(),
+                fault_limit_s(e["fault"], e.get("seconds"), session_s, session_s / 2 + 3))
+               for e in bench.timeline if e.get("fault") and e.get("status") == "applied"]
     result = {
         "app_id": run.app_id,
         "sinks": {kind: topic for topic, kind in run.outputs.kind.items()},
@@ -1113,6 +1128,12 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
              for s in stalls.values() if s.gap_s > limit),
             key=lambda s: -s["gap_s"]),
         "stalls": {t: round(s.gap_s, 1) for t, s in sorted(stalls.items())},
+        "stalls_per_fault": [
+            {"at_s": f.at_s, "fault": f.fault, "limit_s": f.limit_s, "over": f.over,
+             **({"task": f.stall.task, "gap_s": f.stall.gap_s, "from_s": f.stall.from_s,
+                 "to_s": f.stall.to_s} if f.stall is not None else {})}
+            for f in stalls_per_fault(every_gap, applied, round(end - bench.t0, 1))],
+        "gaps": [dataclasses.asdict(g) for g in every_gap],
         "rebalances": rebalances(g for t, g in run.status.generations if t >= start),
         "generations_seen": sorted({g for _, g in run.status.generations}),
         "worker_exits": run.exits,
@@ -1233,6 +1254,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               + (", ".join(f"{s['task']} {s['gap_s']:.1f}s at {s['from_s']:.0f}-"
                            f"{s['to_s']:.0f}s" for s in app["stalls_over_limit"][:6])
                  or "none"))
+        for f in app["stalls_per_fault"]:
+            stall = (f"{f['gap_s']:.1f} s ({f['task']}, {f['from_s']:.0f}-{f['to_s']:.0f}s)"
+                     if "gap_s" in f else "none")
+            print(f"  {f['at_s']:7.1f}s {f['fault']}: longest stall {stall}, limit "
+                  f"{f['limit_s']:.0f} s{' OVER' if f['over'] else ''}")
     print("timeline:")
     print(timeline_text(report))
     if report["error"]:

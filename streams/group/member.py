@@ -77,6 +77,10 @@ class GroupMember:
         return self.assignor.received_digest
 
     @property
+    def in_round(self) -> bool:
+        return self.consumer.rebalancing
+
+    @property
     def static_digests(self) -> dict[str, str]:
         return self.assignor.static_digests
 

@@ -47,6 +47,11 @@ class StaticMember(Protocol):
     @property
     def received_digest(self) -> str | None: ...
 
+    @property
+    def in_round(self) -> bool:
+        """Joined a round whose assignment it has not received yet."""
+        ...
+
     def request_rejoin(self, reason: str, broadcast: bool = True, news: bool = True) -> None: ...
 
 
@@ -58,6 +63,9 @@ class StaticFollowers:
         self._control = control
         self._members: list[StaticMember] = []
         self._subscriptions: dict[str, bytes] = {}
+        #: The leader's latest digest for each member of this process that was in a round
+        #: when it arrived: checked once that round's assignment is in.
+        self._awaited: dict[str, str] = {}
 
     def add_member(self, member: StaticMember) -> None:
         self._members.append(member)
@@ -116,11 +124,30 @@ class StaticFollowers:
         self._subscriptions[static_id] = data
 
     def on_fetch_request(self, digests: dict[str, str]) -> None:
+        """The leader's digests. A member in a round waits for its own assignment first: the
+        broker answers the leader's SyncGroup before the followers' (up to seconds before on
+        Tansu), so the digest of the round a follower is in often comes before the follower's
+        assignment, and comparing it with the one before asked for a round nobody needed."""
         if not self.enabled:
             return
         for member in self._members:
-            if member.static_id in digests and not member.is_leader:
-                rejoin_if_assignment_missed(member, digests[member.static_id])  # type: ignore[index]
+            static_id = member.static_id
+            if static_id is None or static_id not in digests or member.is_leader:
+                continue
+            if member.in_round:
+                self._awaited[static_id] = digests[static_id]
+            else:
+                self._awaited.pop(static_id, None)
+                rejoin_if_assignment_missed(member, digests[static_id])
+
+    def assignment_applied(self, member: StaticMember) -> None:
+        """A member applied a round's assignment: compare it with the leader's digest that
+        arrived while it waited for it, if one did."""
+        if member.static_id is None:
+            return
+        digest = self._awaited.pop(member.static_id, None)
+        if digest is not None and self.enabled and not member.is_leader:
+            rejoin_if_assignment_missed(member, digest)
 
 
 def rejoin_if_assignment_missed(member: StaticMember, digest: str) -> bool:

@@ -13,6 +13,7 @@ class Member:
     static_id: str | None
     is_leader: bool = False
     received_digest: str | None = "d1"
+    in_round: bool = False
     rejoins: list[str] = field(default_factory=list)
 
     def request_rejoin(self, reason: str, broadcast: bool = True, news: bool = True) -> None:
@@ -28,6 +29,32 @@ def test_a_follower_that_missed_its_assignment_rejoins() -> None:
     protocol.on_fetch_request({"a-thread-0": "d1", "b-thread-0": "other"})
     assert follower.rejoins == [] and leader.rejoins == []  # holds it; the leader never
     protocol.on_fetch_request({"a-thread-0": "d2"})
+    assert follower.rejoins == ["missed the leader's last assignment"]
+
+
+def test_a_follower_in_a_round_compares_the_leaders_digest_with_that_rounds_assignment(
+) -> None:
+    # Tansu answers the leader's SyncGroup first: the leader's digest of the round reached a
+    # follower before the follower's own assignment, which asked for a round nobody needed.
+    protocol = StaticFollowers(enabled=True, control=FakeControl())
+    follower = Member("a-thread-0", in_round=True)
+    protocol.add_member(follower)
+    protocol.on_fetch_request({"a-thread-0": "d2"})
+    assert follower.rejoins == []
+    follower.in_round, follower.received_digest = False, "d2"
+    protocol.assignment_applied(follower)
+    assert follower.rejoins == []
+    protocol.assignment_applied(follower)  # once per digest
+    assert follower.rejoins == []
+
+
+def test_a_follower_the_round_left_out_still_rejoins_once_its_own_round_ends() -> None:
+    protocol = StaticFollowers(enabled=True, control=FakeControl())
+    follower = Member("a-thread-0", in_round=True)
+    protocol.add_member(follower)
+    protocol.on_fetch_request({"a-thread-0": "d3"})
+    follower.in_round, follower.received_digest = False, "d2"
+    protocol.assignment_applied(follower)
     assert follower.rejoins == ["missed the leader's last assignment"]
 
 

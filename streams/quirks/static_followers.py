@@ -124,10 +124,13 @@ class StaticFollowers:
         self._subscriptions[static_id] = data
 
     def on_fetch_request(self, digests: dict[str, str]) -> None:
-        """The leader's digests. A member in a round waits for its own assignment first: the
-        broker answers the leader's SyncGroup before the followers' (up to seconds before on
-        Tansu), so the digest of the round a follower is in often comes before the follower's
-        assignment, and comparing it with the one before asked for a round nobody needed."""
+        """The leader's digests. A member in a round that does not hold the assignment a
+        digest names waits for its own assignment of that round first: the broker may answer
+        the leader's SyncGroup before the followers' (up to seconds before on Tansu), so the
+        digest of the round a follower is in often came before the follower's assignment,
+        and comparing it with the one before asked for a round nobody needed. A digest of
+        the assignment it holds is one of the round before (the leader's answer came after
+        the follower had rejoined): nothing to check."""
         if not self.enabled:
             return
         for member in self._members:
@@ -135,7 +138,10 @@ class StaticFollowers:
             if static_id is None or static_id not in digests or member.is_leader:
                 continue
             if member.in_round:
-                self._awaited[static_id] = digests[static_id]
+                if digests[static_id] == member.received_digest:
+                    self._awaited.pop(static_id, None)
+                else:
+                    self._awaited[static_id] = digests[static_id]
             else:
                 self._awaited.pop(static_id, None)
                 rejoin_if_assignment_missed(member, digests[static_id])

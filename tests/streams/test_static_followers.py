@@ -48,6 +48,19 @@ def test_a_follower_in_a_round_compares_the_leaders_digest_with_that_rounds_assi
     assert follower.rejoins == []
 
 
+def test_a_digest_of_the_assignment_a_follower_holds_is_not_held_against_its_next_one(
+) -> None:
+    # The leader's answer (and so its digest) came after the follower had rejoined for the
+    # next round: compared with that round's assignment it asked for a round nobody needed.
+    protocol = StaticFollowers(enabled=True, control=FakeControl())
+    follower = Member("a-thread-0", received_digest="d1", in_round=True)
+    protocol.add_member(follower)
+    protocol.on_fetch_request({"a-thread-0": "d1"})
+    follower.in_round, follower.received_digest = False, "d2"
+    protocol.assignment_applied(follower)
+    assert follower.rejoins == []
+
+
 def test_a_follower_the_round_left_out_still_rejoins_once_its_own_round_ends() -> None:
     protocol = StaticFollowers(enabled=True, control=FakeControl())
     follower = Member("a-thread-0", in_round=True)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from streams.quirks.static_followers import StaticFollowers
+from streams.quirks.static_followers import DIGEST_GRACE_S, StaticFollowers
 from tests.streams.fakes import FakeControl
 
 
@@ -61,14 +62,28 @@ def test_a_digest_of_the_assignment_a_follower_holds_is_not_held_against_its_nex
     assert follower.rejoins == []
 
 
-def test_a_follower_the_round_left_out_still_rejoins_once_its_own_round_ends() -> None:
-    protocol = StaticFollowers(enabled=True, control=FakeControl())
+def test_a_follower_the_round_left_out_rejoins_unless_a_newer_digest_comes_in_time() -> None:
+    timers: list[tuple[float, Callable[[], None]]] = []
+    protocol = StaticFollowers(enabled=True, control=FakeControl(),
+                               schedule=lambda s, cb: timers.append((s, cb)))
     follower = Member("a-thread-0", in_round=True)
     protocol.add_member(follower)
     protocol.on_fetch_request({"a-thread-0": "d3"})
     follower.in_round, follower.received_digest = False, "d2"
     protocol.assignment_applied(follower)
+    assert follower.rejoins == [] and [s for s, _ in timers] == [DIGEST_GRACE_S]
+    timers.pop()[1]()
     assert follower.rejoins == ["missed the leader's last assignment"]
+    # d3 may be of the round before the one whose assignment (d4) it just applied, and the
+    # leader's digest of that round, on its way, says so.
+    follower.rejoins.clear()
+    follower.in_round = True
+    protocol.on_fetch_request({"a-thread-0": "d3"})
+    follower.in_round, follower.received_digest = False, "d4"
+    protocol.assignment_applied(follower)
+    protocol.on_fetch_request({"a-thread-0": "d4"})
+    timers.pop()[1]()
+    assert follower.rejoins == []
 
 
 def test_the_leader_tells_its_followers_and_followers_ask_the_leader() -> None:

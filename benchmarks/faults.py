@@ -220,6 +220,8 @@ class StatusTail(Tail):
         self.latest: dict[str, dict[str, Any]] = {}
         #: ``(time, generation)`` of every status record.
         self.generations: list[tuple[float, int]] = []
+        #: Each member's rounds as it measured them (join to assignment applied), once each.
+        self.rounds: dict[tuple[str, float], None] = {}
 
     def handle(self, topic: str, record: Any) -> None:
         key = record.key.decode(errors="replace") if record.key else "?"
@@ -232,6 +234,9 @@ class StatusTail(Tail):
             status = msgpack.unpackb(record.value, raw=False)
             self.latest[key] = status
             self.generations.append((time.time(), int(status["generation"])))
+            if isinstance(status.get("last_round_s"), int | float):
+                self.rounds[(f"{key}/{status.get('incarnation')}/{status.get('rebalances')}",
+                             float(status["last_round_s"]))] = None
 
     def live(self, fresh_s: float = 3.0) -> list[dict[str, Any]]:
         now_ms = time.time() * 1000
@@ -1135,6 +1140,7 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
             for f in stalls_per_fault(every_gap, applied, round(end - bench.t0, 1))],
         "gaps": [dataclasses.asdict(g) for g in every_gap],
         "rebalances": rebalances(g for t, g in run.status.generations if t >= start),
+        "rounds_s": round_figures([r for _key, r in run.status.rounds]),
         "generations_seen": sorted({g for _, g in run.status.generations}),
         "worker_exits": run.exits,
         "dead_letters": None,
@@ -1153,6 +1159,16 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
         "all_exact": all(o["is_exact"] for o in outs),
         "no_stall_over_limit": not result["stalls_over_limit"]}
     return result
+
+
+def round_figures(rounds: list[float]) -> dict[str, Any]:
+    """The members' rounds as they measured them (join to assignment applied): how long the
+    broker's rounds took in this run."""
+    if not rounds:
+        return {"count": 0}
+    ordered = sorted(rounds)
+    return {"count": len(ordered), "median": round(ordered[len(ordered) // 2], 1),
+            "min": round(ordered[0], 1), "max": round(ordered[-1], 1)}
 
 
 def faults_before(bench: Bench, stall: Any) -> list[str]:
@@ -1254,6 +1270,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               + (", ".join(f"{s['task']} {s['gap_s']:.1f}s at {s['from_s']:.0f}-"
                            f"{s['to_s']:.0f}s" for s in app["stalls_over_limit"][:6])
                  or "none"))
+        rounds = app["rounds_s"]
+        if rounds["count"]:
+            print(f"  rounds as members measured them (join to assignment applied): "
+                  f"{rounds['count']}, median {rounds['median']:.1f} s, "
+                  f"{rounds['min']:.1f} to {rounds['max']:.1f} s")
         for f in app["stalls_per_fault"]:
             stall = (f"{f['gap_s']:.1f} s ({f['task']}, {f['from_s']:.0f}-{f['to_s']:.0f}s)"
                      if "gap_s" in f else "none")

@@ -24,7 +24,7 @@ import time
 import uuid
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
@@ -69,7 +69,6 @@ from streams.group.warm_up import (
 )
 from streams.metrics import Metrics, MetricsServer, serve_metrics
 from streams.queries.routing import RoutingTable, StatusFollower
-from streams.queries.server import QueryServer, QueryService
 from streams.queries.store_query import LocalStores, StoreQuery, UnknownStoreError
 from streams.quirks.detect import broker_quirks
 from streams.quirks.hooks import RoundHooks, hooks_for
@@ -77,6 +76,9 @@ from streams.quirks.task_positions import TaskPositions, positions_topic_name
 from streams.runtime.factory import build_stream_thread
 from streams.runtime.store_handover import ProcessStores
 from streams.runtime.thread import FatalThreadError, StreamThread
+
+if TYPE_CHECKING:
+    from streams.queries.server import QueryServer
 
 log = logging.getLogger(__name__)
 
@@ -462,6 +464,11 @@ class App:
         endpoint); returns the status follower that keeps its routing table."""
         if self.config.query_port is None:
             return None
+        # Imported only when serving: the HTTP server's imports are half of the process's
+        # start, which a static member restarting within its session keeps its tasks waiting
+        # for.
+        from streams.queries.server import QueryServer, QueryService
+
         service = QueryService(self.routing, self.local_stores, instance_id=self.instance_id,
                                endpoint=lambda: None if self.query_server is None
                                else self.query_server.url)

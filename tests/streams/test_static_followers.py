@@ -147,3 +147,21 @@ def test_a_restart_after_a_crash_looks_again_at_its_old_status_without_waiting_i
     assert duplicate_recheck_wait_s(10_000, 10_500, 3.0) == 2.5
     # A clock ahead of ours never shortens the wait below a publication and a margin.
     assert duplicate_recheck_wait_s(20_000, 10_000, 3.0) == 3.0
+
+
+def test_a_restart_after_a_crash_on_this_state_directory_needs_no_second_look() -> None:
+    from streams.app import written_by_the_dead
+    from streams.group.predecessors import MemberRecord
+
+    # The crashed process ran here: its file lock was free, and its records are on this
+    # machine's clock. Still the newest 2 s on, nobody else has been publishing the key.
+    dead = [MemberRecord("w2-thread-0-abc", "w2-thread-0", 4242)]
+    record = {"member_id": "w2-thread-0-abc", "pid": 4242, "updated_ms": 10_000}
+    assert written_by_the_dead({"w2-thread-0": record}, dead, 12_000)
+    # Too fresh: a live duplicate may not have published since.
+    assert not written_by_the_dead({"w2-thread-0": record}, dead, 10_500)
+    # Another process's record (a live duplicate elsewhere, whatever its clock says).
+    other = {**record, "pid": 777, "updated_ms": 0}
+    assert not written_by_the_dead({"w2-thread-0": other}, dead, 12_000)
+    # No predecessor here (a first start, or the state directory is new): the second look.
+    assert not written_by_the_dead({"w2-thread-0": record}, [], 12_000)

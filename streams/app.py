@@ -32,7 +32,13 @@ from aiokafka.errors import KafkaConnectionError
 
 from statestore.serdes import Serde
 from statestore.store import changelog_topic_name
-from statestore.topics import COMPACTED, TopicSpec, ensure_topics, existing_partition_counts
+from statestore.topics import (
+    COMPACTED,
+    REPARTITION,
+    TopicSpec,
+    ensure_topics,
+    existing_partition_counts,
+)
 from streams.config import AppConfig
 from streams.dsl.stream import Stream, Table, stream_from_topic, table_from_topic
 from streams.dsl.topology import SubTopology, TopicDecl, Topology, TopologyError
@@ -260,7 +266,7 @@ class App:
                                     self.topology.topics_to_create().items()])
         counts = await existing_partition_counts(admin, external)
         repartition = self.topology.assign_partitions(subs, counts, self.config.default_partitions)
-        specs = [TopicSpec(topic, n) for topic, n in sorted(repartition.items())]
+        specs = [TopicSpec(topic, n, REPARTITION) for topic, n in sorted(repartition.items())]
         for sub in subs:
             for store in sub.stores:
                 specs.append(

@@ -51,6 +51,10 @@ class ProcessorContext:
         self.offset = -1
         self.timestamp_ms = 0
         self.stream_time_ms = -1
+        #: Per windowed aggregation (by node name), the largest timestamp of the records that
+        #: reached it: what closes its windows. Records dropped before it (by a filter, say)
+        #: do not move it, as in Kafka Streams.
+        self.observed_ms: dict[str, int] = {}
         self.late_records_dropped = 0
         self.custom: dict[str, Processor] = {}
 
@@ -203,7 +207,8 @@ class SinkNode(Node):
 
 
 class AggregateNode(Node):
-    """Aggregates by key into a store and forwards each updated aggregate."""
+    """Aggregates by key into a store and forwards each updated aggregate. Records with a
+    None value are skipped (a windowed aggregation takes them: Kafka Streams does both)."""
 
     def __init__(
         self,
@@ -219,6 +224,9 @@ class AggregateNode(Node):
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         _require_key(self, key, "an aggregation")
+        if value is None:
+            # A tombstone has nothing to aggregate: skipped, as Kafka Streams does.
+            return
         store = ctx.store(self.store)
         current = store.get(key)
         if current is None:
@@ -239,6 +247,8 @@ class ReduceNode(Node):
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         _require_key(self, key, "a reduce")
+        if value is None:
+            return
         store = ctx.store(self.store)
         current = store.get(key)
         updated = value if current is None else self.reducer(current, value)
@@ -252,9 +262,9 @@ class ReduceNode(Node):
 class WindowAggregateNode(Node):
     """Aggregates by (key, window) into a store keyed ``(key, window_start)``.
 
-    Stream time is the largest timestamp the task has seen. A record whose window closed
-    (end + grace <= stream time) is dropped and counted; windows older than the retention are
-    purged as stream time advances.
+    Its stream time is the largest timestamp among the records that reached it (not those a
+    step before it dropped). A record whose window closed (end + grace <= stream time) is
+    dropped and counted; windows older than the retention are purged as stream time advances.
     """
 
     def __init__(
@@ -275,7 +285,8 @@ class WindowAggregateNode(Node):
         _require_key(self, key, "a windowed aggregation")
         store = ctx.store(self.store)
         timestamp = ctx.timestamp_ms
-        stream_time = max(ctx.stream_time_ms, timestamp)
+        stream_time = max(ctx.observed_ms.get(self.name, -1), timestamp)
+        ctx.observed_ms[self.name] = stream_time
         for start, end in self.windows.windows_for(timestamp):
             if end + self.windows.grace_ms <= stream_time:
                 ctx.late_records_dropped += 1
@@ -293,7 +304,7 @@ class WindowAggregateNode(Node):
 
     def purge(self, ctx: ProcessorContext) -> int:
         """Delete windows past retention; returns how many."""
-        horizon = ctx.stream_time_ms - self.windows.retention_ms
+        horizon = ctx.observed_ms.get(self.name, -1) - self.windows.retention_ms
         if horizon <= 0:
             return 0
         store = ctx.store(self.store)
@@ -331,6 +342,9 @@ class StreamTableJoinNode(Node):
         self.left = left
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        if value is None:
+            # A tombstone joins nothing, inner or left: dropped, as Kafka Streams does.
+            return
         # A left join has an answer without a key (no table value); an inner join has none.
         if not self.left:
             _require_key(self, key, "an inner join")

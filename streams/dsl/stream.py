@@ -140,7 +140,8 @@ class Stream:
         return self._join(table, joiner, left=True)
 
     def _join(self, table: Table, joiner: Callable[[Any, Any], Any], left: bool) -> Stream:
-        source = self._repartitioned("join") if self._key_changed else self
+        # A left join answers records without a key too: they cross the repartition topic.
+        source = self._repartitioned("join", requires_key=not left) if self._key_changed else self
         node = StreamTableJoinNode(self._name("join"), table.store, joiner, left)
         result = source._then(node)
         self._topology.co_located.append((node, table._node))
@@ -152,13 +153,15 @@ class Stream:
     def group_by(self, fn: Callable[[Any, Any], Any]) -> GroupedStream:
         return GroupedStream(self.select_key(fn))
 
-    def _repartitioned(self, purpose: str, partitions: int | None = None) -> Stream:
+    def _repartitioned(self, purpose: str, partitions: int | None = None,
+                       requires_key: bool = True) -> Stream:
         """Write to an internal repartition topic and read it back in a new sub-topology."""
         app = self._topology.application_id
         name = self._name(f"{purpose}-repartition")
         topic = f"{app}-{name}"
         serde = MsgPackSerde()
-        self._node.add_child(SinkNode(f"{name}-sink", topic, serde, serde, requires_key=True))
+        self._node.add_child(SinkNode(f"{name}-sink", topic, serde, serde,
+                                      requires_key=requires_key))
         self._topology.repartition_topics.add(topic)
         if partitions is not None:
             self._topology.repartition_partitions[topic] = partitions

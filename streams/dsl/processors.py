@@ -26,9 +26,16 @@ class MissingKeyError(ValueError):
     a repartition): a bad record, dead-lettered like the others."""
 
 
-def _require_key(node: Node, key: Any, why: str) -> None:
-    if key is None:
-        raise MissingKeyError(f"{node.name}: the record has no key, and {why} needs one")
+def _has_key(node: Node, ctx: ProcessorContext, key: Any, why: str) -> bool:
+    """False, and the record noted as bad, when ``key`` is None. The step then drops it and
+    the rest of the record's processing goes on (its other outputs, as in Kafka Streams); the
+    task dead-letters the input record once that is done."""
+    if key is not None:
+        return True
+    if ctx.missing_key is None:
+        ctx.missing_key = MissingKeyError(
+            f"{node.name}: the record has no key, and {why} needs one")
+    return False
 
 
 @dataclass(slots=True)
@@ -57,6 +64,8 @@ class ProcessorContext:
         self.observed_ms: dict[str, int] = {}
         self.late_records_dropped = 0
         self.custom: dict[str, Processor] = {}
+        #: Set when a step dropped the current record for want of a key.
+        self.missing_key: MissingKeyError | None = None
 
     def store(self, name: str) -> KeyValueStore:
         """The task's store ``name``. A failure of RocksDB itself comes out of it as a
@@ -197,8 +206,8 @@ class SinkNode(Node):
         self.requires_key = requires_key
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        if self.requires_key:
-            _require_key(self, key, "repartitioning by key")
+        if self.requires_key and not _has_key(self, ctx, key, "repartitioning by key"):
+            return
         key_serde = windowed_key_serde(self.key_serde) if isinstance(key, Windowed) else (
             self.key_serde)
         raw_key = None if key is None else key_serde.dumps(key)
@@ -223,7 +232,8 @@ class AggregateNode(Node):
         self.aggregator = aggregator
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "an aggregation")
+        if not _has_key(self, ctx, key, "an aggregation"):
+            return
         if value is None:
             # A tombstone has nothing to aggregate: skipped, as Kafka Streams does.
             return
@@ -246,7 +256,8 @@ class ReduceNode(Node):
         self.reducer = reducer
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "a reduce")
+        if not _has_key(self, ctx, key, "a reduce"):
+            return
         if value is None:
             return
         store = ctx.store(self.store)
@@ -282,7 +293,8 @@ class WindowAggregateNode(Node):
         self.aggregator = aggregator
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "a windowed aggregation")
+        if not _has_key(self, ctx, key, "a windowed aggregation"):
+            return
         store = ctx.store(self.store)
         timestamp = ctx.timestamp_ms
         stream_time = max(ctx.observed_ms.get(self.name, -1), timestamp)
@@ -322,7 +334,8 @@ class TableNode(Node):
         self.store = store
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "a table")
+        if not _has_key(self, ctx, key, "a table"):
+            return
         ctx.store(self.store).put(key, value)  # put(None) deletes
         self.forward(ctx, key, value)
 
@@ -346,8 +359,8 @@ class StreamTableJoinNode(Node):
             # A tombstone joins nothing, inner or left: dropped, as Kafka Streams does.
             return
         # A left join has an answer without a key (no table value); an inner join has none.
-        if not self.left:
-            _require_key(self, key, "an inner join")
+        if not self.left and not _has_key(self, ctx, key, "an inner join"):
+            return
         other = None if key is None else ctx.store(self.table_store).get(key)
         if other is None and not self.left:
             return

@@ -177,9 +177,13 @@ class StreamTask:
                 ctx.timestamp_ms = timestamp
                 try:
                     source.process(ctx, key, value)
+                    if ctx.missing_key is not None:
+                        raise ctx.missing_key
                 except MACHINE_ERRORS:
+                    ctx.missing_key = None
                     raise
                 except Exception as exc:
+                    ctx.missing_key = None
                     processed[tp] = offset + 1  # type: ignore[index]
                     if timestamp > ctx.stream_time_ms:
                         ctx.stream_time_ms = timestamp

@@ -75,3 +75,19 @@ def test_windows_close_by_the_time_of_records_reaching_the_aggregation(tmp_path:
         assert driver.read_key_values("windows", key_serde="windowed") == [
             (Windowed("k", 0, 5), 1), (Windowed("k", 20, 25), 1), (Windowed("k", 20, 25), 2)]
         assert driver.late_records_dropped == 1
+
+
+def test_a_record_without_a_key_is_dropped_where_one_is_needed_and_the_rest_goes_on() -> None:
+    a = app()
+    pairs = a.stream("pairs").flat_map(lambda k, v: [(k, v), (k, v + 1)])
+    pairs.to("all")
+    pairs.group_by_key().count(store="counts").to_stream().to("counts")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("pairs", None, 1)
+        driver.pipe("pairs", "k", 5)
+        # Both outputs of the keyless record reach the topic that needs no key; the input
+        # record is dead-lettered once, for the step that needed one.
+        assert driver.read_key_values("all") == [(None, 1), (None, 2), ("k", 5), ("k", 6)]
+        assert driver.read_key_values("counts") == [("k", 1), ("k", 2)]
+        assert [d.stage for d in driver.dead_letters] == ["process"]
+        assert "has no key" in driver.dead_letters[0].error

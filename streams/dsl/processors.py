@@ -26,9 +26,16 @@ class MissingKeyError(ValueError):
     a repartition): a bad record, dead-lettered like the others."""
 
 
-def _require_key(node: Node, key: Any, why: str) -> None:
-    if key is None:
-        raise MissingKeyError(f"{node.name}: the record has no key, and {why} needs one")
+def _has_key(node: Node, ctx: ProcessorContext, key: Any, why: str) -> bool:
+    """False, and the record noted as bad, when ``key`` is None. The step then drops it and
+    the rest of the record's processing goes on (its other outputs, as in Kafka Streams); the
+    task dead-letters the input record once that is done."""
+    if key is not None:
+        return True
+    if ctx.missing_key is None:
+        ctx.missing_key = MissingKeyError(
+            f"{node.name}: the record has no key, and {why} needs one")
+    return False
 
 
 #: The reason a processor drops a record whose window had closed.
@@ -55,6 +62,10 @@ class ProcessorContext:
         self.offset = -1
         self.timestamp_ms = 0
         self.stream_time_ms = -1
+        #: Per windowed aggregation (by node name), the largest timestamp of the records that
+        #: reached it: what closes its windows. Records dropped before it (by a filter, say)
+        #: do not move it, as in Kafka Streams.
+        self.observed_ms: dict[str, int] = {}
         #: Late records dropped since the runtime last took the figure (it resets it).
         self.late_records_dropped = 0
         #: Records the task's processors dropped, by reason, since the task opened.
@@ -62,6 +73,8 @@ class ProcessorContext:
         #: Windows (node, start) a late record was dropped for: each is logged once.
         self._late_windows: set[tuple[str, int]] = set()
         self.custom: dict[str, Processor] = {}
+        #: Set when a step dropped the current record for want of a key.
+        self.missing_key: MissingKeyError | None = None
 
     def drop_late(self, node: str, store: str, start: int, end: int, grace_ms: int) -> None:
         """Count a record dropped because its window ``[start, end)`` had closed, and log the
@@ -221,8 +234,8 @@ class SinkNode(Node):
         self.requires_key = requires_key
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        if self.requires_key:
-            _require_key(self, key, "repartitioning by key")
+        if self.requires_key and not _has_key(self, ctx, key, "repartitioning by key"):
+            return
         key_serde = windowed_key_serde(self.key_serde) if isinstance(key, Windowed) else (
             self.key_serde)
         raw_key = None if key is None else key_serde.dumps(key)
@@ -231,7 +244,8 @@ class SinkNode(Node):
 
 
 class AggregateNode(Node):
-    """Aggregates by key into a store and forwards each updated aggregate."""
+    """Aggregates by key into a store and forwards each updated aggregate. Records with a
+    None value are skipped (a windowed aggregation takes them: Kafka Streams does both)."""
 
     def __init__(
         self,
@@ -246,7 +260,11 @@ class AggregateNode(Node):
         self.aggregator = aggregator
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "an aggregation")
+        if not _has_key(self, ctx, key, "an aggregation"):
+            return
+        if value is None:
+            # A tombstone has nothing to aggregate: skipped, as Kafka Streams does.
+            return
         store = ctx.store(self.store)
         current = store.get(key)
         if current is None:
@@ -266,7 +284,10 @@ class ReduceNode(Node):
         self.reducer = reducer
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "a reduce")
+        if not _has_key(self, ctx, key, "a reduce"):
+            return
+        if value is None:
+            return
         store = ctx.store(self.store)
         current = store.get(key)
         updated = value if current is None else self.reducer(current, value)
@@ -280,9 +301,9 @@ class ReduceNode(Node):
 class WindowAggregateNode(Node):
     """Aggregates by (key, window) into a store keyed ``(key, window_start)``.
 
-    Stream time is the largest timestamp the task has seen. A record whose window closed
-    (end + grace <= stream time) is dropped and counted; windows older than the retention are
-    purged as stream time advances.
+    Its stream time is the largest timestamp among the records that reached it (not those a
+    step before it dropped). A record whose window closed (end + grace <= stream time) is
+    dropped and counted; windows older than the retention are purged as stream time advances.
     """
 
     def __init__(
@@ -300,10 +321,12 @@ class WindowAggregateNode(Node):
         self.aggregator = aggregator
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "a windowed aggregation")
+        if not _has_key(self, ctx, key, "a windowed aggregation"):
+            return
         store = ctx.store(self.store)
         timestamp = ctx.timestamp_ms
-        stream_time = max(ctx.stream_time_ms, timestamp)
+        stream_time = max(ctx.observed_ms.get(self.name, -1), timestamp)
+        ctx.observed_ms[self.name] = stream_time
         for start, end in self.windows.windows_for(timestamp):
             if end + self.windows.grace_ms <= stream_time:
                 ctx.drop_late(self.name, self.store, start, end, self.windows.grace_ms)
@@ -320,7 +343,7 @@ class WindowAggregateNode(Node):
 
     def purge(self, ctx: ProcessorContext) -> int:
         """Delete windows past retention; returns how many."""
-        horizon = ctx.stream_time_ms - self.windows.retention_ms
+        horizon = ctx.observed_ms.get(self.name, -1) - self.windows.retention_ms
         if horizon <= 0:
             return 0
         ctx.forget_late_windows(self.name, horizon - self.windows.size_ms)
@@ -339,7 +362,8 @@ class TableNode(Node):
         self.store = store
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "a table")
+        if not _has_key(self, ctx, key, "a table"):
+            return
         ctx.store(self.store).put(key, value)  # put(None) deletes
         self.forward(ctx, key, value)
 
@@ -359,9 +383,12 @@ class StreamTableJoinNode(Node):
         self.left = left
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        if value is None:
+            # A tombstone joins nothing, inner or left: dropped, as Kafka Streams does.
+            return
         # A left join has an answer without a key (no table value); an inner join has none.
-        if not self.left:
-            _require_key(self, key, "an inner join")
+        if not self.left and not _has_key(self, ctx, key, "an inner join"):
+            return
         other = None if key is None else ctx.store(self.table_store).get(key)
         if other is None and not self.left:
             return

@@ -164,9 +164,11 @@ class Stream:
 
     def _join(self, table: Table, joiner: Callable[[Any, Any], Any], left: bool) -> Stream:
         # Both sides must put a key in the same partition: the stream's repartition topic
-        # encodes keys as the table's topic does (a mismatch left is refused at start).
+        # encodes keys as the table's topic does (a mismatch left is refused at start). A left
+        # join answers records without a key too: they cross the repartition topic.
         if self._key_changed:
-            source = self._repartitioned("join", key_serde=table.key_serde)
+            source = self._repartitioned("join", key_serde=table.key_serde,
+                                         requires_key=not left)
         else:
             source = self
             if self._open_repartition is not None and table.key_serde is not None:
@@ -195,6 +197,7 @@ class Stream:
     def _repartitioned(
         self, purpose: str, partitions: int | None = None,
         key_serde: str | Serde | None = None, value_serde: str | Serde | None = None,
+        requires_key: bool = True,
     ) -> Stream:
         """Write to an internal repartition topic and read it back in a new sub-topology."""
         app = self._topology.application_id
@@ -202,7 +205,7 @@ class Stream:
         topic = f"{app}-{name}"
         keys = serde_from_name(key_serde or "msgpack")
         values = serde_from_name(value_serde or "msgpack")
-        sink = SinkNode(f"{name}-sink", topic, keys, values, requires_key=True)
+        sink = SinkNode(f"{name}-sink", topic, keys, values, requires_key=requires_key)
         self._node.add_child(sink)
         self._topology.repartition_topics.add(topic)
         if partitions is not None:

@@ -101,6 +101,9 @@ def drop_reason(error: RecordError) -> str:
 #: The entry of a store's input position that holds the task's stream time (topic entries
 #: are ``"topic:partition"``, and a topic name cannot hold ``:``).
 STREAM_TIME_ENTRY = "stream-time"
+#: The prefix of the entries holding each windowed aggregation's own stream time,
+#: ``"stream-time@<node name>"``.
+NODE_STREAM_TIME_PREFIX = f"{STREAM_TIME_ENTRY}@"
 
 
 def task_counts(tasks: Iterable[StreamTask]) -> list[tuple[str, dict[str, int], int]]:
@@ -228,9 +231,13 @@ class StreamTask:
                 ctx.timestamp_ms = timestamp
                 try:
                     source.process(ctx, key, value)
+                    if ctx.missing_key is not None:
+                        raise ctx.missing_key
                 except MACHINE_ERRORS:
+                    ctx.missing_key = None
                     raise
                 except Exception as exc:
+                    ctx.missing_key = None
                     processed[tp] = offset + 1  # type: ignore[index]
                     if timestamp > ctx.stream_time_ms:
                         ctx.stream_time_ms = timestamp
@@ -285,6 +292,8 @@ class StreamTask:
         position = {f"{tp.topic}:{tp.partition}": offset for tp, offset in self.processed.items()}
         if stream_time >= 0:
             position[STREAM_TIME_ENTRY] = stream_time
+        for node, observed in self.context.observed_ms.items():
+            position[NODE_STREAM_TIME_PREFIX + node] = observed
         for store in self.stores.values():
             store.write_input_position(position)
         self._recorded = dict(self.processed)
@@ -295,11 +304,15 @@ class StreamTask:
         also takes the stream time back from the state."""
         merged: dict[TopicPartition, int] = {}
         stream_times: list[int] = []
+        observed: dict[str, list[int]] = {}
         for i, store in enumerate(self.stores.values()):
             positions = {}
             for name, offset in store.read_input_position().items():
                 if name == STREAM_TIME_ENTRY:
                     stream_times.append(offset)
+                    continue
+                if name.startswith(NODE_STREAM_TIME_PREFIX):
+                    observed.setdefault(name[len(NODE_STREAM_TIME_PREFIX):], []).append(offset)
                     continue
                 topic, _, partition = name.rpartition(":")
                 positions[TopicPartition(topic, int(partition))] = offset
@@ -311,6 +324,12 @@ class StreamTask:
         if stream_times:
             # Like the offsets, the stream time of the state that is furthest behind.
             self.context.stream_time_ms = max(self.context.stream_time_ms, min(stream_times))
+        for node in self._window_nodes:
+            # State written before windowed aggregations kept their own time has the task's.
+            times = observed.get(node.name) or (stream_times if stream_times else [-1])
+            if min(times) >= 0:
+                self.context.observed_ms[node.name] = max(
+                    self.context.observed_ms.get(node.name, -1), min(times))
         self._recorded_stream_time = self.context.stream_time_ms
         return merged
 
@@ -318,6 +337,12 @@ class StreamTask:
     def stream_time_ms(self) -> int:
         """The largest record timestamp this task has processed (-1 before any)."""
         return self.context.stream_time_ms
+
+    def advance_window_stream_time(self, to_ms: int) -> None:
+        """Move every windowed aggregation's stream time to at least ``to_ms``."""
+        observed = self.context.observed_ms
+        for node in self._window_nodes:
+            observed[node.name] = max(observed.get(node.name, -1), to_ms)
 
     def purge_expired_windows(self) -> int:
         return sum(node.purge(self.context) for node in self._window_nodes)

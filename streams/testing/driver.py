@@ -245,6 +245,7 @@ class TopologyTestDriver:
         self.clock_ms = max(self.clock_ms, to_ms)
         for task in self.tasks.values():
             task.context.stream_time_ms = max(task.context.stream_time_ms, to_ms)
+            task.advance_window_stream_time(to_ms)
             task.purge_expired_windows()
             task.record_input_position()
             self._drain_changelogs(task)

@@ -82,7 +82,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from benchmarks.input_fill import fill, true_counts
 from benchmarks.scaling_workers import REPO_ROOT, die_with_the_benchmark
 from benchmarks.throughput_report import Sample, figures, plot, ratio_lines, ratios, table
-from statestore.topics import TopicSpec, ensure_topics
+from statestore.topics import TopicSpec, ensure_topics, partition_count
 from streams.testing.broker import EmbeddedBroker
 
 
@@ -200,9 +200,8 @@ async def read_outputs(bootstrap: str, topic: str, idle_s: float = 5.0) -> list[
     await consumer.start()
     outputs: list[tuple[str, Any]] = []
     try:
-        await consumer.topics()  # fetches the metadata
         partitions = [TopicPartition(topic, p)
-                      for p in sorted(consumer.partitions_for_topic(topic) or ())]
+                      for p in range(await partition_count(bootstrap, topic) or 0)]
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)

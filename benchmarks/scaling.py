@@ -599,7 +599,8 @@ def _with_rounds(seconds: float | None, rounds: float | None) -> str:
 
 def summary_table(rounds: JoinRounds, results: list[dict[str, Any]]) -> list[str]:
     """A Markdown table of every phase; gaps and balance times also in join rounds (r)."""
-    lines = [f"join round: median {_seconds(rounds.median_s)} "
+    median = "-" if rounds.median_s is None else f"{rounds.median_s:.2f} s"
+    lines = [f"join round: median {median} "
              f"(samples {', '.join(f'{s:.2f}' for s in rounds.samples_s) or 'none'})",
              "",
              "| state/task | change | strategy | gap, moved task | gap, unmoved tasks "

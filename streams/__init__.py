@@ -26,6 +26,7 @@ _EXPORTS = {
     "WindowedSerde": "streams.dsl.windows",
     "RecordError": "streams.runtime.task",
     "TopologyTestDriver": "streams.testing",
+    "read_committed": "streams.kafka.committed_reader",
 }
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "Windowed",
     "WindowedSerde",
     "WindowedStream",
+    "read_committed",
 ]
 
 
@@ -66,5 +68,6 @@ if TYPE_CHECKING:  # what editors and type checkers see
     from streams.dsl.stream import GroupedStream, Stream, Table, WindowedStream
     from streams.dsl.topology import TopicDecl, TopologyError
     from streams.dsl.windows import HoppingWindows, TumblingWindows, Windowed, WindowedSerde
+    from streams.kafka.committed_reader import read_committed
     from streams.runtime.task import RecordError
     from streams.testing import TopologyTestDriver

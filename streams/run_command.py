@@ -93,6 +93,7 @@ def run(target: str, log_level: str) -> None:
     address is required: `relay broker` runs one for development.
     """
     from streams.environment import UnreachableBrokerError
+    from streams.kafka.membership import FencedMemberError
     from streams.runtime.thread import FatalThreadError
 
     logging.basicConfig(level=log_level,
@@ -108,6 +109,8 @@ def run(target: str, log_level: str) -> None:
         raise RunError(f"configuration error: {exc}", ExitCode.CONFIG) from None
     except TopologyError as exc:
         raise RunError(f"topology error: {exc}", ExitCode.CONFIG) from None
+    except FencedMemberError as exc:
+        raise RunError(f"stopped: {exc}", ExitCode.FAILED) from None
     except FatalThreadError as exc:
         raise RunError(f"failed: {exc}", ExitCode.FAILED) from None
     except KeyboardInterrupt:

@@ -1,8 +1,9 @@
 """``relay``: the command-line tool for running and operating Relay apps.
 
-Commands: ``run`` (run an app, :mod:`streams.run_command`), ``broker`` (an embedded broker on
-a fixed port, for development), ``describe`` (the group as Relay sees it), ``web`` (a live web
-view of the group, see :mod:`tools.web`), ``mark-leaving`` (announce a scale-down),
+Commands: ``run`` (run an app, :mod:`streams.run_command`), ``broker`` (a broker on a fixed
+port, for development: the embedded one, or Apache Kafka with ``--engine kafka``),
+``describe`` (the group as Relay sees it), ``web`` (a live web view of the group, see
+:mod:`tools.web`), ``mark-leaving`` (announce a scale-down),
 ``remove-members`` (remove static members for good) and ``snapshot build|list`` (store
 snapshots built with Spark, see :mod:`tools.snapshot`). Exit codes: one table for every
 command, :class:`streams.exit_codes.ExitCode`.
@@ -29,11 +30,13 @@ from rich.table import Table
 from assignor import task_sort_key
 from streams.exit_codes import ExitCode, summary
 from streams.group.control import LeavingMark, control_topic_name, encode_mark
+from streams.group.described import described_members
 from streams.group.status_topic import read_status as read_member_status
 from streams.group.status_topic import status_topic_name
 from streams.kafka.membership import MembershipError, describe_group, leave_group
+from streams.quirks.detect import broker_quirks
+from streams.quirks.switch import Quirk
 from streams.run_command import run as run_command
-from streams.testing.broker import EmbeddedBroker
 from tools.snapshot import snapshot
 
 #: What a command that talks to a broker says without an address.
@@ -162,8 +165,12 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
         finally:
             await client.close()
         tasks = task_view(members)
+        described = described_members(group.members)
         return {"app": app, "state": group.state, "protocol": group.protocol,
-                "members": members, "tasks": tasks, "unowned": unowned_tasks(tasks)}
+                "members": members, "tasks": tasks, "unowned": unowned_tasks(tasks),
+                # None when the broker keeps no member metadata (Tansu).
+                "broker_members": None if described is None else
+                [m.to_json() for m in sorted(described, key=lambda m: m.static_id or "")]}
 
     result = run(bootstrap, work)
     if as_json:
@@ -194,6 +201,21 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
     if result["unowned"]:
         console.print(f"[red]not run by any member: {', '.join(result['unowned'])}[/]",
                       highlight=False)
+    if result["broker_members"] is None:
+        console.print("the broker keeps no member metadata: members as they report "
+                      "themselves only", highlight=False)
+        return
+    broker_table = Table(title="the last round, as the broker holds it")
+    for column in ("member", "member id", "assigned active", "learners", "standbys"):
+        broker_table.add_column(column)
+    for m in result["broker_members"]:
+        broker_table.add_row(
+            m["static_id"] or "-", m["member_id"],
+            "-" if m["active"] is None else ", ".join(m["active"]) or "-",
+            ", ".join(m["learners"]) or "-", ", ".join(m["standbys"]) or "-")
+        if m["problem"]:
+            console.print(f"[red]{m['member_id']}: {m['problem']}[/]", highlight=False)
+    console.print(broker_table)
 
 
 @cli.command()
@@ -234,13 +256,18 @@ def web(app: str, bootstrap: str | None, host: str, port: int, window_minutes: f
 @click.option("--port", type=click.IntRange(1, 65535), default=9092, show_default=True,
               help="Port to listen on.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-def broker(port: int, host: str) -> None:
-    """Run an embedded broker in the foreground until Ctrl-C, so that several processes of an
-    app can share it during development (memory storage: it forgets everything on exit)."""
+@click.option("--engine", type=click.Choice(["tansu", "kafka"]), default="tansu",
+              show_default=True,
+              help="tansu: the embedded broker; kafka: Apache Kafka in KRaft mode (needs Java "
+                   "17+, and Maven on first use to fetch its jars).")
+def broker(port: int, host: str, engine: str) -> None:
+    """Run a broker in the foreground until Ctrl-C, so that several processes of an app can
+    share it during development (it forgets everything on exit)."""
     import signal
     import socket
 
-    from streams.testing.broker import BrokerError
+    from streams.testing.engines import broker_for
+    from streams.testing.loopback import BrokerError
 
     with socket.socket() as probe:
         try:
@@ -256,20 +283,21 @@ def broker(port: int, host: str) -> None:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with EmbeddedBroker(port=port, host=host) as running:
-            click.echo(f"embedded broker at {running.bootstrap_servers} (Ctrl-C to stop); "
+        with broker_for(engine, port=port, host=host) as running:
+            click.echo(f"{running.name} at {running.bootstrap_servers} (Ctrl-C to stop); "
                        f"RELAY_BOOTSTRAP_SERVERS={running.bootstrap_servers}")
             sys.stdout.flush()
             while not stop:
                 if not running.running:
-                    raise ToolError("the embedded broker exited")
+                    raise ToolError(f"the {running.name} exited")
                 time.sleep(0.2)
+            name = running.name
     except BrokerError as exc:
         raise ToolError(str(exc)) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    click.echo("embedded broker stopped")
+    click.echo(f"{name} stopped")
 
 
 @cli.command("mark-leaving")
@@ -339,6 +367,10 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) 
                         ExitCode.USAGE,
                     )
                 pairs.extend(found)
+            if Quirk.LEAVE_NEEDS_MEMBER_ID not in await broker_quirks("auto", None, address,
+                                                                      embedded=False):
+                # KIP-345: the instance id alone removes whichever member holds it now.
+                pairs = [("", static) for _member, static in pairs]
             answers = await leave_group(client, app, pairs)
             after = await describe_group(client, app)
             remaining = {static for _m, static in static_members(after.members, app, "")}
@@ -379,14 +411,16 @@ def static_members(members: Any, app: str, instance: str) -> list[tuple[str, str
     """``(member_id, group_instance_id)`` of every thread of ``instance`` (of every instance
     when it is empty).
 
-    Brokers name a static member ``<group_instance_id>-<uuid>``; Relay's client ids are
-    ``<app>-<group_instance_id>``. Either identifies the threads ``<instance>-thread-<n>``.
+    The broker tells a member's instance id (DescribeGroups v4); failing that, brokers name a
+    static member ``<group_instance_id>-<uuid>`` and Relay's client ids are
+    ``<app>-<group_instance_id>``. Each identifies the threads ``<instance>-thread-<n>``.
     """
     name = re.escape(instance) if instance else ".+"
     pattern = re.compile(rf"^(?:{re.escape(app)}-)?({name}-thread-\d+)(?:-|$)")
     found = []
     for member in members:
-        match = pattern.match(member.member_id) or pattern.match(member.client_id)
+        match = (pattern.fullmatch(member.group_instance_id or "")
+                 or pattern.match(member.member_id) or pattern.match(member.client_id))
         if match:
             found.append((member.member_id, match.group(1)))
     return found

@@ -39,6 +39,7 @@ from streams.dsl.processors import (
     walk_nodes,
 )
 from streams.dsl.topology import SubTopology
+from streams.runtime.partition_group import PartitionGroup
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,8 @@ class StreamTask:
         self.context = ProcessorContext(task_id, stores)
         self.sources: dict[str, SourceNode] = dict(sub.sources)
         self.partitions = [TopicPartition(t, self.partition) for t in sorted(sub.sources)]
+        #: Fetched records waiting for their turn across the task's partitions.
+        self.inputs = PartitionGroup(self.partitions)
         # Next offset to process per input partition; what is committed.
         self.processed: dict[TopicPartition, int] = {}
         self.records_processed = 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 import time
 from typing import Any
@@ -118,6 +117,8 @@ class StreamThread:
         self.late_records_dropped = 0
         #: Records processed while the group was rebalancing (cooperative members only).
         self.records_during_rebalance = 0
+        #: Tasks that hold fetched records back for a lagging partition.
+        self._holding: list[StreamTask] = []
         self._label = identity.label
 
     # -- views -----------------------------------------------------------------------------
@@ -202,15 +203,30 @@ class StreamThread:
 
     async def process(self, batches: dict[TopicPartition, list[Any]]) -> None:
         by_task = route_by_task(batches, self.registry.task_for)
+        # Tasks holding records back for a lagging partition look again at every pass.
+        routed = {id(task) for task, _ in by_task}
+        by_task += [(task, []) for task in self._holding
+                    if id(task) not in routed and self.registry.task_for(task.partitions[0])
+                    is task]
+        self._holding.clear()
         rebalancing = self.consumer.rebalancing
+        now_ms = time.time() * 1000
         for task, inputs in by_task:
             if rebalancing:
                 self.records_during_rebalance += sum(len(i) for i in inputs)
-            # Across a task's input partitions, older records first; within one partition,
-            # always in offset order. Records the task already processed (a batch fetched
-            # before a rebalance sought the partition back) are dropped by the task itself.
-            records = inputs[0] if len(inputs) == 1 else list(
-                heapq.merge(*inputs, key=lambda r: r.timestamp))
+            # Across a task's input partitions, older records first, held back while a
+            # partition with nothing buffered lags (streams.runtime.partition_group); within
+            # one partition, always in offset order. Records the task already processed (a
+            # batch fetched before a rebalance sought the partition back) are dropped by the
+            # task itself.
+            if task.inputs.synchronizes:
+                for part in inputs:
+                    task.inputs.add(part)
+                records = task.inputs.take(self.consumer.lagging, now_ms)
+                if task.inputs.buffered:
+                    self._holding.append(task)
+            else:
+                records = inputs[0]
             before = task.records_processed
             try:
                 while records:

@@ -324,6 +324,7 @@ class KafkaCluster:
                  for_tests: bool = False, settings: dict[str, str] | None = None,
                  startup_timeout_s: float = 120.0, log_level: str = "WARN",
                  java_options: tuple[str, ...] = (), use_class_archive: bool = True) -> None:
+        self.name = f"Apache Kafka {kafka_version()}" + (f" ({nodes} nodes)" if nodes > 1 else "")
         if nodes < 1:
             raise ValueError(f"a cluster needs at least one node, not {nodes}")
         self.host = host
@@ -386,7 +387,8 @@ class KafkaCluster:
         assert self._work is not None
         return self._work / f"node-{node_id}"
 
-    def start(self) -> KafkaCluster:
+    def start(self, wait: bool = True) -> KafkaCluster:
+        """Start every node; with ``wait`` (the default) return once they all answer."""
         if self.nodes:
             return self
         java = find_java()
@@ -417,7 +419,8 @@ class KafkaCluster:
             for node in self.nodes:
                 node.prepare(template, self.cluster_id)
                 node.spawn()
-            self.wait_ready()
+            if wait:
+                self.wait_ready()
         except BaseException:
             self.stop(keep_files=True)  # the error names a node's log
             raise

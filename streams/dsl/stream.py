@@ -31,6 +31,16 @@ from streams.dsl.processors import (
     TableNode,
     WindowAggregateNode,
 )
+from streams.dsl.tables import (
+    LEFT,
+    RIGHT,
+    TableAggregateNode,
+    TableFilterNode,
+    TableGroupByNode,
+    TableJoinNode,
+    TableJoinSide,
+    TableMapValuesNode,
+)
 from streams.dsl.topology import TopicDecl, Topology, TopologyError
 from streams.dsl.windows import HoppingWindows
 
@@ -130,6 +140,15 @@ class Stream:
         source = self._repartitioned("process") if names and self._key_changed else self
         return source._then(CustomProcessorNode(self._name("processor"), factory, names))
 
+    def to_table(self, store: str | None = None) -> Table:
+        """The stream read as a table: the latest value per key, in ``store`` (named after the
+        node when not given); a None value deletes its key."""
+        source = self._repartitioned("to-table") if self._key_changed else self
+        name = self._name("to-table")
+        store = store or f"{name}-store"
+        self._topology.declare_store(StoreDecl(store))
+        return Table(source._then(TableNode(name, store)), store)
+
     # -- joins and grouping ---------------------------------------------------------------
 
     def join(self, table: Table, joiner: Callable[[Any, Any], Any]) -> Stream:
@@ -141,7 +160,7 @@ class Stream:
 
     def _join(self, table: Table, joiner: Callable[[Any, Any], Any], left: bool) -> Stream:
         source = self._repartitioned("join") if self._key_changed else self
-        node = StreamTableJoinNode(self._name("join"), table.store, joiner, left)
+        node = StreamTableJoinNode(self._name("join"), table._materialized(), joiner, left)
         result = source._then(node)
         self._topology.co_located.append((node, table._node))
         return result
@@ -235,15 +254,145 @@ class WindowedStream:
 
 
 class Table:
-    """The latest value per key, kept in a store; its updates can be read as a stream."""
+    """The latest value per key, kept in a store (or, for a filtered or mapped table, derived
+    from its parent's updates); its updates can be read as a stream. A None value is a
+    tombstone: the key leaves the table."""
 
-    def __init__(self, stream: Stream, store: str) -> None:
+    def __init__(self, stream: Stream, store: str | None) -> None:
         self._stream = stream
         self._node = stream._node
+        self._topology = stream._topology
         self.store = store
 
     def to_stream(self) -> Stream:
         return Stream(self._stream._topology, self._node, key_changed=False)
+
+    def _then(self, node: Node, store: str | None = None) -> Table:
+        self._node.add_child(node)
+        return Table(Stream(self._topology, node), store)
+
+    def _materialized(self) -> str:
+        """The store holding this table's rows, added (named after the node) if it has none:
+        a stream-table join reads it."""
+        if self.store is None:
+            store = f"{self._node.name}-store"
+            if store not in self._topology.stores:
+                self._topology.declare_store(StoreDecl(store))
+                self._node.add_child(TableNode(f"{self._node.name}-materialize", store))
+            self.store = store
+        return self.store
+
+    def _maybe_stored(self, table: Table, store: str | None) -> Table:
+        if store is None:
+            return table
+        self._topology.declare_store(StoreDecl(store))
+        return table._then(TableNode(self._topology.node_name("table-materialize"), store),
+                           store)
+
+    def filter(self, predicate: Callable[[Any, Any], bool], store: str | None = None) -> Table:
+        """The rows for which ``predicate(key, value)`` holds; a row that stops passing is
+        deleted (a tombstone). ``store``: keep the result in a store of that name."""
+        node = TableFilterNode(self._topology.node_name("table-filter"), predicate, True)
+        return self._maybe_stored(self._then(node), store)
+
+    def filter_not(self, predicate: Callable[[Any, Any], bool],
+                   store: str | None = None) -> Table:
+        node = TableFilterNode(self._topology.node_name("table-filter-not"), predicate, False)
+        return self._maybe_stored(self._then(node), store)
+
+    def map_values(self, fn: Callable[[Any], Any], store: str | None = None) -> Table:
+        node = TableMapValuesNode(self._topology.node_name("table-map-values"), fn)
+        return self._maybe_stored(self._then(node), store)
+
+    def join(self, other: Table, joiner: Callable[[Any, Any], Any],
+             store: str | None = None) -> Table:
+        """Inner table-table join on the key, co-partitioned: ``joiner(left, right)`` for
+        every key both hold, updated as either side changes."""
+        return self._table_join(other, joiner, "inner", store)
+
+    def left_join(self, other: Table, joiner: Callable[[Any, Any], Any],
+                  store: str | None = None) -> Table:
+        return self._table_join(other, joiner, "left", store)
+
+    def outer_join(self, other: Table, joiner: Callable[[Any, Any], Any],
+                   store: str | None = None) -> Table:
+        return self._table_join(other, joiner, "outer", store)
+
+    def _table_join(self, other: Table, joiner: Callable[[Any, Any], Any], kind: str,
+                    store: str | None) -> Table:
+        topology = self._topology
+        name = topology.node_name(f"table-{kind}-join")
+        rows = f"{name}-rows"
+        topology.declare_store(StoreDecl(rows))
+        shared = TableJoinSide(rows, joiner, kind)
+        left = TableJoinNode(f"{name}-left", shared, LEFT)
+        right = TableJoinNode(f"{name}-right", shared, RIGHT)
+        self._node.add_child(left)
+        other._node.add_child(right)
+        merged = Node(f"{name}-merge")
+        left.add_child(merged)
+        right.add_child(merged)
+        return self._maybe_stored(Table(Stream(topology, merged), None), store)
+
+    def group_by(self, selector: Callable[[Any, Any], tuple[Any, Any]]) -> GroupedTable:
+        """Re-group the table: ``selector(key, value) -> (new_key, new_value)``; then
+        ``count``, ``reduce`` or ``aggregate`` with an adder and a subtractor."""
+        return GroupedTable(self, selector)
+
+    def suppress(self, *, until_window_closes: bool = False, time_limit_ms: int | None = None,
+                 max_records: int | None = None, store: str | None = None) -> Table:
+        """Hold the table's updates back: ``until_window_closes`` emits one final result per
+        window of a windowed table once stream time passes its end plus grace;
+        ``time_limit_ms`` / ``max_records`` emit a key's latest update once it has waited
+        that long or the buffer holds more keys. The buffer is a store with a changelog."""
+        from streams.dsl.suppress import suppress_table
+
+        return suppress_table(self, until_window_closes, time_limit_ms, max_records, store)
+
+
+class GroupedTable:
+    """A table re-grouped by ``selector``, ready for an aggregation with a subtractor."""
+
+    def __init__(self, table: Table,
+                 selector: Callable[[Any, Any], tuple[Any, Any]]) -> None:
+        self._table = table
+        self._selector = selector
+
+    def aggregate(
+        self,
+        initializer: Callable[[], Any],
+        adder: Callable[[Any, Any, Any], Any],
+        subtractor: Callable[[Any, Any, Any], Any],
+        store: str,
+    ) -> Table:
+        """``adder(key, value, aggregate)`` adds a row to its group, ``subtractor(key, value,
+        aggregate)`` takes it out when it changes or leaves the group."""
+        return self._aggregated(initializer, adder, subtractor, store)
+
+    def count(self, store: str) -> Table:
+        return self._aggregated(lambda: 0, lambda _k, _v, n: n + 1, lambda _k, _v, n: n - 1,
+                                store)
+
+    def reduce(self, adder: Callable[[Any, Any], Any], subtractor: Callable[[Any, Any], Any],
+               store: str) -> Table:
+        """``adder(aggregate, value)``, ``subtractor(aggregate, value)``."""
+        return self._aggregated(None, lambda _k, v, agg: adder(agg, v),
+                                lambda _k, v, agg: subtractor(agg, v), store)
+
+    def _aggregated(self, initializer: Callable[[], Any] | None,
+                    adder: Callable[[Any, Any, Any], Any],
+                    subtractor: Callable[[Any, Any, Any], Any], store: str) -> Table:
+        table = self._table
+        topology = table._topology
+        prior = f"{store}-prior"
+        topology.declare_store(StoreDecl(prior))
+        topology.declare_store(StoreDecl(store))
+        regroup = TableGroupByNode(topology.node_name("table-group-by"), prior, self._selector)
+        table._node.add_child(regroup)
+        stream = Stream(topology, regroup)._repartitioned(store)
+        node = TableAggregateNode(stream._name("table-aggregate"), store, initializer, adder,
+                                  subtractor)
+        return Table(stream._then(node), store)
 
 
 def topic_name(topic: str | TopicDecl) -> str:

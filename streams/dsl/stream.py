@@ -31,6 +31,8 @@ from streams.dsl.processors import (
     TableNode,
     WindowAggregateNode,
 )
+from streams.dsl.sessions import SessionAggregateNode, SessionWindows
+from streams.dsl.sliding import SlidingAggregateNode, SlidingWindows
 from streams.dsl.tables import (
     LEFT,
     RIGHT,
@@ -216,7 +218,10 @@ class GroupedStream:
         stream = self._prepared(store)
         return Table(stream._then(ReduceNode(stream._name("reduce"), store, reducer)), store)
 
-    def windowed_by(self, windows: HoppingWindows) -> WindowedStream:
+    def windowed_by(
+        self, windows: HoppingWindows | SessionWindows | SlidingWindows
+    ) -> WindowedStream:
+        """Cut the grouped stream into time windows (tumbling, hopping, sliding) or sessions."""
         return WindowedStream(self, windows)
 
 
@@ -225,7 +230,8 @@ class WindowedStream:
     tables keyed by ``Windowed(key, start, end)``, kept in a store keyed
     ``(key, window_start)``."""
 
-    def __init__(self, grouped: GroupedStream, windows: HoppingWindows) -> None:
+    def __init__(self, grouped: GroupedStream,
+                 windows: HoppingWindows | SessionWindows | SlidingWindows) -> None:
         self._grouped = grouped
         self._windows = windows
 
@@ -234,15 +240,32 @@ class WindowedStream:
         initializer: Callable[[], Any],
         aggregator: Callable[[Any, Any, Any], Any],
         store: str,
+        merger: Callable[[Any, Any, Any], Any] | None = None,
     ) -> Table:
+        """``aggregator(key, value, aggregate)`` per window; session windows also need
+        ``merger(key, aggregate_a, aggregate_b)`` to merge two sessions a record bridges."""
+        windows = self._windows
+        if isinstance(windows, SessionWindows) and merger is None:
+            raise TopologyError("a session-windowed aggregate needs merger=fn(key, a, b): "
+                                "a record that bridges two sessions merges their aggregates")
         stream = self._grouped._prepared(store)
-        node = WindowAggregateNode(
-            stream._name("window-aggregate"), store, self._windows, initializer, aggregator
-        )
-        return Table(stream._then(node), store)
+        node: Node
+        if isinstance(windows, SessionWindows):
+            assert merger is not None
+            node = SessionAggregateNode(stream._name("session-aggregate"), store, windows,
+                                        initializer, aggregator, merger)
+        elif isinstance(windows, SlidingWindows):
+            node = SlidingAggregateNode(stream._name("sliding-aggregate"), store, windows,
+                                        initializer, aggregator)
+        else:
+            node = WindowAggregateNode(
+                stream._name("window-aggregate"), store, windows, initializer, aggregator
+            )
+        return Table(stream._then(node), store, windows=windows)
 
     def count(self, store: str) -> Table:
-        return self.aggregate(lambda: 0, lambda _k, _v, n: n + 1, store)
+        return self.aggregate(lambda: 0, lambda _k, _v, n: n + 1, store,
+                              merger=lambda _k, a, b: a + b)
 
     def reduce(self, reducer: Callable[[Any, Any], Any], store: str) -> Table:
         sentinel: dict[str, Any] = {}
@@ -250,7 +273,12 @@ class WindowedStream:
         def reduce_or_first(_key: Any, value: Any, current: Any) -> Any:
             return value if current is sentinel else reducer(current, value)
 
-        return self.aggregate(lambda: sentinel, reduce_or_first, store)
+        def merge(_key: Any, a: Any, b: Any) -> Any:
+            if a is sentinel:
+                return b
+            return a if b is sentinel else reducer(a, b)
+
+        return self.aggregate(lambda: sentinel, reduce_or_first, store, merger=merge)
 
 
 class Table:
@@ -258,11 +286,13 @@ class Table:
     from its parent's updates); its updates can be read as a stream. A None value is a
     tombstone: the key leaves the table."""
 
-    def __init__(self, stream: Stream, store: str | None) -> None:
+    def __init__(self, stream: Stream, store: str | None, windows: Any = None) -> None:
         self._stream = stream
         self._node = stream._node
         self._topology = stream._topology
         self.store = store
+        #: The windows of a windowed aggregation's table (what suppression waits for).
+        self.windows = windows
 
     def to_stream(self) -> Stream:
         return Stream(self._stream._topology, self._node, key_changed=False)

@@ -121,8 +121,9 @@ class StreamTask:
         self._recorded_stream_time = -1
         #: The key of each input partition in ``processed``, made once.
         self._partition_keys: dict[tuple[str, int], TopicPartition] = {}
+        # Every node whose store holds windows to drop past retention.
         self._window_nodes = [n for n in walk_nodes(sub.sources.values())
-                             if isinstance(n, WindowAggregateNode)]
+                             if isinstance(n, WindowAggregateNode) or hasattr(n, "purge")]
 
     def process(self, record: ConsumerRecord) -> bool:
         """Run one record through the topology; False if it was already processed (dropped).

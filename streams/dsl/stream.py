@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from statestore.serdes import MsgPackSerde, Serde
+from streams.dsl.joins import JoinWindows, StreamJoin, StreamJoinNode
 from streams.dsl.processors import (
     AggregateNode,
     BranchNode,
@@ -153,12 +154,65 @@ class Stream:
 
     # -- joins and grouping ---------------------------------------------------------------
 
-    def join(self, table: Table, joiner: Callable[[Any, Any], Any]) -> Stream:
-        """Inner stream-table join on the key: each record with the table's current value."""
-        return self._join(table, joiner, left=False)
+    def join(self, other: Table | Stream | Any, joiner: Callable[..., Any],
+             windows: JoinWindows | Callable[..., Any] | None = None) -> Stream:
+        """Inner join on the key. With a table, ``join(table, joiner)``: each record with the
+        table's current value. With a stream, ``join(stream, joiner, JoinWindows(...))``:
+        each pair of records within the window. With a global table,
+        ``join(global_table, key_selector, joiner)``: ``key_selector(key, value)`` picks the
+        row. ``joiner(value, other_value)``."""
+        return self._dispatch_join(other, joiner, windows, "inner")
 
-    def left_join(self, table: Table, joiner: Callable[[Any, Any], Any]) -> Stream:
-        return self._join(table, joiner, left=True)
+    def left_join(self, other: Table | Stream | Any, joiner: Callable[..., Any],
+                  windows: JoinWindows | Callable[..., Any] | None = None) -> Stream:
+        """Like ``join``, and a record without a partner gives ``joiner(value, None)`` (with a
+        stream, once its window closed)."""
+        return self._dispatch_join(other, joiner, windows, "left")
+
+    def outer_join(self, other: Stream, joiner: Callable[[Any, Any], Any],
+                   windows: JoinWindows) -> Stream:
+        """Stream-stream outer join: unmatched records of either side are emitted joined with
+        None once their window closed."""
+        if not isinstance(other, Stream):
+            raise TopologyError("outer_join takes a stream (a table outer join is "
+                                "Table.outer_join)")
+        return self._dispatch_join(other, joiner, windows, "outer")
+
+    def _dispatch_join(self, other: Any, fn: Callable[..., Any], extra: Any,
+                       kind: str) -> Stream:
+        if isinstance(other, Table):
+            return self._join(other, fn, left=kind == "left")
+        if isinstance(other, Stream):
+            if not isinstance(extra, JoinWindows):
+                raise TopologyError("a stream-stream join needs JoinWindows(before_ms, "
+                                    "after_ms, grace_ms) as its third argument")
+            return self._stream_join(other, fn, extra, kind)
+        join_global = getattr(other, "join_stream", None)
+        if join_global is not None:
+            if not callable(extra):
+                raise TopologyError("a global table join is join(global_table, key_selector, "
+                                    "joiner)")
+            return join_global(self, fn, extra, kind == "left")  # type: ignore[no-any-return]
+        raise TopologyError(f"cannot join a stream with {type(other).__name__}")
+
+    def _stream_join(self, other: Stream, joiner: Callable[[Any, Any], Any],
+                     windows: JoinWindows, kind: str) -> Stream:
+        topology = self._topology
+        name = self._name(f"stream-{kind}-join")
+        left = self._repartitioned("join-left") if self._key_changed else self
+        right = other._repartitioned("join-right") if other._key_changed else other
+        stores = (f"{name}-left", f"{name}-right")
+        outer_store = None if kind == "inner" else f"{name}-outer"
+        for store in (*stores, *([outer_store] if outer_store else [])):
+            topology.declare_store(StoreDecl(store))
+        shared = StreamJoin(windows, joiner, stores, outer_store,
+                            (kind != "inner", kind == "outer"))
+        left_node = left._then(StreamJoinNode(f"{name}-this", shared, LEFT))
+        right_node = right._then(StreamJoinNode(f"{name}-other", shared, RIGHT))
+        merged = Node(f"{name}-merge")
+        left_node._node.add_child(merged)
+        right_node._node.add_child(merged)
+        return Stream(topology, merged)
 
     def _join(self, table: Table, joiner: Callable[[Any, Any], Any], left: bool) -> Stream:
         source = self._repartitioned("join") if self._key_changed else self

@@ -18,6 +18,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -188,9 +189,12 @@ class App:
         topic: str | TopicDecl,
         key_serde: str | Serde | None = None,
         value_serde: str | Serde | None = None,
+        timestamp: Callable[[Any, Any, int], int] | None = None,
     ) -> Stream:
-        """A stream of ``topic``'s records; serdes default to the topic's, else msgpack."""
-        return stream_from_topic(self.topology, topic, key_serde, value_serde)
+        """A stream of ``topic``'s records; serdes default to the topic's, else msgpack.
+        ``timestamp(key, value, record_timestamp_ms) -> ms``: the timestamp windows, joins
+        and outputs go by (the record's own by default)."""
+        return stream_from_topic(self.topology, topic, key_serde, value_serde, timestamp)
 
     def table(
         self,

@@ -13,6 +13,7 @@ from typing import Any
 
 from statestore.serdes import MsgPackSerde, Serde
 from streams.dsl.joins import JoinWindows, StreamJoin, StreamJoinNode
+from streams.dsl.metadata import HeadersPeekNode, TimestampExtractorNode, wants_headers
 from streams.dsl.processors import (
     AggregateNode,
     BranchNode,
@@ -93,7 +94,11 @@ class Stream:
             MapNode(self._name("select-key"), lambda k, v: (fn(k, v), v)), key_changed=True
         )
 
-    def peek(self, fn: Callable[[Any, Any], None]) -> Stream:
+    def peek(self, fn: Callable[..., None]) -> Stream:
+        """``fn(key, value)``, or ``fn(key, value, headers)`` to read the record's headers,
+        for its side effect; the record goes on unchanged."""
+        if wants_headers(fn):
+            return self._then(HeadersPeekNode(self._name("peek"), fn))
         return self._then(PeekNode(self._name("peek"), fn))
 
     def branch(self, *predicates: Callable[[Any, Any], bool]) -> list[Stream]:
@@ -486,11 +491,16 @@ def topic_name(topic: str | TopicDecl) -> str:
 def stream_from_topic(
     topology: Topology, topic: str | TopicDecl,
     key_serde: str | Serde | None = None, value_serde: str | Serde | None = None,
+    timestamp: Callable[[Any, Any, int], int] | None = None,
 ) -> Stream:
     name = topic_name(topic)
     keys, values = topology.serdes_for(name, key_serde, value_serde)
     source = SourceNode(topology.node_name("source"), name, keys, values)
     topology.add_source(source)
+    if timestamp is not None:
+        extractor = TimestampExtractorNode(topology.node_name("timestamp-extractor"), timestamp)
+        source.add_child(extractor)
+        return Stream(topology, extractor)
     return Stream(topology, source)
 
 

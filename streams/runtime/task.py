@@ -19,7 +19,8 @@ closed before a restart stay closed after it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -29,7 +30,15 @@ from statestore.errors import StateStoreError
 from statestore.recovery import open_task_store
 from statestore.snapshot import SnapshotSettings
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
-from streams.dsl.processors import ProcessorContext, SourceNode, WindowAggregateNode, walk_nodes
+from streams.dsl.processors import (
+    CustomProcessorNode,
+    ProcessorContext,
+    SourceNode,
+    WindowAggregateNode,
+    walk_nodes,
+)
+from streams.dsl.punctuation import POSITION_PREFIX as PUNCTUATION_PREFIX
+from streams.dsl.punctuation import Punctuations, PunctuationType
 from streams.dsl.topology import SubTopology
 
 log = logging.getLogger(__name__)
@@ -122,8 +131,10 @@ class StreamTask:
         #: The key of each input partition in ``processed``, made once.
         self._partition_keys: dict[tuple[str, int], TopicPartition] = {}
         # Every node whose store holds windows to drop past retention.
-        self._window_nodes = [n for n in walk_nodes(sub.sources.values())
-                             if isinstance(n, WindowAggregateNode) or hasattr(n, "purge")]
+        nodes = walk_nodes(sub.sources.values())
+        self._window_nodes = [n for n in nodes
+                              if isinstance(n, WindowAggregateNode) or hasattr(n, "purge")]
+        self._custom_nodes = [n for n in nodes if isinstance(n, CustomProcessorNode)]
 
     def process(self, record: ConsumerRecord) -> bool:
         """Run one record through the topology; False if it was already processed (dropped).
@@ -173,6 +184,7 @@ class StreamTask:
                 timestamp = record.timestamp
                 ctx.topic, ctx.partition, ctx.offset = topic, partition, offset
                 ctx.timestamp_ms = timestamp
+                ctx.headers = record.headers
                 try:
                     source.process(ctx, key, value)
                 except MACHINE_ERRORS:
@@ -183,12 +195,31 @@ class StreamTask:
                         ctx.stream_time_ms = timestamp
                     raise RecordError("process", record, exc, index) from exc
                 processed[tp] = offset + 1  # type: ignore[index]
+                # The record's timestamp, or what the source's timestamp extractor made of it.
+                timestamp = ctx.timestamp_ms
                 if timestamp > ctx.stream_time_ms:
                     ctx.stream_time_ms = timestamp
                 ran += 1
         finally:
             self.records_processed += ran
+        if ctx.punctuations is not None:
+            ctx.punctuations.fire(ctx, PunctuationType.STREAM_TIME, ctx.stream_time_ms)
         return ran
+
+    def punctuate(self, now_ms: int | None = None) -> int:
+        """Fire the wall-clock punctuations due at ``now_ms`` (the clock by default); the
+        stream thread's loop calls it. Custom processors are set up first, so that they
+        schedule theirs before any record reaches them. Returns how many fired."""
+        ctx = self.context
+        if not self._custom_nodes:
+            return 0
+        if len(ctx.custom) < len(self._custom_nodes):
+            for node in self._custom_nodes:
+                node.instance(ctx)
+        if ctx.punctuations is None:
+            return 0
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        return ctx.punctuations.fire(ctx, PunctuationType.WALL_CLOCK_TIME, now)
 
     def record_input_position(self) -> None:
         """Write the input offsets processed so far and the stream time into every store,
@@ -200,6 +231,8 @@ class StreamTask:
         position = {f"{tp.topic}:{tp.partition}": offset for tp, offset in self.processed.items()}
         if stream_time >= 0:
             position[STREAM_TIME_ENTRY] = stream_time
+        if self.context.punctuations is not None:
+            position.update(self.context.punctuations.positions())
         for store in self.stores.values():
             store.write_input_position(position)
         self._recorded = dict(self.processed)
@@ -210,11 +243,16 @@ class StreamTask:
         also takes the stream time back from the state."""
         merged: dict[TopicPartition, int] = {}
         stream_times: list[int] = []
+        punctuations: dict[str, int] = {}
         for i, store in enumerate(self.stores.values()):
             positions = {}
             for name, offset in store.read_input_position().items():
                 if name == STREAM_TIME_ENTRY:
                     stream_times.append(offset)
+                    continue
+                if name.startswith(PUNCTUATION_PREFIX):
+                    entry = name[len(PUNCTUATION_PREFIX):]
+                    punctuations[entry] = min(offset, punctuations.get(entry, offset))
                     continue
                 topic, _, partition = name.rpartition(":")
                 positions[TopicPartition(topic, int(partition))] = offset
@@ -223,6 +261,10 @@ class StreamTask:
             else:
                 merged = {tp: min(o, positions[tp]) for tp, o in merged.items() if tp in positions}
         self._recorded = dict(merged)
+        if punctuations:
+            if self.context.punctuations is None:
+                self.context.punctuations = Punctuations()
+            self.context.punctuations.restored.update(punctuations)
         if stream_times:
             # Like the offsets, the stream time of the state that is furthest behind.
             self.context.stream_time_ms = max(self.context.stream_time_ms, min(stream_times))
@@ -245,3 +287,10 @@ class StreamTask:
         for store in self.stores.values():
             store.close()
 
+
+
+def punctuate_all(tasks: Iterable[StreamTask]) -> None:
+    """Fire the due wall-clock punctuations of ``tasks`` (the stream thread's loop)."""
+    now_ms = int(time.time() * 1000)
+    for task in tasks:
+        task.punctuate(now_ms)

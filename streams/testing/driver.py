@@ -132,6 +132,8 @@ class TopologyTestDriver:
         self.dead_letters: list[DeadLetter] = []
         #: The timestamp of records piped without one.
         self.clock_ms = 0
+        #: The wall-clock time processors see (``advance_wall_clock`` moves it).
+        self.wall_clock_ms = 0
         self.tasks: dict[str, StreamTask] = {}
         self._own_state_dir = state_dir is None
         self.state_dir = Path(tempfile.mkdtemp(prefix="relay-driver-") if state_dir is None
@@ -196,6 +198,16 @@ class TopologyTestDriver:
             task.purge_expired_windows()
             task.record_input_position()
             self._drain_changelogs(task)
+
+    def advance_wall_clock(self, now_ms: int) -> None:
+        """Fire every task's wall-clock punctuations due at ``now_ms`` (as the stream
+        thread's loop does with the clock), and process what they lead to."""
+        self.wall_clock_ms = now_ms
+        pending: deque[ConsumerRecord] = deque()
+        for task in self.tasks.values():
+            task.punctuate(now_ms)
+            self._ship(task, pending)
+        self._run(pending)
 
     # -- output ------------------------------------------------------------------------------
 
@@ -318,6 +330,7 @@ class TopologyTestDriver:
                     for store in stores.values():
                         self._restore(store)
                 task = StreamTask(task_id, sub, stores)
+                task.context.wall_clock = lambda: self.wall_clock_ms
                 task.processed.update(task.restored_input_position())
                 self.tasks[task_id] = task
 
@@ -375,13 +388,16 @@ class TopologyTestDriver:
                 self._dead_letter(error)
             # What a record's processing wrote before it failed is shipped, as the runtime
             # ships a batch's outputs.
-            for output in task.take_outputs():
-                written = self._append(output.topic, output.key, output.value,
-                                       output.timestamp_ms, None)
-                if output.topic in self._sub_of_topic:
-                    pending.append(written)
-            task.record_input_position()
-            self._drain_changelogs(task)
+            self._ship(task, pending)
+
+    def _ship(self, task: StreamTask, pending: deque[ConsumerRecord]) -> None:
+        for output in task.take_outputs():
+            written = self._append(output.topic, output.key, output.value,
+                                   output.timestamp_ms, None, tuple(output.headers or ()))
+            if output.topic in self._sub_of_topic:
+                pending.append(written)
+        task.record_input_position()
+        self._drain_changelogs(task)
 
     def _dead_letter(self, error: RecordError) -> None:
         record = error.record

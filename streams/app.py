@@ -30,6 +30,7 @@ from statestore.serdes import Serde
 from statestore.store import changelog_topic_name
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics, existing_partition_counts
 from streams.config import AppConfig
+from streams.dsl.describe import TopologyDescription, describe
 from streams.dsl.stream import Stream, Table, stream_from_topic, table_from_topic
 from streams.dsl.topology import SubTopology, TopicDecl, Topology
 from streams.environment import (
@@ -205,6 +206,12 @@ class App:
     ) -> Table:
         """The latest value per key of ``topic``, kept in ``store``."""
         return table_from_topic(self.topology, topic, store, key_serde, value_serde)
+
+    def describe(self) -> TopologyDescription:
+        """The topology as Kafka Streams' ``Topology.describe()`` shows it: sub-topologies,
+        their sources, processors with their stores, and sinks; then the internal topics.
+        ``print(app.describe())``."""
+        return describe(self.topology)
 
     def store(self, name: str) -> StoreQuery:
         """Interactive queries of store ``name`` held by this process: ``get(key)``,

@@ -114,3 +114,41 @@ def test_a_timestamp_extractor_sets_the_time_windows_and_outputs_go_by() -> None
             "ValueError: timestamp-extractor-0002: the timestamp extractor returned -1; it "
             "must return a timestamp in ms, an int >= 0"]
         assert driver.tasks["0_0"].stream_time_ms == 150
+
+
+def test_describe_shows_sub_topologies_nodes_stores_and_internal_topics() -> None:
+    a = App("orders", bootstrap_servers="127.0.0.1:1")
+    users = a.table("users", store="users")
+    (a.stream("orders").select_key(lambda _k, o: o["user"])
+     .join(users, lambda o, u: o).to("named"))
+    assert str(a.describe()) == """\
+Topologies:
+   Sub-topology: 0
+    Source: table-source-0001 (topics: [users])
+      --> table-0002
+    Source: join-repartition-0005-source (topics: [orders-join-repartition-0005])
+      --> join-0006
+    Processor: table-0002 (stores: [users])
+      <-- table-source-0001
+    Processor: join-0006 (stores: [users])
+      --> sink-0007
+      <-- join-repartition-0005-source
+    Sink: sink-0007 (topic: named)
+      <-- join-0006
+
+   Sub-topology: 1
+    Source: source-0003 (topics: [orders])
+      --> select-key-0004
+    Processor: select-key-0004 (stores: [])
+      --> join-repartition-0005-sink
+      <-- source-0003
+    Sink: join-repartition-0005-sink (topic: orders-join-repartition-0005)
+      <-- select-key-0004
+
+Internal topics:
+   orders-join-repartition-0005 (repartition)
+   orders-users-changelog (changelog)
+"""
+    description = a.describe()
+    assert description.source_topics == ("orders", "users")
+    assert description.sink_topics == ("named",)

@@ -60,6 +60,9 @@ class ProcessorContext:
         self.headers: Any = ()
         #: The task's punctuation schedules, once a processor scheduled one.
         self.punctuations: Punctuations | None = None
+        #: What a node keeps in memory for this task (derived from its stores: rebuilt
+        #: after a restart), by node name.
+        self.node_state: dict[str, Any] = {}
         #: Wall-clock time in ms (the test driver sets its own).
         self.wall_clock: Callable[[], int] = _wall_clock_ms
 

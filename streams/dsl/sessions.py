@@ -100,9 +100,11 @@ class SessionAggregateNode(Node):
             ctx.timestamp_ms = previous
 
     def purge(self, ctx: ProcessorContext) -> int:
-        """Delete the sessions no record can extend any more (ended before stream time minus
-        gap and grace); returns how many."""
-        horizon = ctx.stream_time_ms - self.windows.close_after_ms
+        """Delete the sessions no record can extend any more; returns how many. The oldest
+        record still accepted is at stream time minus gap and grace, and it merges sessions
+        ending up to a gap before it."""
+        windows = self.windows
+        horizon = ctx.stream_time_ms - windows.close_after_ms - windows.inactivity_gap_ms
         if horizon <= 0:
             return 0
         store = ctx.store(self.store)

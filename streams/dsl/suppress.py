@@ -18,6 +18,7 @@ with its task. Stream time is the task's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from statestore.store import KeyValueStore
@@ -67,35 +68,55 @@ class SuppressNode(Node):
             buffer_time = key.end
         else:
             buffer_time = ctx.timestamp_ms
+        state = self._state(ctx, store)
         skey = _store_key(key)
         held = store.get(("v", *skey))
         if held is None:
             store.put(("i", buffer_time, *skey), 1)
+            state.count += 1
+            if state.floor is None or buffer_time < state.floor:
+                state.floor = buffer_time
             if self.max_records is not None:
-                store.put(_COUNT_KEY, store.get(_COUNT_KEY, 0) + 1)
+                store.put(_COUNT_KEY, state.count)
         else:
             buffer_time = held[0]  # a buffered key keeps its place
         store.put(("v", *skey), [buffer_time, value, ctx.timestamp_ms])
-        self._evict(ctx, store, stream_time)
-
-    def _evict(self, ctx: ProcessorContext, store: KeyValueStore, stream_time: int) -> None:
         expiry = stream_time - self.close_after_ms
-        count = store.get(_COUNT_KEY, 0) if self.max_records is not None else 0
+        over = self.max_records is not None and state.count > self.max_records
+        if state.floor is not None and (state.floor <= expiry or over):
+            self._evict(ctx, store, state, expiry)
+
+    def _state(self, ctx: ProcessorContext, store: KeyValueStore) -> _BufferState:
+        state = ctx.node_state.get(self.name)
+        if state is None:
+            first = next(store.prefix(("i",)), None)
+            state = _BufferState(None if first is None else first[0][1],
+                                 store.get(_COUNT_KEY, 0))
+            ctx.node_state[self.name] = state
+        return state
+
+    def _evict(self, ctx: ProcessorContext, store: KeyValueStore, state: _BufferState,
+               expiry: int) -> None:
         previous = ctx.timestamp_ms
+        floor = state.floor
+        assert floor is not None
+        over = self.max_records is not None and state.count > self.max_records
+        # Only the due entries are scanned, unless the buffer is over its size: then the
+        # oldest go whatever their time. What is left starts after ``expiry`` at the
+        # earliest (a lower bound is all ``floor`` promises).
+        upper = ("j",) if over else ("i", expiry + 1)
         try:
-            while True:
-                oldest = next(store.prefix(("i",)), None)
-                if oldest is None:
-                    break
-                index_key = oldest[0]
-                over = self.max_records is not None and count > self.max_records
+            state.floor = expiry + 1
+            for index_key, _ in store.range(("i", floor), upper):
+                over = self.max_records is not None and state.count > self.max_records
                 if index_key[1] > expiry and not over:
+                    state.floor = index_key[1]
                     break
                 skey = tuple(index_key[2:])
                 held = store.get(("v", *skey))
                 store.delete(index_key)
                 store.delete(("v", *skey))
-                count -= 1
+                state.count -= 1
                 if held is None:
                     continue
                 _, value, timestamp = held
@@ -106,7 +127,16 @@ class SuppressNode(Node):
         finally:
             ctx.timestamp_ms = previous
             if self.max_records is not None:
-                store.put(_COUNT_KEY, max(count, 0))
+                store.put(_COUNT_KEY, state.count)
+
+
+@dataclass
+class _BufferState:
+    """A task's view of its buffer, kept in memory: no entry has a buffer time below
+    ``floor`` (None: empty), and how many keys it holds."""
+
+    floor: int | None
+    count: int
 
 
 def suppress_table(table: Table, until_window_closes: bool, time_limit_ms: int | None,

@@ -60,9 +60,13 @@ def test_sessions_merge_and_retract_the_merged_sessions_then_emit_one_final_resu
                                               (W("b", 131, 131), 1, 131)]
 
 
-def test_expired_sessions_are_purged_from_the_store() -> None:
+def test_expired_sessions_are_purged_from_the_store_once_nothing_can_merge_them() -> None:
     with TopologyTestDriver(session_app()) as driver:
         driver.pipe("clicks", "a", {}, timestamp_ms=0)
+        driver.pipe("clicks", "b", {}, timestamp_ms=40)
+        driver.commit()   # a record at 10 (40 - gap - grace) could still merge [0, 0]
+        driver.pipe("clicks", "a", {}, timestamp_ms=10)
+        assert outputs(driver, "updates")[-1] == (W("a", 0, 10), 2, 10)
         driver.pipe("clicks", "b", {}, timestamp_ms=100)
         driver.commit()
         assert [k for k, _ in driver.store("sessions").items()] == [("b", 100, 100)]

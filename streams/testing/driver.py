@@ -36,6 +36,7 @@ from statestore.serdes import BytesSerde, Serde, serde_from_name
 from statestore.store import KeyValueStore, changelog_topic_name
 from streams.dsl.processors import SinkNode, walk_nodes
 from streams.dsl.topology import SubTopology, Topology
+from streams.runtime.global_tables import GlobalTables
 from streams.runtime.task import RecordError, StreamTask, open_task_stores
 
 if TYPE_CHECKING:
@@ -138,7 +139,12 @@ class TopologyTestDriver:
         self._own_state_dir = state_dir is None
         self.state_dir = Path(tempfile.mkdtemp(prefix="relay-driver-") if state_dir is None
                               else state_dir)
+        #: The app's global tables, by topic: what is piped to the topic goes into them.
+        self._global = {t.topic: t for t in getattr(app, "global_tables", [])}
         try:
+            if self._global:
+                self._global_tables = GlobalTables(list(self._global.values()))
+                self._global_tables.open(self.state_dir, self.application_id)
             self._open_tasks(from_changelog=False)
         except BaseException:
             self.close()
@@ -159,7 +165,7 @@ class TopologyTestDriver:
         """Write one record to a source topic (with the topic's serdes) and process it and
         everything it leads to. Without ``timestamp_ms`` the record has :attr:`clock_ms`;
         without ``partition`` the producer's default partitioner picks it from the key."""
-        source = self._source(topic)
+        source: Any = self._global.get(topic) or self._source(topic)
         raw_key = None if key is None else source.key_serde.dumps(key)
         raw_value = None if value is None else source.value_serde.dumps(value)
         self.pipe_raw(topic, raw_key, raw_value, timestamp_ms=timestamp_ms,
@@ -176,6 +182,9 @@ class TopologyTestDriver:
         headers: Iterable[tuple[str, bytes]] = (),
     ) -> None:
         """Like :meth:`pipe` with the key and value already encoded (to test bad input)."""
+        if topic in self._global:
+            self._global[topic].apply(key, value)
+            return
         self._source(topic)
         timestamp = self.clock_ms if timestamp_ms is None else timestamp_ms
         record = self._append(topic, key, value, timestamp, partition, tuple(headers))
@@ -300,6 +309,10 @@ class TopologyTestDriver:
         for task in self.tasks.values():
             task.close()
         self.tasks = {}
+        for table in self._global.values():
+            if table.opened is not None:
+                table.opened.close()
+                table.opened = None
         if self._own_state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 

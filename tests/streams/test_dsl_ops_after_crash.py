@@ -1,7 +1,8 @@
 """Session windows with final results and a table-table join through a crash: a worker
 killed (SIGKILL) while it works through its input and restarted on the same state directory
-gives, with exactly-once, the very outputs the topology test driver gives for the same input.
-Real broker; the worker is a process of its own."""
+gives, with exactly-once, the very outputs the topology test driver gives for the same input
+(the worker is a process of its own). And a global table, restored from its topic at start
+and followed while the app runs. Real broker."""
 
 from __future__ import annotations
 
@@ -20,7 +21,17 @@ from streams.group.status_topic import read_status
 from streams.testing import TopologyTestDriver
 from tests.conftest import wait_until
 from tests.streams.apps.dsl_ops import build
-from tests.streams.harness import FAST_GROUP, ROOT, STATIC, create_topics, produce, read_committed
+from tests.streams.harness import (
+    FAST_GROUP,
+    ROOT,
+    STATIC,
+    create_topics,
+    make_app,
+    produce,
+    read_all,
+    read_committed,
+    running,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -130,3 +141,32 @@ async def test_sessions_with_final_results_and_a_table_join_are_exact_through_a_
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.wait()
+
+
+async def test_a_global_table_is_restored_from_its_topic_and_followed_while_running(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str],
+) -> None:
+    prefix = unique("global")
+    products, orders, out = f"{prefix}-products", f"{prefix}-orders", f"{prefix}-out"
+    await create_topics(bootstrap, {products: 2, orders: 1, out: 1})
+    await produce(bootstrap, products, [(f"s{i}", f"product-{i}") for i in range(50)])
+    app = make_app(prefix, bootstrap, tmp_path)
+    table = app.global_table(products, store="products")
+    app.stream(orders).join(table, lambda _id, o: o["sku"],
+                            lambda o, p: f"{o['n']}x{p}").to(out)
+    async with running(app):
+        await produce(bootstrap, orders, [(1, {"sku": "s7", "n": 2}),
+                                          (2, {"sku": "s99", "n": 1})])
+
+        async def joined(expected: list[tuple[Any, Any]]) -> bool:
+            return await read_all(bootstrap, out, 1) == expected
+
+        await wait_until(lambda: joined([(1, "2xproduct-7")]), timeout_s=90,
+                         message="the order joined with the restored table")
+        await produce(bootstrap, products, [("s99", "product-99")])
+        await wait_until(lambda: table.opened is not None
+                         and table.get("s99") == "product-99", timeout_s=30,
+                         message="the new product in the global table")
+        await produce(bootstrap, orders, [(3, {"sku": "s99", "n": 4})])
+        await wait_until(lambda: joined([(1, "2xproduct-7"), (3, "4xproduct-99")]),
+                         timeout_s=30, message="the order joined with the new product")

@@ -148,3 +148,20 @@ def test_a_regrouped_table_moves_a_row_from_its_old_group_to_its_new_one() -> No
         driver.pipe("users", "ann", None)
         assert driver.read_key_values("counts") == [("us", 0)]
         assert driver.store("region-counts").to_dict() == {"eu": 0, "us": 0}
+
+
+def test_a_stream_joins_a_global_table_by_a_key_it_chooses_without_co_partitioning() -> None:
+    a = app()
+    products = a.global_table("products", store="products")
+    orders = a.stream("orders")
+    orders.join(products, lambda _id, o: o["sku"], lambda o, p: f"{o['n']}x{p}").to("named")
+    orders.left_join(products, lambda _id, o: o["sku"], lambda o, p: [o["n"], p]).to("all")
+    with TopologyTestDriver(a, partitions={"orders": 3, "products": 2}) as driver:
+        driver.pipe("products", "s1", "pen")
+        driver.pipe_all("orders", [(1, {"sku": "s1", "n": 2}), (2, {"sku": "s9", "n": 1})])
+        driver.pipe("products", "s1", None)
+        driver.pipe("orders", 3, {"sku": "s1", "n": 5})
+        assert driver.read_key_values("named") == [(1, "2xpen")]
+        assert driver.read_key_values("all") == [(1, [2, "pen"]), (2, [1, None]),
+                                                 (3, [5, None])]
+    assert "products (topic: products)" in str(a.describe())

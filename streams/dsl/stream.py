@@ -12,6 +12,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from statestore.serdes import MsgPackSerde, Serde
+from streams.dsl.fk_joins import (
+    ForeignKeyJoin,
+    ResponseNode,
+    RightUpdateNode,
+    SubscribeNode,
+    SubscriptionNode,
+)
 from streams.dsl.joins import JoinWindows, StreamJoin, StreamJoinNode
 from streams.dsl.metadata import HeadersPeekNode, TimestampExtractorNode, wants_headers
 from streams.dsl.processors import (
@@ -394,14 +401,44 @@ class Table:
         return self._maybe_stored(self._then(node), store)
 
     def join(self, other: Table, joiner: Callable[[Any, Any], Any],
-             store: str | None = None) -> Table:
+             store: str | None = None, *,
+             foreign_key: Callable[[Any], Any] | None = None) -> Table:
         """Inner table-table join on the key, co-partitioned: ``joiner(left, right)`` for
-        every key both hold, updated as either side changes."""
+        every key both hold, updated as either side changes. With ``foreign_key(value)``:
+        the right row whose key the left row names (KIP-213), keyed by the left key; the
+        tables need not be co-partitioned."""
+        if foreign_key is not None:
+            return self._foreign_key_join(other, foreign_key, joiner, False, store)
         return self._table_join(other, joiner, "inner", store)
 
     def left_join(self, other: Table, joiner: Callable[[Any, Any], Any],
-                  store: str | None = None) -> Table:
+                  store: str | None = None, *,
+                  foreign_key: Callable[[Any], Any] | None = None) -> Table:
+        if foreign_key is not None:
+            return self._foreign_key_join(other, foreign_key, joiner, True, store)
         return self._table_join(other, joiner, "left", store)
+
+    def _foreign_key_join(self, other: Table, foreign_key: Callable[[Any], Any],
+                          joiner: Callable[[Any, Any], Any], left: bool,
+                          store: str | None) -> Table:
+        topology = self._topology
+        name = topology.node_name("fk-join")
+        join = ForeignKeyJoin(foreign_key, joiner, left, f"{name}-rows",
+                              f"{name}-subscriptions", other._materialized())
+        topology.declare_store(StoreDecl(join.rows_store))
+        topology.declare_store(StoreDecl(join.subscriptions_store))
+        subscribe = SubscribeNode(f"{name}-subscribe", join)
+        self._node.add_child(subscribe)
+        subscriptions = Stream(topology, subscribe)._repartitioned(f"{name}-subscription")
+        answer = subscriptions._then(SubscriptionNode(f"{name}-answer", join))
+        right_update = RightUpdateNode(f"{name}-right-update", join)
+        other._node.add_child(right_update)
+        answers = Node(f"{name}-answers")
+        answer._node.add_child(answers)
+        right_update.add_child(answers)
+        responses = Stream(topology, answers)._repartitioned(f"{name}-response")
+        result = responses._then(ResponseNode(f"{name}-result", join))
+        return self._maybe_stored(Table(result, None), store)
 
     def outer_join(self, other: Table, joiner: Callable[[Any, Any], Any],
                    store: str | None = None) -> Table:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from streams import App, TopologyTestDriver
 
 
@@ -165,3 +167,34 @@ def test_a_stream_joins_a_global_table_by_a_key_it_chooses_without_co_partitioni
         assert driver.read_key_values("all") == [(1, [2, "pen"]), (2, [1, None]),
                                                  (3, [5, None])]
     assert "products (topic: products)" in str(a.describe())
+
+
+def fk_app(left: bool) -> App:
+    a = app()
+    orders, users = a.table("orders", store="orders"), a.table("users", store="users")
+    join = orders.left_join if left else orders.join
+    join(users, lambda o, u: f"{o['n']}:{u}", foreign_key=lambda o: o["user"]
+         ).to_stream().to("out")
+    return a
+
+
+FK_STEPS = [("users", "u1", "Ann"), ("orders", "o1", {"user": "u1", "n": 1}),
+            ("orders", "o2", {"user": "u2", "n": 2}), ("users", "u2", "Bob"),
+            ("orders", "o1", {"user": "u2", "n": 1}),   # its foreign key changes
+            ("users", "u1", "Ann2"),                     # o1 no longer follows u1
+            ("users", "u2", None), ("orders", "o2", None)]
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_a_foreign_key_join_follows_updates_and_deletes_of_both_sides(left: bool) -> None:
+    with TopologyTestDriver(fk_app(left), partitions={"orders": 3, "users": 2}) as driver:
+        for topic, key, value in FK_STEPS:
+            driver.pipe(topic, key, value)
+        none_2 = "2:None" if left else None
+        assert driver.read_key_values("out") == [
+            ("o1", "1:Ann"), ("o2", none_2), ("o2", "2:Bob"), ("o1", "1:Bob"),
+            ("o1", "1:None" if left else None), ("o2", none_2), ("o2", None)]
+        driver.restart(from_changelog=True)   # subscriptions and rows come back
+        driver.pipe("users", "u2", "Bo")
+        driver.pipe("orders", "o3", {"user": "u2", "n": 3})
+        assert driver.read_key_values("out") == [("o1", "1:Bo"), ("o3", "3:Bo")]

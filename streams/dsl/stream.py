@@ -239,6 +239,20 @@ class Stream:
     def group_by(self, fn: Callable[[Any, Any], Any]) -> GroupedStream:
         return GroupedStream(self.select_key(fn))
 
+    def _repartitioned_by(self, purpose: str, key_serde: Serde) -> Stream:
+        """Like ``_repartitioned``, with keys written by ``key_serde``: a record then lands in
+        the partition a table read with that serde holds its key in."""
+        app = self._topology.application_id
+        name = self._name(f"{purpose}-repartition")
+        topic = f"{app}-{name}"
+        values = MsgPackSerde()
+        self._node.add_child(SinkNode(f"{name}-sink", topic, key_serde, values,
+                                      requires_key=True))
+        self._topology.repartition_topics.add(topic)
+        source = SourceNode(f"{name}-source", topic, key_serde, values)
+        self._topology.add_source(source)
+        return Stream(self._topology, source, key_changed=False)
+
     def _repartitioned(self, purpose: str, partitions: int | None = None) -> Stream:
         """Write to an internal repartition topic and read it back in a new sub-topology."""
         app = self._topology.application_id
@@ -359,13 +373,17 @@ class Table:
         self.store = store
         #: The windows of a windowed aggregation's table (what suppression waits for).
         self.windows = windows
+        #: How the table's keys are encoded in the topic its partitions follow.
+        self.key_serde: Serde = getattr(stream._node, "key_serde", None) or MsgPackSerde()
 
     def to_stream(self) -> Stream:
         return Stream(self._stream._topology, self._node, key_changed=False)
 
     def _then(self, node: Node, store: str | None = None) -> Table:
         self._node.add_child(node)
-        return Table(Stream(self._topology, node), store)
+        table = Table(Stream(self._topology, node), store)
+        table.key_serde = self.key_serde
+        return table
 
     def _materialized(self) -> str:
         """The store holding this table's rows, added (named after the node) if it has none:
@@ -429,16 +447,20 @@ class Table:
         topology.declare_store(StoreDecl(join.subscriptions_store))
         subscribe = SubscribeNode(f"{name}-subscribe", join)
         self._node.add_child(subscribe)
-        subscriptions = Stream(topology, subscribe)._repartitioned(f"{name}-subscription")
+        # Keyed as the right table's topic is, so that a foreign key reaches its row's task.
+        subscriptions = Stream(topology, subscribe)._repartitioned_by(
+            f"{name}-subscription", other.key_serde)
         answer = subscriptions._then(SubscriptionNode(f"{name}-answer", join))
         right_update = RightUpdateNode(f"{name}-right-update", join)
         other._node.add_child(right_update)
         answers = Node(f"{name}-answers")
         answer._node.add_child(answers)
         right_update.add_child(answers)
-        responses = Stream(topology, answers)._repartitioned(f"{name}-response")
-        result = responses._then(ResponseNode(f"{name}-result", join))
-        return self._maybe_stored(Table(result, None), store)
+        responses = Stream(topology, answers)._repartitioned_by(
+            f"{name}-response", self.key_serde)
+        result = Table(responses._then(ResponseNode(f"{name}-result", join)), None)
+        result.key_serde = self.key_serde
+        return self._maybe_stored(result, store)
 
     def outer_join(self, other: Table, joiner: Callable[[Any, Any], Any],
                    store: str | None = None) -> Table:
@@ -552,4 +574,6 @@ def table_from_topic(
     topology.declare_store(StoreDecl(store))
     node = TableNode(topology.node_name("table"), store)
     source.add_child(node)
-    return Table(Stream(topology, node), store)
+    table = Table(Stream(topology, node), store)
+    table.key_serde = keys
+    return table

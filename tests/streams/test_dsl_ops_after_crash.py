@@ -1,4 +1,5 @@
-"""Session windows with final results and a table-table join through a crash: a worker
+"""Session windows with final results, a table-table join and a foreign-key join through a
+crash: a worker
 killed (SIGKILL) while it works through its input and restarted on the same state directory
 gives, with exactly-once, the very outputs the topology test driver gives for the same input
 (the worker is a process of its own). And a global table, restored from its topic at start
@@ -26,6 +27,7 @@ from tests.streams.harness import (
     ROOT,
     STATIC,
     create_topics,
+    latest,
     make_app,
     produce,
     read_all,
@@ -54,6 +56,14 @@ def rows(side: str, phase: int) -> list[tuple[str, Any]]:
     return [(f"k{k}", None if k % 2 else f"{side}{k}-v2") for k in keys]
 
 
+def orders(phase: int) -> list[tuple[str, Any]]:
+    """Orders naming right rows by foreign key; in phase 2 some move, some go."""
+    if phase == 1:
+        return [(f"o{i}", {"ref": f"k{(i * 2) % 200}", "n": i}) for i in range(100)]
+    return [(f"o{i}", None if i % 10 == 0 else {"ref": f"k{(i * 3) % 200}", "n": i})
+            for i in range(0, 100, 5)]
+
+
 def spawn(prefix: str, app_id: str, bootstrap: str, state_dir: Path) -> subprocess.Popen[bytes]:
     python_path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
     settings = {**FAST_GROUP, **STATIC, "processing_guarantee": "exactly_once",
@@ -79,7 +89,7 @@ def by_key(records: list[tuple[Any, Any]]) -> dict[Any, list[Any]]:
 
 
 @pytest.mark.timeout(300)
-async def test_sessions_with_final_results_and_a_table_join_are_exact_through_a_sigkill(
+async def test_sessions_final_results_and_table_joins_are_exact_through_a_sigkill(
     tmp_path: Path, bootstrap: str, unique: Callable[[str], str],
 ) -> None:
     prefix = unique("dslops")
@@ -87,23 +97,29 @@ async def test_sessions_with_final_results_and_a_table_join_are_exact_through_a_
     first, second = clicks(range(0, 12)), clicks(range(12, 20))
     closer = [("closer", {"n": -1}, 10_000_000)]
     with TopologyTestDriver(build(App(app_id, bootstrap_servers="127.0.0.1:1"), prefix),
-                            partitions={f"{prefix}-left": 2, f"{prefix}-right": 2}) as driver:
+                            partitions={f"{prefix}-left": 2, f"{prefix}-right": 2,
+                                        f"{prefix}-orders": 3}) as driver:
         for key, value, ts in [*first, *second, *closer]:
             driver.pipe(f"{prefix}-clicks", key, value, timestamp_ms=ts)
         for phase in (1, 2):
             for side in ("left", "right"):
                 for key, value in rows(side, phase):
                     driver.pipe(f"{prefix}-{side}", key, value)
+            for key, value in orders(phase):
+                driver.pipe(f"{prefix}-orders", key, value)
         expected_sessions = driver.read_key_values(f"{prefix}-sessions")
         expected_joined = by_key(driver.read_key_values(f"{prefix}-joined"))
+        expected_enriched = latest(driver.read_key_values(f"{prefix}-enriched"))
     assert len(expected_sessions) > 4 * USERS   # several sessions per user
 
     await create_topics(bootstrap, {f"{prefix}-clicks": 1, f"{prefix}-left": 2,
-                                    f"{prefix}-right": 2, f"{prefix}-sessions": 1,
-                                    f"{prefix}-joined": 1})
+                                    f"{prefix}-right": 2, f"{prefix}-orders": 3,
+                                    f"{prefix}-sessions": 1, f"{prefix}-joined": 1,
+                                    f"{prefix}-enriched": 1})
     await produce(bootstrap, f"{prefix}-clicks", first)
     for side in ("left", "right"):
         await produce(bootstrap, f"{prefix}-{side}", rows(side, 1))
+    await produce(bootstrap, f"{prefix}-orders", orders(1))
     state_dir = tmp_path / "state"
     worker = spawn(prefix, app_id, bootstrap, state_dir)
     try:
@@ -117,6 +133,7 @@ async def test_sessions_with_final_results_and_a_table_join_are_exact_through_a_
         await produce(bootstrap, f"{prefix}-clicks", [*second, *closer])
         for side in ("left", "right"):
             await produce(bootstrap, f"{prefix}-{side}", rows(side, 2))
+        await produce(bootstrap, f"{prefix}-orders", orders(2))
         worker = spawn(prefix, app_id, bootstrap, state_dir)
 
         async def sessions_done() -> bool:
@@ -130,6 +147,13 @@ async def test_sessions_with_final_results_and_a_table_join_are_exact_through_a_
             return got == expected_joined
 
         await wait_until(joined_done, timeout_s=60, message="the joined table's updates")
+
+        # Answers of the two sides interleave by partition: the final rows must agree.
+        async def enriched_done() -> bool:
+            got = latest(await read_committed(bootstrap, f"{prefix}-enriched", 1))
+            return got == expected_enriched
+
+        await wait_until(enriched_done, timeout_s=60, message="the foreign-key join's rows")
         sessions = await read_committed(bootstrap, f"{prefix}-sessions", 1)
         assert [(tuple(k), v) for k, v in sessions] == [
             (tuple(k), v) for k, v in expected_sessions]

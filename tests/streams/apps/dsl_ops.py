@@ -1,4 +1,5 @@
-"""An app with a session window, final results and a table-table join, run as a worker
+"""An app with a session window, final results, a table-table join and a foreign-key join,
+run as a worker
 process of its own by the broker tests (settings from RELAY_*, topics named after
 ``DSL_PREFIX``)."""
 
@@ -21,6 +22,10 @@ def build(app: App, prefix: str) -> App:
     left = app.table(f"{prefix}-left", store="left")
     right = app.table(f"{prefix}-right", store="right")
     left.join(right, lambda lv, rv: [lv, rv]).to_stream().to(f"{prefix}-joined")
+    orders = app.table(f"{prefix}-orders", store="orders")
+    (orders.left_join(right, lambda order, row: [order["n"], row],
+                      foreign_key=lambda order: order["ref"])
+     .to_stream().to(f"{prefix}-enriched"))
     return app
 
 

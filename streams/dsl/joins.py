@@ -12,10 +12,10 @@ Kafka Streams' semantics (KStreamKStreamJoin, with KIP-633's fix for spurious re
   it is emitted joined with None, with its own timestamp, in timestamp order. A record
   that arrives already closed is emitted at once.
 
-Stores: ``<join>-left`` and ``<join>-right`` keyed ``(key, timestamp, offset)`` (the offset
-tells apart records of one key and time), and ``<join>-outer`` keyed ``(timestamp, side,
-key, offset)`` so that the closed ones come first. Each window store drops records past
-``before + after + grace`` as stream time advances.
+Stores: ``<join>-left`` and ``<join>-right`` keyed ``(key, timestamp, offset, topic)`` (the
+input offset and topic tell apart records of one key and time), and ``<join>-outer`` keyed
+``(timestamp, side, key, offset, topic)`` so that the closed ones come first. Each window
+store drops records past ``before + after + grace`` as stream time advances.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class StreamJoinNode(Node):
         stream_time = max(ctx.stream_time_ms, t)
         this_store = ctx.store(join.stores[self.side])
         if t >= stream_time - join.windows.retention_ms:
-            this_store.put((key, t, ctx.offset), value)
+            this_store.put((key, t, ctx.offset, ctx.topic), value)
         previous = ctx.timestamp_ms
         try:
             if t == stream_time and join.outer_store is not None:
@@ -104,7 +104,7 @@ class StreamJoinNode(Node):
             other_store = ctx.store(join.stores[1 - self.side])
             matched = False
             outer = None if join.outer_store is None else ctx.store(join.outer_store)
-            for (_, other_t, _), other in other_store.range(
+            for (_, other_t, *_), other in other_store.range(
                     (key, max(0, t - self.before)), (key, max(0, t + self.after) + 1)):
                 matched = True
                 if outer is not None:
@@ -117,7 +117,7 @@ class StreamJoinNode(Node):
             if outer is None or t + self.after + join.windows.grace_ms < stream_time:
                 self._emit(ctx, key, value, t)
             else:
-                outer.put((t, self.side, key, ctx.offset), value)
+                outer.put((t, self.side, key, ctx.offset, ctx.topic), value)
         finally:
             ctx.timestamp_ms = previous
 

@@ -92,3 +92,14 @@ def test_a_stream_join_needs_join_windows() -> None:
     a = App("joins", bootstrap_servers="127.0.0.1:1")
     with pytest.raises(TopologyError, match="JoinWindows"):
         a.stream("clicks").join(a.stream("views"), lambda c, v: c)
+
+
+def test_records_of_merged_topics_with_one_offset_are_buffered_apart() -> None:
+    a = App("joins", bootstrap_servers="127.0.0.1:1")
+    left = a.stream("web").merge(a.stream("app"))
+    left.join(a.stream("views"), lambda c, v: f"{c}+{v}", JoinWindows(10)).to("out")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("web", "k", "w", timestamp_ms=1)   # offset 0 of web
+        driver.pipe("app", "k", "a", timestamp_ms=1)   # offset 0 of app
+        driver.pipe("views", "k", "v", timestamp_ms=2)
+        assert sorted(driver.read_key_values("out")) == [("k", "a+v"), ("k", "w+v")]

@@ -1,15 +1,17 @@
 # Everything runs inside .venv, created on first use from the project's own files.
 # `make demo` installs only what the runtime needs; `make test` adds the dev extra (Spark,
-# faust-streaming for the benchmarks, the test tools).
+# faust-streaming for the benchmarks, the test tools, the docs site's builder).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 BASE   := $(VENV)/.installed-base
 DEV    := $(VENV)/.installed-dev
+# The docs site's builder; the variable silences mkdocs-material's notice about MkDocs 2.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs
 # Broker tests mostly wait on group rounds: seven workers overlap those waits.
 TEST_WORKERS ?= 7
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint docs bench clean
 
 setup: $(DEV)
 
@@ -32,13 +34,18 @@ demo: $(BASE)
 lint: $(DEV)
 	$(PY) -m ruff check .
 
+# --strict: a broken link, a missing anchor or a docstring that cannot be rendered fails.
+docs: $(DEV)
+	$(MKDOCS) build --strict
+
 test: $(DEV)
 	@bash .ci/install-chromium
 	$(PY) -m ruff check .
+	$(MKDOCS) build --strict --quiet
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 bench: $(DEV)
 	$(PY) -m benchmarks.restore --records 1000000 --json results/restore.json
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site

@@ -650,9 +650,9 @@ def _place_learners(
         if not stateful.get(task) or task not in plan.target or task in plan.promoted:
             continue
         current = owner.get(task)
-        if current is None or plan.target[task] != current.instance_id:
+        source = plan.target[task]
+        if current is not None and source != current.instance_id:
             continue
-        source = current.instance_id
         destination = _open_copy(task, learner_lags, instances, exclude=source)
         if destination is None:
             continue
@@ -685,13 +685,17 @@ def _place_learners(
         if heavy is None or light is None or not load.unbalanced(
                 heavy, light, True, config.tolerance) or not load.needed(heavy, light, True):
             return
+        # Tasks that run there, and those that go back there this round (a restarted
+        # instance reports nothing running): a round nobody asks for may not follow.
         per_member: dict[str, int] = defaultdict(int)
         candidates = []
         for task in load.tasks[(heavy, True)]:
             current = owner.get(task)
-            if current is not None and current.instance_id == heavy and (
-                    plan.target[task] == heavy and task not in plan.learners):
-                per_member[current.member_id] += 1
+            if (current is None or current.instance_id == heavy) and (
+                    plan.target[task] == heavy and task not in plan.learners
+                    and task not in plan.promoted):
+                if current is not None:
+                    per_member[current.member_id] += 1
                 candidates.append(task)
         if not candidates:
             return
@@ -699,8 +703,8 @@ def _place_learners(
                            if light in standby_lags.get(t, {})}
         # A task with a copy on the light instance first, then one from the busiest thread.
         task = min(candidates, key=lambda t: (
-            t not in copies_on_light, copies_on_light.get(t, 0),
-            -per_member[owner[t].member_id], order[t]))
+            t not in copies_on_light, copies_on_light.get(t, 0), t not in owner,
+            -per_member[owner[t].member_id] if t in owner else 0, order[t]))
         plan.learners[task] = light
         load.move(task, True, heavy, light)
         used += 1
@@ -802,8 +806,10 @@ def _distribute(
     for task in sorted(tasks, key=lambda t: runs.get(t) != preferred.get(t)):
         if task in preferred:
             mine[preferred[task]].append(task)
+    # The remainder goes to members without an extra task of the other kind first (so that
+    # the threads' totals differ by at most one too), then to those that keep most.
     avoid = extra_first or set()
-    ranked = sorted(members, key=lambda m: (-len(mine[m.member_id]), m.member_id in avoid,
+    ranked = sorted(members, key=lambda m: (m.member_id in avoid, -len(mine[m.member_id]),
                                             m.thread))
     quota = {m.member_id: q + (1 if k < r else 0) for k, m in enumerate(ranked)}
     placed: dict[str, str] = {}
@@ -878,7 +884,7 @@ def _per_thread(
                 running = {t: owner[t].member_id for t in tasks
                            if t in owner and owner[t].instance_id == inst_id}
                 placed = _distribute(inst.members, tasks, preferred, got_extra, running)
-            counts: dict[str, int] = defaultdict(int)
+            counts = {m.member_id: 0 for m in inst.members}
             for task, member_id in placed.items():
                 counts[member_id] += 1
                 current = owner.get(task)
@@ -888,6 +894,7 @@ def _per_thread(
                     plan.revoke[current.member_id].add(task)
                     plan.moving[task] = (inst_id, thread_of[member_id])
             if kind:
+                # Threads given one stateful task more than a sibling (those with none count).
                 top = max(counts.values(), default=0)
                 got_extra = {m for m, c in counts.items() if c == top} if len(
                     set(counts.values())) > 1 else set()

@@ -27,6 +27,16 @@ user, a running total, 1-minute windowed counts, a stream-table join with ``user
 - ``broker-restart``: not run (the embedded broker's memory engine loses every topic; the
   report says so).
 
+``--static`` gives each worker a static instance id (its name, so ``orders-w2``'s threads join
+as ``orders-w2-thread-<n>``), as a deployment with static membership does. ``--script`` replaces
+the random schedule with given faults, one per ``--fault-interval``, in order:
+``kill:WORKER:DELAY_S`` (SIGKILL, restart DELAY_S later) and ``stop:WORKER:PAUSE_S`` (SIGSTOP for
+PAUSE_S, then SIGCONT); WORKER is a worker's name or ``wN``, the N-th worker of the first app.
+The static soak: ``--apps orders --static --rate 2000 --minutes 4.5 --fault-interval 40 40
+--script kill:w2:5 kill:w3:2 kill:w2:20 stop:w3:25 kill:w3:2``. A stall's limit is the session
+timeout plus one join round, plus the restart delay of a kill whose worker came back within
+its session (its static member is still in the group, so nothing moves until it returns).
+
 Faults other than kills come first in that order, each followed by a kill; one that cannot
 run here is noted at once, one the input ended before is noted as not reached.
 
@@ -91,6 +101,43 @@ NOT_RUN = {"broker-restart": (
 # -- worker processes ---------------------------------------------------------------------------
 
 
+#: Not a Relay setting: tells the pool to give each worker its name as static instance id.
+STATIC_SETTING = "BENCH_STATIC_MEMBERS"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptedFault:
+    """One fault of ``--script``: what, to which worker, and for how long."""
+
+    kind: str
+    worker: str
+    seconds: float
+
+
+def parse_script_entry(text: str) -> ScriptedFault:
+    """``kill:w2:5`` or ``stop:orders-w3:25``; raises ``argparse.ArgumentTypeError``."""
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] not in ("kill", "stop"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a scripted fault is kill:WORKER:DELAY_S or stop:WORKER:PAUSE_S")
+    try:
+        seconds = float(parts[2])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {parts[2]!r} is not a number of "
+                                         "seconds") from None
+    if seconds < 0 or not parts[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: needs a worker and seconds >= 0")
+    return ScriptedFault(parts[0], parts[1], seconds)
+
+
+def stall_limit_s(session_s: float, join_round_s: float,
+                  scripted: list[ScriptedFault]) -> float:
+    """Session timeout + one join round, + the longest restart delay of a kill whose worker
+    came back within its session (its static member never left, so its tasks wait for it)."""
+    within = [f.seconds for f in scripted if f.kind == "kill" and f.seconds < session_s]
+    return session_s + join_round_s + max(within, default=0.0)
+
+
 class FaultPool(WorkerPool):
     """Workers of one app of :mod:`benchmarks.faults_apps`."""
 
@@ -106,7 +153,10 @@ class FaultPool(WorkerPool):
                 "--log-level", "INFO"]
 
     def environment(self, name: str) -> dict[str, str]:
-        return {**self.topics, **self.relay_settings,
+        static = ({"RELAY_GROUP_INSTANCE_ID": name}
+                  if self.relay_settings.get(STATIC_SETTING) else {})
+        settings = {k: v for k, v in self.relay_settings.items() if k != STATIC_SETTING}
+        return {**self.topics, **settings, **static,
                 "RELAY_STATE_DIR": str(self.state_dir(name))}
 
 
@@ -409,6 +459,42 @@ class Bench:
 
     # -- faults -------------------------------------------------------------------------------
 
+    def worker_named(self, name: str) -> str:
+        """A scripted fault's worker: a worker's name, or ``wN`` of the first app."""
+        if name in {w for run in self.apps.values() for w in run.pool.workers}:
+            return name
+        first = next(iter(self.apps))
+        return f"{first}-{name}" if name.startswith("w") else name
+
+    async def scripted(self, until: float) -> None:
+        """``--script``'s faults in order, one per ``--fault-interval``."""
+        low, high = self.args.fault_interval
+        took = 0.0
+        for fault in self.args.script:
+            await asyncio.sleep(max(low / 4, self.rng.uniform(low, high) - took))
+            if time.time() >= until:
+                self.note({"fault": fault.kind, "status": "not reached",
+                           "detail": "the input ended before its turn"})
+                continue
+            worker = self.worker_named(fault.worker)
+            entry: dict[str, Any] = {"at_s": self.now(), "fault": fault.kind,
+                                     "status": "applied", "worker": worker}
+            started = time.time()
+            try:
+                if worker not in self.running_workers():
+                    raise FaultFailed(f"{worker} is not running")
+                if fault.kind == "kill":
+                    await self.kill_for(worker, fault.seconds, entry)
+                else:
+                    await self.stop_for(worker, fault.seconds, entry)
+            except FaultFailed as exc:
+                entry.update(status="not triggered", detail=str(exc))
+            except Exception as exc:
+                entry.update(status="failed", detail=f"{type(exc).__name__}: {exc}")
+            took = time.time() - started
+            entry["end_s"] = self.now()
+            self.note(entry)
+
     def schedule(self) -> list[str]:
         """The faults in order: each fault other than a plain kill, a kill after each
         (kills only once those are done). A fault that cannot run here is noted at once
@@ -463,11 +549,12 @@ class Bench:
         return self.rng.choice(candidates)
 
     async def fault_kill(self, entry: dict[str, Any]) -> None:
-        worker = self.pick()
+        await self.kill_for(self.pick(), self.rng.uniform(1, 5), entry)
+
+    async def kill_for(self, worker: str, delay: float, entry: dict[str, Any]) -> None:
         self.held.add(worker)
         try:
             pid = await self.kill(worker)
-            delay = self.rng.uniform(1, 5)
             await asyncio.sleep(delay)
             self.start(worker)
         finally:
@@ -475,8 +562,9 @@ class Bench:
         entry.update(worker=worker, detail=f"SIGKILL pid {pid}, restarted {delay:.1f}s later")
 
     async def fault_stop(self, entry: dict[str, Any]) -> None:
-        worker = self.pick()
-        pause = 1.5 * self.args.session_timeout_ms / 1000
+        await self.stop_for(self.pick(), 1.5 * self.args.session_timeout_ms / 1000, entry)
+
+    async def stop_for(self, worker: str, pause: float, entry: dict[str, Any]) -> None:
         self.held.add(worker)
         try:
             process = self.app_of(worker).pool.workers[worker].process
@@ -880,7 +968,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     report["limits"] = {"session_timeout_s": session_s, "join_round_s": join_round_s,
                         "join_round_note": "estimated as session/2 + 3 s (Tansu's forming "
                                            "group tick), not measured in this run",
-                        "stall_limit_s": session_s + join_round_s}
+                        "stall_limit_s": stall_limit_s(session_s, join_round_s,
+                                                       args.script or [])}
     P = args.partitions
     topics = {"orders": f"faults-orders-{suffix}", "users": f"faults-users-{suffix}",
               "counts_in": f"faults-counts-in-{suffix}"}
@@ -905,6 +994,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                  "RELAY_DEFAULT_PARTITIONS": str(P)}
     if guarantee:
         relay_env["RELAY_PROCESSING_GUARANTEE"] = guarantee
+    if args.static:
+        relay_env[STATIC_SETTING] = "1"
     bench = Bench(args, bootstrap, run_dir)
     inp: Input | None = None
     warm: float | None = None
@@ -955,7 +1046,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             r.expected_tasks <= set(r.outputs.times) for r in bench.apps.values())
             else "warm-up timed out; faults start anyway"})
         input_end = warm + args.minutes * 60
-        background.append(asyncio.create_task(bench.faults(until=input_end)))
+        background.append(asyncio.create_task(
+            bench.scripted(until=input_end) if args.script else bench.faults(until=input_end)))
         while time.time() < input_end and not background[-1].done():
             await asyncio.sleep(0.5)
         if time.time() < input_end:
@@ -1008,7 +1100,7 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
               for t, s in longest_stalls(times, start, end).items()}
     worst = max(stalls.values(), key=lambda s: s.gap_s, default=None)
     session_s = bench.args.session_timeout_ms / 1000
-    limit = session_s + session_s / 2 + 3
+    limit = stall_limit_s(session_s, session_s / 2 + 3, bench.args.script or [])
     result = {
         "app_id": run.app_id,
         "sinks": {kind: topic for topic, kind in run.outputs.kind.items()},
@@ -1105,6 +1197,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--disk-mb", type=int, default=256)
     p.add_argument("--bootstrap", default=None, help="a running broker (default: a fresh "
                                                      "embedded one)")
+    p.add_argument("--static", action="store_true",
+                   help="static membership: each worker's name is its instance id")
+    p.add_argument("--script", nargs="+", type=parse_script_entry, default=None,
+                   metavar="KIND:WORKER:SECONDS",
+                   help="these faults in order instead of random ones: kill:w2:5 "
+                        "(restart 5 s later), stop:w3:25 (SIGSTOP for 25 s)")
     p.add_argument("--run-dir", default=None, help="worker logs and state (default under "
                                                    "results/)")
     return p.parse_args(argv)
@@ -1120,7 +1218,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print()
     limits = report["limits"]
     print(f"stall limit: session {limits['session_timeout_s']:.0f} s + one join round "
-          f"{limits['join_round_s']:.0f} s = {limits['stall_limit_s']:.0f} s; processing "
+          f"{limits['join_round_s']:.0f} s (+ a restart within the session) = "
+          f"{limits['stall_limit_s']:.0f} s; processing "
           f"guarantee: {report['processing_guarantee']['effective']}"
           + ("" if not report["processing_guarantee"]["requested"]
              or report["processing_guarantee"]["supported_by_this_build"]

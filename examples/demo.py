@@ -5,6 +5,9 @@ processes with one standby copy per task; the demo prints the group's tasks (fro
 topic the members publish) and the results as they change. Midway it kills one worker
 (SIGKILL: no commit, no goodbye); the other takes over its tasks from its standby copies; then
 the worker comes back and gets work again. At the end every click must be counted exactly once.
+
+The demo starts the embedded broker itself and points the workers at it
+(``RELAY_BOOTSTRAP_SERVERS``); each worker is ``python -m streams run``, i.e. ``relay run``.
 """
 
 from __future__ import annotations

@@ -65,6 +65,9 @@ class FetchedPartition:
     #: transactions they overlap: kept to find a record's offset when it is reported.
     raw: bytes = b""
     aborted_transactions: list[tuple[int, int]] = field(default_factory=list)
+    #: The fetch asked for an offset past the partition's end: whoever read up to it read
+    #: another log (a replaced broker, a topic deleted and created again).
+    past_end: bool = False
 
     def offset_of(self, index: int) -> int:
         """The offset of ``changes[index]``, found by decoding again (for error messages)."""
@@ -387,6 +390,9 @@ class ChangelogFetcher:
         """The position is outside the log: carry on from its start, as a consumer with
         ``auto_offset_reset="earliest"`` would."""
         earliest = await self.earliest_offset(tp, leader)
+        if offset > earliest:
+            # Out of range yet not before the start: past the end.
+            return FetchedPartition(tp, offset, earliest, None, past_end=True)
         log.warning(
             "changelog %s[%d]: offset %d is out of range; continuing from the earliest "
             "offset %d", tp.topic, tp.partition, offset, earliest,
@@ -457,4 +463,5 @@ def decoded_partition(
         end = next_offset if undecided and reached >= highwater else highwater
     else:
         end = lso if lso is not None and lso >= 0 else highwater
-    return FetchedPartition(tp, offset, next_offset, end, changes, len(raw), raw, aborted)
+    return FetchedPartition(tp, offset, next_offset, end, changes, len(raw), raw, aborted,
+                            past_end=0 <= highwater < offset)

@@ -187,8 +187,10 @@ def _run_blocking(
     coroutine: Coroutine[Any, Any, T], timeout_s: float | None = BROKER_TIMEOUT_S
 ) -> T:
     """Run ``coroutine`` on its own loop in a helper thread: a task's stores are opened
-    synchronously, often from inside a running event loop. The caller blocks until it is done
-    (once per store, and only for a store with a snapshot to bootstrap from)."""
+    synchronously, and the caller may be inside a running event loop. The caller blocks until
+    it is done (once per store, and only for a store with a snapshot to bootstrap from): a
+    stream thread therefore opens such stores in a worker thread, off its event loop
+    (``TaskManager.open_ahead``)."""
     result: list[T] = []
     failure: list[BaseException] = []
 

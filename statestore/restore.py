@@ -288,6 +288,9 @@ class ChangelogReader:
             store = self._stores.get(part.tp)
             if store is None or self._fetch_positions.get(part.tp) != part.fetch_offset:
                 continue
+            if part.past_end:
+                self._discard_foreign_state(store, part)
+                continue
             changes, next_offset = part.changes, part.next_offset
             if self._max_records is not None and len(changes) > self._max_records:
                 changes = changes[: self._max_records]
@@ -297,6 +300,22 @@ class ChangelogReader:
                 self._ends[part.tp] = part.end
             accepted.append(_Accepted(store, part, changes, next_offset))
         return accepted
+
+    def _discard_foreign_state(self, store: KeyValueStore, part: FetchedPartition) -> None:
+        """The store reflects a changelog longer than the one on the broker: its state (and
+        the input position in it) was written against another cluster, a replaced broker
+        say, or before the changelog was deleted. Kept, it would answer queries with the old
+        counts and skip the new input as already processed: it is discarded, and read again
+        from the changelog's start."""
+        log.warning(
+            "%r: its state reflects %s[%d] up to offset %d, but that changelog ends before "
+            "it: the state directory belongs to another cluster (a replaced broker?) or the "
+            "changelog was deleted. Discarding the local state and restoring from the "
+            "changelog", store, part.tp.topic, part.tp.partition, part.fetch_offset)
+        store.clear()
+        self._fetch_positions[part.tp] = store.position
+        self._held.pop(part.tp, None)
+        self._ends.pop(part.tp, None)
 
     async def _apply(self, item: _Accepted) -> None:
         store = item.store

@@ -330,6 +330,28 @@ class KeyValueStore:
         self._acked_to = 0
         self.has_checkpoint = False
 
+    def clear(self) -> None:
+        """Delete everything the open store holds (its data and its input position) and its
+        checkpoint: its changelog is then read again from the start."""
+        db = self._require_open()
+        self.abort()
+        self._uncovered.clear()
+        try:
+            batch = WriteBatch(raw_mode=True)
+            iterator = db.iter()
+            iterator.seek_to_first()
+            while iterator.valid():
+                batch.delete(iterator.key())
+                iterator.next()
+            iterator.status()
+            db.write(batch, _NO_WAL)
+        except Exception as exc:
+            raise StoreWriteError(f"{self!r}: clearing failed: {exc}") from exc
+        remove_checkpoint(self.directory)
+        self.position = 0
+        self._acked_to = 0
+        self.has_checkpoint = False
+
     def commit(self) -> None:
         """Apply the buffered writes to RocksDB, flush, and record the changelog position the
         database reflects in the checkpoint file.

@@ -4,7 +4,9 @@ and configuration, and refuse to run against an existing topic of the wrong shap
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -16,6 +18,10 @@ log = logging.getLogger(__name__)
 
 TOPIC_ALREADY_EXISTS = 36
 COMPACTED = {"cleanup.policy": "compact"}
+#: Kafka's usual replication; a smaller cluster gets one replica per broker.
+MAX_REPLICATION = 3
+#: How long a created topic may take to reach the metadata of the broker that answers.
+METADATA_PROPAGATION_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -30,19 +36,50 @@ class TopicSpec:
 
 
 async def existing_partition_counts(
-    admin: AIOKafkaAdminClient, names: Iterable[str]
+    admin: AIOKafkaAdminClient, names: Iterable[str], with_leaders: bool = False
 ) -> dict[str, int]:
     """Partition counts of those of ``names`` that exist.
 
     Some brokers create a topic when it is described, so existence is checked with a topic
-    listing first and only existing topics are described.
+    listing first and only existing topics are described. A topic described with an error
+    counts as not there yet; ``with_leaders``, so does one with a partition whose leader the
+    answering broker does not know yet.
     """
     wanted = set(names)
     present = sorted(wanted & set(await admin.list_topics()))
     if not present:
         return {}
     described = await admin.describe_topics(present)
-    return {entry["topic"]: len(entry["partitions"]) for entry in described}
+    return {entry["topic"]: len(entry["partitions"]) for entry in described
+            if entry.get("error_code", 0) == 0 and entry["partitions"]
+            and not (with_leaders and not _led(entry["partitions"]))}
+
+
+def _led(partitions: list[dict[str, object]]) -> bool:
+    return all(p.get("error_code", 0) == 0 and int(p.get("leader", -1)) >= 0  # type: ignore[call-overload]
+               for p in partitions)
+
+
+async def replication_factor(admin: AIOKafkaAdminClient) -> int:
+    """The replication of new topics: three replicas, or one per broker on a smaller cluster.
+
+    The broker's own default (replication factor -1) needs CreateTopics v4, which the
+    client does not speak."""
+    brokers = (await admin.describe_cluster()).get("brokers") or []
+    return max(1, min(MAX_REPLICATION, len(brokers)))
+
+
+async def _created(admin: AIOKafkaAdminClient, names: list[str],
+                   timeout_s: float) -> dict[str, int]:
+    """The partition counts of just-created topics, once the answering broker's metadata
+    has them all, or what it has after ``timeout_s``. Apache Kafka answers CreateTopics
+    when its controller has the topics; each broker learns of them a moment later."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        counts = await existing_partition_counts(admin, names, with_leaders=True)
+        if len(counts) == len(names) or time.monotonic() > deadline:
+            return await existing_partition_counts(admin, names)
+        await asyncio.sleep(0.05)
 
 
 async def ensure_topics(admin: AIOKafkaAdminClient, specs: Iterable[TopicSpec]) -> None:
@@ -61,8 +98,10 @@ async def ensure_topics(admin: AIOKafkaAdminClient, specs: Iterable[TopicSpec]) 
     missing = [spec for name, spec in sorted(by_name.items()) if name not in counts]
     if not missing:
         return
+    replicas = await replication_factor(admin)
     response = await admin.create_topics(
-        [NewTopic(s.name, s.partitions, 1, topic_configs=dict(s.config)) for s in missing]
+        [NewTopic(s.name, s.partitions, replicas, topic_configs=dict(s.config))
+         for s in missing]
     )
     for topic, code, message in response.topic_errors:
         if code not in (0, TOPIC_ALREADY_EXISTS):
@@ -70,10 +109,22 @@ async def ensure_topics(admin: AIOKafkaAdminClient, specs: Iterable[TopicSpec]) 
         log.info("created topic %s", topic)
     # Another member may have created one of them in the meantime: check the shape again.
     racing = [s.name for s in missing]
-    counts = await existing_partition_counts(admin, racing)
+    counts = await _created(admin, racing, METADATA_PROPAGATION_S)
     for name in racing:
         if counts.get(name) != by_name[name].partitions:
             raise TopicMismatchError(
                 f"topic {name} has {counts.get(name)} partitions, expected "
                 f"{by_name[name].partitions}"
             )
+
+
+async def partition_count(bootstrap: str, topic: str) -> int | None:
+    """How many partitions ``topic`` has (None: it does not exist). A consumer's own metadata
+    knows only the topics it asked about, which on Apache Kafka (unlike Tansu, which answers
+    with every topic) excludes one it has never fetched."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return (await existing_partition_counts(admin, [topic])).get(topic)
+    finally:
+        await admin.close()

@@ -31,6 +31,7 @@ _EXPORTS = {
     "WindowedSerde": "streams.dsl.windows",
     "RecordError": "streams.runtime.task",
     "TopologyTestDriver": "streams.testing",
+    "read_committed": "streams.kafka.committed_reader",
 }
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "Windowed",
     "WindowedSerde",
     "WindowedStream",
+    "read_committed",
 ]
 
 
@@ -80,5 +82,6 @@ if TYPE_CHECKING:  # what editors and type checkers see
     from streams.dsl.stream import GroupedStream, GroupedTable, Stream, Table, WindowedStream
     from streams.dsl.topology import TopicDecl, TopologyError
     from streams.dsl.windows import HoppingWindows, TumblingWindows, Windowed, WindowedSerde
+    from streams.kafka.committed_reader import read_committed
     from streams.runtime.task import RecordError
     from streams.testing import TopologyTestDriver

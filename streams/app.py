@@ -1,10 +1,14 @@
 """The App: where people declare their topology and configuration, and the worker that runs it.
 
-``App.run()`` (or ``python -m streams run module:app``) starts the embedded broker when no
-bootstrap address is configured, checks the source topics and creates the internal ones
-(repartition, changelog, dead letters), then runs ``num_threads`` stream threads until SIGINT
-or SIGTERM, and shuts down cleanly: commit, flush, close stores, leave the group (dynamic
-members only; static members keep their tasks for a restart within the session timeout).
+``App.run()`` (or ``relay run module:app``) checks that a broker answers at
+``bootstrap_servers``, checks the source topics and creates the internal ones (repartition,
+changelog, dead letters), then runs ``num_threads`` stream threads until SIGINT or SIGTERM,
+and shuts down cleanly: commit, flush, close stores, leave the group (dynamic members only;
+static members keep their tasks for a restart within the session timeout).
+
+An App needs no broker to be built or tested (the topology test driver runs it alone), but
+running one needs a broker address. Run without one, it still starts an embedded broker of
+its own, with a :class:`DeprecationWarning`: that goes in the next release.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import signal
 import socket
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,8 +45,15 @@ from streams.environment import (
     check_state_dir,
     check_topic_names,
 )
-from streams.group.control import ControlChannel, ControlListener, LeavingMark, control_topic_name
+from streams.group.control import (
+    ControlChannel,
+    ControlListener,
+    LeavingMark,
+    LeavingState,
+    control_topic_name,
+)
 from streams.group.group_learning import GroupLearning
+from streams.group.member_id import instance_member_ids
 from streams.group.partition_assignor import TaskLayout
 from streams.group.predecessors import (
     MemberFiles,
@@ -62,9 +74,8 @@ from streams.metrics import Metrics, MetricsServer, serve_metrics
 from streams.queries.routing import RoutingTable, StatusFollower
 from streams.queries.server import QueryServer, QueryService
 from streams.queries.store_query import LocalStores, StoreQuery, UnknownStoreError
-from streams.quirks.static_followers import StaticFollowers
-from streams.quirks.switch import BrokerQuirks, Quirk, broker_quirks
-from streams.quirks.synced_round import RoundReports
+from streams.quirks.detect import broker_quirks
+from streams.quirks.hooks import RoundHooks, hooks_for
 from streams.quirks.task_positions import TaskPositions, positions_topic_name
 from streams.runtime.factory import build_stream_thread
 from streams.runtime.global_tables import GlobalTables
@@ -72,7 +83,25 @@ from streams.runtime.store_handover import ProcessStores
 from streams.runtime.thread import FatalThreadError, StreamThread
 
 log = logging.getLogger(__name__)
+
+#: The shortest wait before a duplicate static id's status is looked at again: members
+#: publish every second, so a live one has published again by then.
+DUPLICATE_RECHECK_MIN_S = 1.5
+
+
+def duplicate_recheck_wait_s(updated_ms: int, now_ms: float, recheck_s: float) -> float:
+    """How long to wait before looking again at a status record of this static id written
+    at ``updated_ms``: until ``recheck_s`` after it was written, and at least
+    :data:`DUPLICATE_RECHECK_MIN_S` (clocks of two machines may disagree)."""
+    age_s = max(0.0, (now_ms - updated_ms) / 1000)
+    return max(DUPLICATE_RECHECK_MIN_S, recheck_s - age_s)
 _APP_COUNTER = itertools.count()
+
+#: The deprecation of running an App without a broker address.
+EMBEDDED_BROKER_DEPRECATED = (
+    "running an App without bootstrap_servers starts an embedded broker of its own; this "
+    "goes in the next release: pass bootstrap_servers (or set RELAY_BOOTSTRAP_SERVERS), and "
+    "for development run `relay broker` and point the app at it")
 
 
 class App:
@@ -83,7 +112,7 @@ class App:
     >>> counts = words.count(store="counts")
     >>> counts.to_stream().to("word-counts")
 
-    Every setting is a keyword argument (see the README's configuration table); one left at
+    Every setting is a keyword argument (see the table in docs/configuration.md); one left at
     None comes from its ``RELAY_<SETTING>`` environment variable, else its default. The
     configuration, the assignor's included, is validated here: a wrong value raises
     :class:`streams.config.ConfigError` naming the setting.
@@ -151,18 +180,21 @@ class App:
         #: The app's global tables (``global_table``), held whole by every instance.
         self.global_tables: list[GlobalTable] = []
         self.threads: list[StreamThread] = []
-        self.leaving: tuple[bool, int | None, int | None] = (False, None, None)
+        #: Whether this instance is marked as leaving (read by its threads).
+        self.leaving = LeavingState()
         self.bootstrap_servers: str | None = self.config.bootstrap_servers
         self._stop: asyncio.Event | None = None
         self._global_tables: GlobalTables | None = None
         self._broker: Any = None
+        self._warned_embedded = False
         #: The process's identity in the group: its group instance id when static, else a
         #: name of its own (``relay describe`` shows it; ``relay mark-leaving`` takes it).
         #: Tells this run apart from any other process (or earlier run) with the same ids.
         self.incarnation = uuid.uuid4().hex
         self.instance_id = self.config.group_instance_id or (
             f"{socket.gethostname()}-{os.getpid()}-{next(_APP_COUNTER)}")
-        self.static_followers = StaticFollowers(enabled=False)
+        #: What the broker's quirks add to a round (streams.quirks.hooks), once known.
+        self.hooks = RoundHooks()
         #: Where exactly-once tasks record their input positions (broker quirk
         #: ``deferred-transactional-offsets``); None when not needed.
         self.task_positions: TaskPositions | None = None
@@ -250,12 +282,12 @@ class App:
     # -- running --------------------------------------------------------------------------
 
     async def prepare(self, admin: AIOKafkaAdminClient,
-                      quirks: BrokerQuirks | None = None) -> list[SubTopology]:
+                      hooks: RoundHooks | None = None) -> list[SubTopology]:
         """Check source topics, size the sub-topologies, create the internal topics (the
         positions topic too, for exactly-once on a broker whose quirks need it)."""
         subs = self.topology.sub_topologies()
         if not subs:
-            raise ValueError("the app declares no streams or tables: nothing to run")
+            raise TopologyError("the app declares no streams or tables: nothing to run")
         external = {
             t for s in subs for t in s.sources if t not in self.topology.repartition_topics
         }
@@ -275,20 +307,18 @@ class App:
         specs.append(TopicSpec(self.config.dead_letters, 1))
         specs.append(TopicSpec(status_topic_name(self.config.application_id), 1, COMPACTED))
         specs.append(TopicSpec(control_topic_name(self.config.application_id), 1, COMPACTED))
-        if self._records_positions(quirks):
+        records_positions = (self.config.exactly_once and hooks is not None
+                             and hooks.records_positions)
+        if records_positions:
             tasks = sum(sub.partitions for sub in subs)
             specs.append(TopicSpec(positions_topic_name(self.config.application_id), tasks,
                                    COMPACTED))
         # An existing topic with another partition count is refused here, as a changelog is.
         await ensure_topics(admin, specs)
-        if self._records_positions(quirks):
-            self.task_positions = TaskPositions.of(
+        if records_positions and hooks is not None:
+            self.task_positions = hooks.positions = TaskPositions.of(
                 self.config.application_id, [t for sub in subs for t in sub.task_ids()])
         return subs
-
-    def _records_positions(self, quirks: BrokerQuirks | None) -> bool:
-        return (self.config.exactly_once and quirks is not None
-                and Quirk.DEFERRED_TRANSACTIONAL_OFFSETS in quirks)
 
     def check_environment(self) -> None:
         """Before anything starts: the internal topics' names are legal and ``state_dir`` can
@@ -302,20 +332,29 @@ class App:
         ])
         check_state_dir(self.config.state_dir)
 
+    def _warn_embedded_broker(self, stacklevel: int) -> None:
+        if not self._warned_embedded:
+            self._warned_embedded = True
+            warnings.warn(EMBEDDED_BROKER_DEPRECATED, DeprecationWarning,
+                          stacklevel=stacklevel + 1)
+
     def _start_embedded_broker(self) -> str:
         # Imported only when asked for: the runtime does not need it otherwise.
         from streams.testing.broker import EmbeddedBroker
 
         self._broker = EmbeddedBroker().start()
-        log.info("no bootstrap_servers: started an embedded broker at %s",
-                 self._broker.bootstrap_servers)
+        # Also logged: a DeprecationWarning is hidden by default outside ``__main__``.
+        log.warning("no bootstrap_servers: started an embedded broker at %s (deprecated: %s)",
+                    self._broker.bootstrap_servers, EMBEDDED_BROKER_DEPRECATED)
         return str(self._broker.bootstrap_servers)
 
     async def run_async(self) -> None:
         """Run until :meth:`stop` is called or a thread fails."""
         self._stop = asyncio.Event()
-        self.check_environment()
         embedded = self.bootstrap_servers is None
+        if embedded:
+            self._warn_embedded_broker(stacklevel=2)
+        self.check_environment()
         if embedded:
             self.bootstrap_servers = self._start_embedded_broker()
         else:
@@ -336,29 +375,29 @@ class App:
                     f"bootstrap_servers {bootstrap!r}: no Kafka broker answers ({exc})") from None
             quirks = await broker_quirks(self.config.broker_quirks,
                                          self.config.static_follower_digests, bootstrap, embedded)
+            control_listener = ControlListener(
+                bootstrap, self.config.application_id, self.instance_id, self._on_mark,
+                self._on_rebalance_request)
+            control = ControlChannel(control_listener)
+            # The one switch: what the broker's quirks add to every round of every thread.
+            self.hooks = hooks = hooks_for(quirks, control)
             try:
                 # First of all: a crashed run's tasks wait for this (streams.group.predecessors).
                 member_files = MemberFiles.claim(
                     self.config.state_dir, self.config.application_id, self.config.num_threads)
-                await self._remove_predecessors(bootstrap, member_files, quirks)
-                subs = await self.prepare(admin, quirks)
+                await self._remove_predecessors(bootstrap, member_files, hooks)
+                subs = await self.prepare(admin, hooks)
             finally:
                 await admin.close()
-            await self._refuse_duplicate_instance()
+            restarted = await self._refuse_duplicate_instance()
             warm_up = await self._plan_warm_up(subs, member_files)
             topics = sorted({t for s in subs for t in s.sources})
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
             global_tables = await self._restore_global_tables(bootstrap)
-            # Which round each member has its assignment of, for the threads' requests for the
-            # next round (see streams.quirks.synced_round).
-            round_reports = RoundReports()
             # Which ready learners members ask rounds to promote (streams.group.promotion_asks).
             promotion_asks = PromotionAsks()
-            listener = ControlListener(
-                bootstrap, self.config.application_id, self.instance_id, self._on_mark,
-                self._on_rebalance_request, self._on_fetch_request, self._on_subscription,
-                round_reports.record, promotion_asks.record,
-            )
+            listener = control_listener
+            listener.listen(hooks, promotion_asks)
             promotion_asks.read_to_end = listener.read_to_end
             # The other members' learners, for batching promotions (streams.group.group_learning):
             # the status topic is followed from the first time a thread asks.
@@ -367,25 +406,19 @@ class App:
             group_learning.start_following = lambda: extras.append(asyncio.create_task(
                 StatusFollower(bootstrap, self.config.application_id,
                                group_learning).run(self._stop)))
-            control = ControlChannel(listener)
-            self.static_followers = StaticFollowers(Quirk.CACHED_STATIC_REJOIN in quirks, control)
             process_stores = ProcessStores()
+            gate = WarmUpGate(warm_up, self.config.num_threads) if warm_up is not None else None
             self.threads = [
                 build_stream_thread(
                     self.config, i, subs, bootstrap_servers=bootstrap,
                     instance_id=self.instance_id, incarnation=self.incarnation,
-                    static_followers=self.static_followers, control=control,
-                    process_stores=process_stores, leaving=lambda: self.leaving,
-                    metrics=self.metrics, round_reports=round_reports, quirks=quirks,
-                    positions=self.task_positions, member_files=member_files,
+                    hooks=hooks, control=control, process_stores=process_stores,
+                    leaving=self.leaving, metrics=self.metrics, member_files=member_files,
                     promotion_asks=promotion_asks, group_learning=group_learning,
+                    warm_up_gate=gate,
                 )
                 for i in range(self.config.num_threads)
             ]
-            if warm_up is not None:
-                gate = WarmUpGate(warm_up, self.config.num_threads)
-                for thread in self.threads:
-                    thread.warm_up_gate = gate
             # Before any task starts: a query port in use stops the app here, cleanly.
             follower = await self._serve_queries(bootstrap)
             extras.append(asyncio.create_task(listener.run(self._stop)))
@@ -393,6 +426,8 @@ class App:
             if follower is not None:
                 extras.append(asyncio.create_task(follower.run(self._stop)))
             runs = [asyncio.create_task(t.run(topics)) for t in self.threads]
+            if restarted:
+                hooks.restarted(f"{self.config.group_instance_id} restarted")
             stopper = asyncio.create_task(self._stop.wait())
             pending = set(runs)
             error: BaseException | None = None
@@ -457,11 +492,10 @@ class App:
         return self._global_tables
 
     async def _remove_predecessors(self, bootstrap: str, files: MemberFiles,
-                                   quirks: BrokerQuirks) -> None:
+                                   hooks: RoundHooks) -> None:
         """Remove from the group the members a crashed earlier run on this state directory
         left there, before this run joins (see :mod:`streams.group.predecessors`)."""
-        own = ({f"{self.config.group_instance_id}-thread-{n}"
-                for n in range(self.config.num_threads)}
+        own = (instance_member_ids(self.config.group_instance_id, self.config.num_threads)
                if self.config.group_instance_id else set())
         stale = stale_members(files.predecessors, own)
         if not stale:
@@ -469,12 +503,12 @@ class App:
         client = AIOKafkaClient(bootstrap_servers=bootstrap)
         try:
             leaders: set[str] = set()
-            if Quirk.LEADER_WEDGE in quirks:
+            if hooks.leave_from_formed_group:
                 statuses = await read_status(bootstrap, self.config.application_id)
                 leaders = possible_leaders(stale, statuses.values())
             await client.bootstrap()
             await evict_predecessors(client, self.config.application_id, stale,
-                                     Quirk.LEADER_WEDGE in quirks,
+                                     hooks.leave_from_formed_group,
                                      self.config.session_timeout_ms / 1000, leaders)
         except Exception as exc:
             log.warning("could not look for the members a crashed earlier run left in the "
@@ -495,7 +529,7 @@ class App:
                                             self.config.query_endpoint_host)
         log.info("serving interactive queries at %s/stores/<store>/<key>", url)
         for thread in self.threads:
-            thread.query_endpoint = url
+            thread.reporter.query_endpoint = url
         return StatusFollower(bootstrap, self.config.application_id, self.routing)
 
     async def _plan_warm_up(self, subs: list[SubTopology],
@@ -540,24 +574,28 @@ class App:
         except OSError:
             return False
 
-    async def _refuse_duplicate_instance(self, recheck_s: float = 3.0) -> None:
-        """Fail fast when a live process already runs this static id.
+    async def _refuse_duplicate_instance(self, recheck_s: float = 3.0) -> bool:
+        """Fail fast when a live process already runs this static id; True when an earlier
+        process of this static id left status records (this one is its restart).
 
         Some brokers do not fence a second member with the same group instance id: it would
         silently share the first one's partitions. A member is live when its status record
         (published every second) is still being updated; a stale record of a crashed process
-        does not count.
+        does not count. The second look comes ``recheck_s`` after the record was written,
+        and at least a publication and a margin after the first look: a restart after a
+        crash then waits for nothing, as its tasks wait for it.
         """
         gid = self.config.group_instance_id
         if gid is None or self.bootstrap_servers is None:
-            return
-        mine = {f"{gid}-thread-{n}" for n in range(self.config.num_threads)}
+            return False
+        mine = instance_member_ids(gid, self.config.num_threads)
         first = {k: v for k, v in (await read_status(self.bootstrap_servers,
                                                      self.config.application_id)).items()
                  if k in mine and v.get("incarnation") != self.incarnation}
         if not first:
-            return
-        await asyncio.sleep(recheck_s)
+            return False
+        newest_ms = max(int(v.get("updated_ms", 0) or 0) for v in first.values())
+        await asyncio.sleep(duplicate_recheck_wait_s(newest_ms, time.time() * 1000, recheck_s))
         again = await read_status(self.bootstrap_servers, self.config.application_id)
         for key, record in sorted(first.items()):
             now = again.get(key)
@@ -567,6 +605,7 @@ class App:
                     f"(instance {now.get('instance_id')}) is running it; give this instance "
                     f"another group_instance_id, or stop the other one first"
                 )
+        return True
 
     def stop(self) -> None:
         if self._stop is not None:
@@ -578,27 +617,22 @@ class App:
         """Another member asks the leader to rejoin."""
         for thread in self.threads:
             if thread.is_leader:
-                thread.request_rejoin(f"as leader, for another member: {reason}",
-                                      broadcast=False, news=False)
-
-    def _on_fetch_request(self, digests: dict[str, str]) -> None:
-        self.static_followers.on_fetch_request(digests)
-
-    def _on_subscription(self, static_id: str, data: bytes) -> None:
-        self.static_followers.on_subscription(static_id, data)
+                thread.member.request_rejoin(f"as leader, for another member: {reason}",
+                                             broadcast=False, news=False)
 
     def _on_mark(self, mark: LeavingMark | None) -> None:
+        self.leaving.mark = mark
         if mark is None:
-            self.leaving = (False, None, None)
             return
         log.warning("this instance is marked as leaving (timeout %s ms): handing over",
                     mark.scale_down_timeout_ms)
-        self.leaving = (True, mark.since_ms, mark.scale_down_timeout_ms)
         for thread in self.threads:
-            thread.request_rejoin("marked as leaving")
+            thread.member.request_rejoin("marked as leaving")
 
     def run(self) -> None:
         """Run in the foreground until SIGINT/SIGTERM."""
+        if self.bootstrap_servers is None:
+            self._warn_embedded_broker(stacklevel=2)  # at the caller's line
 
         async def main() -> None:
             loop = asyncio.get_running_loop()

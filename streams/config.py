@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import socket
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -50,10 +51,12 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class AppConfig:
-    """Settings of a Relay app. See the README for what each one does."""
+    """Settings of a Relay app. docs/configuration.md says what each one does."""
 
     application_id: str
-    #: ``host:port[,host:port]``; None starts an embedded broker on loopback.
+    #: ``host:port[,host:port]``. Required to run (``relay run`` refuses None); None is for
+    #: building and testing an App (``App.run()`` still starts an embedded broker then, with
+    #: a DeprecationWarning, for one release).
     bootstrap_servers: str | None = None
     state_dir: Path = field(default_factory=lambda: Path(".relay-state"))
     #: Snapshots (``relay snapshot build``) that stores without a checkpoint bootstrap from.
@@ -97,6 +100,7 @@ class AppConfig:
     #: The static-follower digest protocol (:mod:`streams.quirks.static_followers`), for brokers
     #: that answer a static follower's rejoin with its cached assignment (Tansu). None:
     #: detected (on for the embedded broker and brokers that identify as Tansu).
+    #: Deprecated: use ``broker_quirks`` (the quirk ``cached-static-rejoin``).
     static_follower_digests: bool | None = None
     #: The broker workarounds that are on (:mod:`streams.quirks.switch`): ``auto``
     #: (detected), ``all``, ``none`` or a comma-separated list of quirk names.
@@ -166,6 +170,12 @@ class AppConfig:
             parse_quirks(self.broker_quirks)
         except QuirksSettingError as exc:
             raise ConfigError(str(exc)) from None
+        if self.static_follower_digests is not None:
+            warnings.warn(
+                "static_follower_digests is deprecated and will be removed in the next "
+                "release: use broker_quirks (e.g. broker_quirks='all', or a list of quirk "
+                "names with or without 'cached-static-rejoin')",
+                DeprecationWarning, stacklevel=3)
         if self.learner_rejoin not in LEARNER_REJOIN_POLICIES:
             raise ConfigError(
                 f"learner_rejoin must be 'batched', 'eager' or 'conservative', not "

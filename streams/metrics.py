@@ -45,6 +45,9 @@ MOVE_CAUSES = (
     "balance",             # moved without a learner (stateless tasks, or no copy possible)
 )
 
+#: Why a task dropped an input record (see ``relay_dropped_records_total``).
+DROP_REASONS = ("late", "deserialize", "no_key", "error")
+
 #: Loop and commit latencies: from a tenth of a millisecond to ten seconds.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -65,6 +68,17 @@ class Metrics:
         self.dead_letters = Counter(
             "relay_dead_letter_records", "Records sent to the dead-letter topic.",
             ["thread", "task"], registry=r)
+        self.dropped = Counter(
+            "relay_dropped_records",
+            "Input records a task dropped, by reason: late (its window had closed: stream "
+            "time past the window's end plus grace), and, also counted as dead letters, "
+            "deserialize, no_key (none where an aggregation, table or join needs one) and "
+            "error (processing raised).", ["thread", "task", "reason"], registry=r)
+        self.misrouted = Counter(
+            "relay_misrouted_records",
+            "Input records of a stateful task whose key murmur2 places in another partition "
+            "than the one they came from (a producer with another partitioner); one record "
+            "in 128 is checked.", ["thread", "task"], registry=r)
         self.loop = Histogram(
             "relay_process_loop_seconds",
             "Time of one pass of the process loop: fetch, process and ship a batch.",
@@ -134,9 +148,31 @@ class Metrics:
         if self._count("records processed", n):
             self.processed.labels(thread, task).inc(n)
 
-    def record_dead_letters(self, thread: str, task: str, n: int = 1) -> None:
+    def record_dead_letters(self, thread: str, task: str, n: int = 1,
+                            reason: str | None = None) -> None:
+        """Dead-lettered records; with ``reason``, also counted as dropped for it."""
         if self._count("dead-letter records", n):
             self.dead_letters.labels(thread, task).inc(n)
+            if reason is not None:
+                self.record_dropped(thread, task, reason, n)
+
+    def record_dropped(self, thread: str, task: str, reason: str, n: int = 1) -> None:
+        if self._role("dropped records", reason, DROP_REASONS) \
+                and self._count("dropped records", n):
+            self.dropped.labels(thread, task, reason).inc(n)
+
+    def record_misrouted(self, thread: str, task: str, n: int) -> None:
+        if self._count("misrouted records", n):
+            self.misrouted.labels(thread, task).inc(n)
+
+    def record_task_counts(self, thread: str, counts: Iterable[tuple[str, dict[str, int], int]],
+                           ) -> None:
+        """Per task: ``(task, dropped by reason, misrouted)`` counted since the last call."""
+        for task, dropped, misrouted in counts:
+            for reason, n in dropped.items():
+                self.record_dropped(thread, task, reason, n)
+            if misrouted:
+                self.record_misrouted(thread, task, misrouted)
 
     def observe_loop(self, thread: str, seconds: float) -> None:
         if self._seconds("process loop latency", seconds):

@@ -1,11 +1,12 @@
-"""``relay``: the command-line tool for running Relay apps.
+"""``relay``: the command-line tool for running and operating Relay apps.
 
-Subcommands: ``broker`` (an embedded broker on a fixed port, for development),
+Commands: ``run`` (run an app, :mod:`streams.run_command`), ``broker`` (a broker on a fixed
+port, for development: the embedded one, or Apache Kafka with ``--engine kafka``),
 ``describe`` (the group as Relay sees it), ``web`` (a live web view of the group, see
-:mod:`tools.web`), ``mark-leaving`` (announce a scale-down), ``remove-members`` (remove static
-members for good) and ``snapshot build|list`` (store snapshots built with Spark, see
-:mod:`tools.snapshot`). Exit codes: 0 done,
-1 failed, 2 bad arguments or unknown app/instance, 3 broker unreachable.
+:mod:`tools.web`), ``mark-leaving`` (announce a scale-down),
+``remove-members`` (remove static members for good) and ``snapshot build|list`` (store
+snapshots built with Spark, see :mod:`tools.snapshot`). Exit codes: one table for every
+command, :class:`streams.exit_codes.ExitCode`.
 """
 
 from __future__ import annotations
@@ -27,44 +28,46 @@ from rich.console import Console
 from rich.table import Table
 
 from assignor import task_sort_key
+from streams.exit_codes import ExitCode, summary
 from streams.group.control import LeavingMark, control_topic_name, encode_mark
+from streams.group.described import described_members
 from streams.group.status_topic import read_status as read_member_status
 from streams.group.status_topic import status_topic_name
 from streams.kafka.membership import MembershipError, describe_group, leave_group
-from streams.testing.broker import EmbeddedBroker
+from streams.quirks.detect import broker_quirks
+from streams.quirks.switch import Quirk
+from streams.run_command import run as run_command
 from tools.snapshot import snapshot
 
-EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+#: What a command that talks to a broker says without an address.
+NO_BOOTSTRAP = ("no broker address: pass --bootstrap host:port or set RELAY_BOOTSTRAP_SERVERS "
+                "(for development, `relay broker` runs a broker on 127.0.0.1:9092)")
 STALE_AFTER_MS = 15_000
 console = Console()
 T = TypeVar("T")
 
 
 class ToolError(click.ClickException):
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+    def __init__(self, message: str, code: int = ExitCode.FAILED) -> None:
         super().__init__(message)
-        self.exit_code = code
+        self.exit_code = int(code)
 
 
 def run(bootstrap: str | None, work: Callable[[str], Awaitable[T]]) -> T:
-    """Run ``work(bootstrap)``; without a bootstrap address on a fresh embedded broker."""
-
-    async def main() -> T:
-        if bootstrap is None:
-            console.print("[yellow]no --bootstrap given: using a fresh embedded broker, which "
-                          "knows no apps (set RELAY_BOOTSTRAP_SERVERS)[/]", highlight=False)
-            with EmbeddedBroker() as broker:
-                return await work(broker.bootstrap_servers)
-        return await work(bootstrap)
+    """Run ``work(bootstrap)``. Without a bootstrap address it is a configuration error: no
+    broker is started behind the user's back (a fresh one would know no apps anyway)."""
+    if not bootstrap:
+        raise ToolError(NO_BOOTSTRAP, ExitCode.CONFIG)
 
     try:
-        return asyncio.run(main())
+        return asyncio.run(work(bootstrap))
     except KafkaConnectionError as exc:
-        raise ToolError(f"cannot reach the broker at {bootstrap}: {exc}", EXIT_UNREACHABLE) from exc
+        raise ToolError(f"cannot reach the broker at {bootstrap}: {exc}",
+                        ExitCode.UNREACHABLE) from exc
     except (KafkaError, OSError) as exc:
         if "Unable to bootstrap" in str(exc) or isinstance(exc, OSError):
             raise ToolError(f"cannot reach the broker at {bootstrap}: {exc}",
-                            EXIT_UNREACHABLE) from exc
+                            ExitCode.UNREACHABLE) from exc
         raise ToolError(f"broker error: {exc}") from exc
 
 
@@ -74,7 +77,7 @@ async def _admin(bootstrap: str) -> AIOKafkaAdminClient:
         await asyncio.wait_for(admin.start(), 15)
     except (TimeoutError, KafkaError, OSError) as exc:
         raise ToolError(f"cannot reach the broker at {bootstrap}: {exc}",
-                        EXIT_UNREACHABLE) from exc
+                        ExitCode.UNREACHABLE) from exc
     return admin
 
 
@@ -88,7 +91,7 @@ async def read_status(bootstrap: str, app: str) -> dict[str, dict[str, Any]]:
     topic = status_topic_name(app)
     if topic not in topics:
         raise ToolError(f"unknown app {app!r}: there is no topic {topic} on {bootstrap}",
-                        EXIT_USAGE)
+                        ExitCode.USAGE)
     return await read_member_status(bootstrap, app)
 
 
@@ -128,11 +131,13 @@ def unowned_tasks(tasks: dict[str, dict[str, Any]]) -> list[str]:
     return [t for t, view in tasks.items() if view["active"] is None and view["restoring"] is None]
 
 
-@click.group()
+@click.group(epilog=f"Exit codes: {summary()}.")
 def cli() -> None:
-    """Operate Relay apps: describe groups, scale down, remove members, build snapshots."""
+    """Run and operate Relay apps: run one, describe its group, scale down, remove members,
+    build snapshots; and a broker for development."""
 
 
+cli.add_command(run_command, "run")
 cli.add_command(snapshot)
 
 
@@ -160,8 +165,12 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
         finally:
             await client.close()
         tasks = task_view(members)
+        described = described_members(group.members)
         return {"app": app, "state": group.state, "protocol": group.protocol,
-                "members": members, "tasks": tasks, "unowned": unowned_tasks(tasks)}
+                "members": members, "tasks": tasks, "unowned": unowned_tasks(tasks),
+                # None when the broker keeps no member metadata (Tansu).
+                "broker_members": None if described is None else
+                [m.to_json() for m in sorted(described, key=lambda m: m.static_id or "")]}
 
     result = run(bootstrap, work)
     if as_json:
@@ -192,6 +201,21 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
     if result["unowned"]:
         console.print(f"[red]not run by any member: {', '.join(result['unowned'])}[/]",
                       highlight=False)
+    if result["broker_members"] is None:
+        console.print("the broker keeps no member metadata: members as they report "
+                      "themselves only", highlight=False)
+        return
+    broker_table = Table(title="the last round, as the broker holds it")
+    for column in ("member", "member id", "assigned active", "learners", "standbys"):
+        broker_table.add_column(column)
+    for m in result["broker_members"]:
+        broker_table.add_row(
+            m["static_id"] or "-", m["member_id"],
+            "-" if m["active"] is None else ", ".join(m["active"]) or "-",
+            ", ".join(m["learners"]) or "-", ", ".join(m["standbys"]) or "-")
+        if m["problem"]:
+            console.print(f"[red]{m['member_id']}: {m['problem']}[/]", highlight=False)
+    console.print(broker_table)
 
 
 @cli.command()
@@ -232,13 +256,18 @@ def web(app: str, bootstrap: str | None, host: str, port: int, window_minutes: f
 @click.option("--port", type=click.IntRange(1, 65535), default=9092, show_default=True,
               help="Port to listen on.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-def broker(port: int, host: str) -> None:
-    """Run an embedded broker in the foreground until Ctrl-C, so that several processes of an
-    app can share it during development (memory storage: it forgets everything on exit)."""
+@click.option("--engine", type=click.Choice(["tansu", "kafka"]), default="tansu",
+              show_default=True,
+              help="tansu: the embedded broker; kafka: Apache Kafka in KRaft mode (needs Java "
+                   "17+, and Maven on first use to fetch its jars).")
+def broker(port: int, host: str, engine: str) -> None:
+    """Run a broker in the foreground until Ctrl-C, so that several processes of an app can
+    share it during development (it forgets everything on exit)."""
     import signal
     import socket
 
-    from streams.testing.broker import BrokerError
+    from streams.testing.engines import broker_for
+    from streams.testing.loopback import BrokerError
 
     with socket.socket() as probe:
         try:
@@ -254,20 +283,21 @@ def broker(port: int, host: str) -> None:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with EmbeddedBroker(port=port, host=host) as running:
-            click.echo(f"embedded broker at {running.bootstrap_servers} (Ctrl-C to stop); "
+        with broker_for(engine, port=port, host=host) as running:
+            click.echo(f"{running.name} at {running.bootstrap_servers} (Ctrl-C to stop); "
                        f"RELAY_BOOTSTRAP_SERVERS={running.bootstrap_servers}")
             sys.stdout.flush()
             while not stop:
                 if not running.running:
-                    raise ToolError("the embedded broker exited")
+                    raise ToolError(f"the {running.name} exited")
                 time.sleep(0.2)
+            name = running.name
     except BrokerError as exc:
         raise ToolError(str(exc)) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    click.echo("embedded broker stopped")
+    click.echo(f"{name} stopped")
 
 
 @cli.command("mark-leaving")
@@ -292,7 +322,7 @@ def mark_leaving(app: str, instances: tuple[str, ...], bootstrap: str | None,
             raise ToolError(
                 f"unknown instance(s) of {app}: {', '.join(unknown)}; running instances: "
                 f"{', '.join(sorted(known)) or 'none'} (leaving needs a group_instance_id)",
-                EXIT_USAGE,
+                ExitCode.USAGE,
             )
         producer = AIOKafkaProducer(bootstrap_servers=address)
         await producer.start()
@@ -325,7 +355,8 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) 
         try:
             group = await describe_group(client, app)
             if not group.members and group.state in ("Dead", ""):
-                raise ToolError(f"unknown app {app!r}: the group has no members", EXIT_USAGE)
+                raise ToolError(f"unknown app {app!r}: the group has no members",
+                                ExitCode.USAGE)
             pairs: list[tuple[str, str]] = []
             for instance in instances:
                 found = static_members(group.members, app, instance)
@@ -333,9 +364,13 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) 
                     raise ToolError(
                         f"instance {instance!r} is not a member of {app} (members: "
                         f"{', '.join(sorted(m.member_id for m in group.members)) or 'none'})",
-                        EXIT_USAGE,
+                        ExitCode.USAGE,
                     )
                 pairs.extend(found)
+            if Quirk.LEAVE_NEEDS_MEMBER_ID not in await broker_quirks("auto", None, address,
+                                                                      embedded=False):
+                # KIP-345: the instance id alone removes whichever member holds it now.
+                pairs = [("", static) for _member, static in pairs]
             answers = await leave_group(client, app, pairs)
             after = await describe_group(client, app)
             remaining = {static for _m, static in static_members(after.members, app, "")}
@@ -350,7 +385,7 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) 
     for static_id, (_removed, message) in sorted(results.items()):
         console.print(f"{static_id}: {message}", highlight=False)
     if not all(removed for removed, _message in results.values()):
-        sys.exit(EXIT_FAILED)
+        sys.exit(ExitCode.FAILED)
 
 
 def removal_outcome(answers: dict[str, str | None],
@@ -376,14 +411,16 @@ def static_members(members: Any, app: str, instance: str) -> list[tuple[str, str
     """``(member_id, group_instance_id)`` of every thread of ``instance`` (of every instance
     when it is empty).
 
-    Brokers name a static member ``<group_instance_id>-<uuid>``; Relay's client ids are
-    ``<app>-<group_instance_id>``. Either identifies the threads ``<instance>-thread-<n>``.
+    The broker tells a member's instance id (DescribeGroups v4); failing that, brokers name a
+    static member ``<group_instance_id>-<uuid>`` and Relay's client ids are
+    ``<app>-<group_instance_id>``. Each identifies the threads ``<instance>-thread-<n>``.
     """
     name = re.escape(instance) if instance else ".+"
     pattern = re.compile(rf"^(?:{re.escape(app)}-)?({name}-thread-\d+)(?:-|$)")
     found = []
     for member in members:
-        match = pattern.match(member.member_id) or pattern.match(member.client_id)
+        match = (pattern.fullmatch(member.group_instance_id or "")
+                 or pattern.match(member.member_id) or pattern.match(member.client_id))
         if match:
             found.append((member.member_id, match.group(1)))
     return found

@@ -2,8 +2,8 @@
 
 ``build`` reads a store's changelog (or a Parquet history of keys and values) and writes one
 SST file and manifest per task under ``--out``; apps started with ``snapshot_dir`` pointing
-there bootstrap stores without a checkpoint from them. Exit codes like the other commands:
-0 done, 1 failed, 2 bad arguments or unknown app/store, 3 broker unreachable.
+there bootstrap stores without a checkpoint from them. Exit codes: the table of every
+``relay`` command, :class:`streams.exit_codes.ExitCode`.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from statestore.snapshot import (
     SnapshotManifest,
     read_manifest,
 )
+from streams.exit_codes import ExitCode
 
-EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
 console = Console()
 
 
 class SnapshotToolError(click.ClickException):
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+    def __init__(self, message: str, code: int = ExitCode.FAILED) -> None:
         super().__init__(message)
-        self.exit_code = code
+        self.exit_code = int(code)
 
 
 @click.group()
@@ -73,7 +73,8 @@ def build(app: str, store: str, path: Path | None, source: str, out_dir: Path,
     if source == "changelog" and path is not None:
         raise click.UsageError("PATH is only for --source parquet")
     if source == "changelog" and bootstrap is None:
-        raise click.UsageError("--source changelog needs --bootstrap (or RELAY_BOOTSTRAP_SERVERS)")
+        raise SnapshotToolError("--source changelog needs the broker's address: pass --bootstrap "
+                                "host:port or set RELAY_BOOTSTRAP_SERVERS", ExitCode.CONFIG)
     if source == "parquet" and path is None:
         raise click.UsageError("--source parquet needs the PATH of the Parquet history")
     if source == "parquet" and path is not None and not path.exists():
@@ -128,11 +129,12 @@ def build(app: str, store: str, path: Path | None, source: str, out_dir: Path,
             finally:
                 spark.stop()
     except BrokerUnreachableError as exc:
-        raise SnapshotToolError(str(exc), EXIT_UNREACHABLE) from exc
+        raise SnapshotToolError(str(exc), ExitCode.UNREACHABLE) from exc
     except UnknownTopicError as exc:
-        raise SnapshotToolError(f"unknown app or store {app}/{store}: {exc}", EXIT_USAGE) from exc
+        raise SnapshotToolError(f"unknown app or store {app}/{store}: {exc}",
+                                ExitCode.USAGE) from exc
     except OptionError as exc:
-        raise SnapshotToolError(str(exc), EXIT_USAGE) from exc
+        raise SnapshotToolError(str(exc), ExitCode.USAGE) from exc
     except PipelineError as exc:
         raise SnapshotToolError(str(exc)) from exc
     except Exception as exc:  # Spark reports errors of its workers as its own exceptions
@@ -164,7 +166,7 @@ def list_snapshots(directory: Path) -> None:
     for problem in broken:
         console.print(f"[red]{problem}[/]", highlight=False)
     if broken:
-        raise SystemExit(EXIT_FAILED)
+        raise SystemExit(ExitCode.FAILED)
 
 
 def _parse_input_offsets(text: str | None) -> dict[str, dict[int, int]] | None:

@@ -28,9 +28,20 @@ class MissingKeyError(ValueError):
     a repartition): a bad record, dead-lettered like the others."""
 
 
-def _require_key(node: Node, key: Any, why: str) -> None:
-    if key is None:
-        raise MissingKeyError(f"{node.name}: the record has no key, and {why} needs one")
+def _has_key(node: Node, ctx: ProcessorContext, key: Any, why: str) -> bool:
+    """False, and the record noted as bad, when ``key`` is None. The step then drops it and
+    the rest of the record's processing goes on (its other outputs, as in Kafka Streams); the
+    task dead-letters the input record once that is done."""
+    if key is not None:
+        return True
+    if ctx.missing_key is None:
+        ctx.missing_key = MissingKeyError(
+            f"{node.name}: the record has no key, and {why} needs one")
+    return False
+
+
+#: The reason a processor drops a record whose window had closed.
+DROPPED_LATE = "late"
 
 
 @dataclass(slots=True)
@@ -54,7 +65,16 @@ class ProcessorContext:
         self.offset = -1
         self.timestamp_ms = 0
         self.stream_time_ms = -1
+        #: Per windowed aggregation (by node name), the largest timestamp of the records that
+        #: reached it: what closes its windows. Records dropped before it (by a filter, say)
+        #: do not move it, as in Kafka Streams.
+        self.observed_ms: dict[str, int] = {}
+        #: Late records dropped since the runtime last took the figure (it resets it).
         self.late_records_dropped = 0
+        #: Records the task's processors dropped, by reason, since the task opened.
+        self.dropped: dict[str, int] = {}
+        #: Windows (node, start) a late record was dropped for: each is logged once.
+        self._late_windows: set[tuple[str, int]] = set()
         self.custom: dict[str, Processor] = {}
         #: The headers of the record being processed: forwarded with what it leads to.
         self.headers: Any = ()
@@ -65,6 +85,27 @@ class ProcessorContext:
         self.node_state: dict[str, Any] = {}
         #: Wall-clock time in ms (the test driver sets its own).
         self.wall_clock: Callable[[], int] = _wall_clock_ms
+        #: Set when a step dropped the current record for want of a key.
+        self.missing_key: MissingKeyError | None = None
+
+    def drop_late(self, node: str, store: str, start: int, end: int, grace_ms: int) -> None:
+        """Count a record dropped because its window ``[start, end)`` had closed, and log the
+        first one of each window."""
+        self.late_records_dropped += 1
+        self.dropped[DROPPED_LATE] = self.dropped.get(DROPPED_LATE, 0) + 1
+        if (node, start) in self._late_windows:
+            return
+        self._late_windows.add((node, start))
+        log.warning(
+            "task %s: a record of %s dropped as late for window [%d, %d) of store %s: its "
+            "stream time %d is past the window's end plus grace (%d ms); later ones for this "
+            "window are only counted (relay_dropped_records_total{reason=\"late\"})",
+            self.task_id, self.topic, start, end, store, self.stream_time_ms, grace_ms)
+
+    def forget_late_windows(self, node: str, before_ms: int) -> None:
+        """Windows that started before ``before_ms`` are purged: stop remembering them."""
+        self._late_windows = {(n, s) for n, s in self._late_windows
+                              if n != node or s >= before_ms}
 
     def store(self, name: str) -> KeyValueStore:
         """The task's store ``name``. A failure of RocksDB itself comes out of it as a
@@ -209,8 +250,8 @@ class SinkNode(Node):
         self.requires_key = requires_key
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        if self.requires_key:
-            _require_key(self, key, "repartitioning by key")
+        if self.requires_key and not _has_key(self, ctx, key, "repartitioning by key"):
+            return
         key_serde = windowed_key_serde(self.key_serde) if isinstance(key, Windowed) else (
             self.key_serde)
         raw_key = None if key is None else key_serde.dumps(key)
@@ -219,7 +260,8 @@ class SinkNode(Node):
 
 
 class AggregateNode(Node):
-    """Aggregates by key into a store and forwards each updated aggregate."""
+    """Aggregates by key into a store and forwards each updated aggregate. Records with a
+    None value are skipped (a windowed aggregation takes them: Kafka Streams does both)."""
 
     def __init__(
         self,
@@ -234,7 +276,11 @@ class AggregateNode(Node):
         self.aggregator = aggregator
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "an aggregation")
+        if not _has_key(self, ctx, key, "an aggregation"):
+            return
+        if value is None:
+            # A tombstone has nothing to aggregate: skipped, as Kafka Streams does.
+            return
         store = ctx.store(self.store)
         current = store.get(key)
         if current is None:
@@ -254,7 +300,10 @@ class ReduceNode(Node):
         self.reducer = reducer
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "a reduce")
+        if not _has_key(self, ctx, key, "a reduce"):
+            return
+        if value is None:
+            return
         store = ctx.store(self.store)
         current = store.get(key)
         updated = value if current is None else self.reducer(current, value)
@@ -268,9 +317,9 @@ class ReduceNode(Node):
 class WindowAggregateNode(Node):
     """Aggregates by (key, window) into a store keyed ``(key, window_start)``.
 
-    Stream time is the largest timestamp the task has seen. A record whose window closed
-    (end + grace <= stream time) is dropped and counted; windows older than the retention are
-    purged as stream time advances.
+    Its stream time is the largest timestamp among the records that reached it (not those a
+    step before it dropped). A record whose window closed (end + grace <= stream time) is
+    dropped and counted; windows older than the retention are purged as stream time advances.
     """
 
     def __init__(
@@ -288,14 +337,15 @@ class WindowAggregateNode(Node):
         self.aggregator = aggregator
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "a windowed aggregation")
+        if not _has_key(self, ctx, key, "a windowed aggregation"):
+            return
         store = ctx.store(self.store)
         timestamp = ctx.timestamp_ms
-        stream_time = max(ctx.stream_time_ms, timestamp)
+        stream_time = max(ctx.observed_ms.get(self.name, -1), timestamp)
+        ctx.observed_ms[self.name] = stream_time
         for start, end in self.windows.windows_for(timestamp):
             if end + self.windows.grace_ms <= stream_time:
-                ctx.late_records_dropped += 1
-                log.debug("%s: late record for window [%d, %d) dropped", self.name, start, end)
+                ctx.drop_late(self.name, self.store, start, end, self.windows.grace_ms)
                 continue
             current = store.get((key, start))
             if current is None:
@@ -309,9 +359,10 @@ class WindowAggregateNode(Node):
 
     def purge(self, ctx: ProcessorContext) -> int:
         """Delete windows past retention; returns how many."""
-        horizon = ctx.stream_time_ms - self.windows.retention_ms
+        horizon = ctx.observed_ms.get(self.name, -1) - self.windows.retention_ms
         if horizon <= 0:
             return 0
+        ctx.forget_late_windows(self.name, horizon - self.windows.size_ms)
         store = ctx.store(self.store)
         expired = [k for k, _ in store.items() if k[1] + self.windows.size_ms <= horizon]
         for key in expired:
@@ -327,7 +378,8 @@ class TableNode(Node):
         self.store = store
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "a table")
+        if not _has_key(self, ctx, key, "a table"):
+            return
         ctx.store(self.store).put(key, value)  # put(None) deletes
         self.forward(ctx, key, value)
 
@@ -347,9 +399,12 @@ class StreamTableJoinNode(Node):
         self.left = left
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        if value is None:
+            # A tombstone joins nothing, inner or left: dropped, as Kafka Streams does.
+            return
         # A left join has an answer without a key (no table value); an inner join has none.
-        if not self.left:
-            _require_key(self, key, "an inner join")
+        if not self.left and not _has_key(self, ctx, key, "an inner join"):
+            return
         other = None if key is None else ctx.store(self.table_store).get(key)
         if other is None and not self.left:
             return

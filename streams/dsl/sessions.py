@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from streams.dsl.processors import Node, ProcessorContext, _require_key
+from streams.dsl.processors import Node, ProcessorContext, _has_key
 from streams.dsl.windows import Windowed
 
 #: Above every timestamp: the upper bound of a key's range scan.
@@ -67,7 +67,8 @@ class SessionAggregateNode(Node):
         return [self.store]
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "a session aggregation")
+        if not _has_key(self, ctx, key, "a session aggregation"):
+            return
         store = ctx.store(self.store)
         timestamp = ctx.timestamp_ms
         stream_time = max(ctx.stream_time_ms, timestamp)
@@ -83,7 +84,7 @@ class SessionAggregateNode(Node):
             aggregate = self.merger(key, aggregate, s_agg)
             start, end = min(start, s_start), max(end, s_end)
         if end < close_time:
-            ctx.late_records_dropped += 1
+            ctx.drop_late(self.name, self.store, start, end, self.windows.grace_ms)
             return
         previous = ctx.timestamp_ms
         try:

@@ -68,7 +68,7 @@ class SlidingAggregateNode(Node):
         d = self.windows.time_difference_ms
         close_time = max(ctx.stream_time_ms, t) - self.windows.grace_ms
         if t + 1 + d <= close_time:
-            ctx.late_records_dropped += 1
+            ctx.drop_late(self.name, self.store, t - d, t, self.windows.grace_ms)
             return
         previous = ctx.timestamp_ms
         try:
@@ -169,7 +169,7 @@ class SlidingAggregateNode(Node):
                 start: int, window: list[Any], close_time: int, t: int) -> None:
         end = start + self.windows.time_difference_ms
         if end < close_time:
-            ctx.late_records_dropped += 1
+            ctx.drop_late(self.name, self.store, start, end, self.windows.grace_ms)
             return
         aggregate = self.aggregator(key, value, window[0])
         timestamp = max(t, window[1])

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from statestore.serdes import MsgPackSerde, Serde
+from statestore.serdes import MsgPackSerde, Serde, serde_from_name
+from streams.dsl.deprecated import DeprecatedTableOperations
 from streams.dsl.fk_joins import (
     ForeignKeyJoin,
     ResponseNode,
@@ -57,17 +58,30 @@ from streams.dsl.windows import HoppingWindows
 
 
 class Stream:
-    """A stream of (key, value) records."""
+    """A stream of (key, value) records.
 
-    def __init__(self, topology: Topology, node: Node, key_changed: bool = False) -> None:
+    Besides its node, a stream knows how its records are partitioned: the key serde of the
+    topic it was read from (a key's partition is the murmur2 hash of its encoded bytes), and,
+    when that topic is a repartition topic whose key serde nobody chose, the topic, so that a
+    join after it can give it the joined table's key serde.
+    """
+
+    def __init__(self, topology: Topology, node: Node, key_changed: bool = False,
+                 key_serde: Serde | None = None, open_repartition: str | None = None) -> None:
         self._topology = topology
         self._node = node
         self._key_changed = key_changed
+        self._key_serde = key_serde
+        self._open_repartition = open_repartition
 
     def _then(self, node: Node, key_changed: bool | None = None) -> Stream:
         self._node.add_child(node)
         changed = self._key_changed if key_changed is None else key_changed
-        return Stream(self._topology, node, changed)
+        return self._like(node, changed)
+
+    def _like(self, node: Node, key_changed: bool) -> Stream:
+        return Stream(self._topology, node, key_changed, self._key_serde,
+                      self._open_repartition)
 
     def _name(self, kind: str) -> str:
         return self._topology.node_name(kind)
@@ -114,13 +128,13 @@ class Stream:
             raise TopologyError("branch() needs at least one predicate")
         node = BranchNode(self._name("branch"), list(predicates))
         self._node.add_child(node)
-        return [Stream(self._topology, b, self._key_changed) for b in node.branches]
+        return [self._like(b, self._key_changed) for b in node.branches]
 
     def merge(self, other: Stream) -> Stream:
         merged = Node(self._name("merge"))
         self._node.add_child(merged)
         other._node.add_child(merged)
-        return Stream(self._topology, merged, self._key_changed or other._key_changed)
+        return self._like(merged, self._key_changed or other._key_changed)
 
     def to(
         self,
@@ -134,12 +148,21 @@ class Stream:
         keys, values = self._topology.serdes_for(name, key_serde, value_serde)
         self._node.add_child(SinkNode(self._name("sink"), name, keys, values))
 
-    def repartition(self, partitions: int | None = None) -> Stream:
+    def repartition(
+        self,
+        partitions: int | None = None,
+        key_serde: str | Serde | None = None,
+        value_serde: str | Serde | None = None,
+    ) -> Stream:
         """Write the stream to an internal topic and read it back, with ``partitions``
-        partitions (by default what the step after it needs: a joined table's count)."""
+        partitions (by default what the step after it needs: a joined table's count).
+
+        ``key_serde`` encodes the keys in that topic, and so picks each key's partition (the
+        murmur2 hash of its bytes): by default the key serde of the table the stream is then
+        joined with, else msgpack. ``value_serde``: msgpack by default."""
         if partitions is not None and partitions < 1:
             raise TopologyError(f"repartition(partitions=...) must be >= 1, not {partitions}")
-        return self._repartitioned("repartition", partitions)
+        return self._repartitioned("repartition", partitions, key_serde, value_serde)
 
     def process(
         self, factory: Callable[[], Processor], stores: Iterable[str | StoreDecl] = ()
@@ -227,57 +250,74 @@ class Stream:
         return Stream(topology, merged)
 
     def _join(self, table: Table, joiner: Callable[[Any, Any], Any], left: bool) -> Stream:
-        source = self._repartitioned("join") if self._key_changed else self
+        # Both sides must put a key in the same partition: the stream's repartition topic
+        # encodes keys as the table's topic does (a mismatch left is refused at start). A left
+        # join answers records without a key too: they cross the repartition topic.
+        if self._key_changed:
+            source = self._repartitioned("join", key_serde=table.key_serde,
+                                         requires_key=not left)
+        else:
+            source = self
+            if self._open_repartition is not None and table.key_serde is not None:
+                self._topology.set_repartition_key_serde(self._open_repartition,
+                                                         table.key_serde)
         node = StreamTableJoinNode(self._name("join"), table._materialized(), joiner, left)
         result = source._then(node)
         self._topology.co_located.append((node, table._node))
         return result
 
-    def group_by_key(self) -> GroupedStream:
-        return GroupedStream(self)
+    def group_by_key(
+        self, key_serde: str | Serde | None = None, value_serde: str | Serde | None = None,
+    ) -> GroupedStream:
+        """Group by the current key. The serdes encode the repartition topic an aggregation
+        of a re-keyed stream goes through (msgpack by default)."""
+        return GroupedStream(self, key_serde, value_serde)
 
-    def group_by(self, fn: Callable[[Any, Any], Any]) -> GroupedStream:
-        return GroupedStream(self.select_key(fn))
+    def group_by(
+        self, fn: Callable[[Any, Any], Any],
+        key_serde: str | Serde | None = None, value_serde: str | Serde | None = None,
+    ) -> GroupedStream:
+        """Group by ``fn(key, value)``: the records go through a repartition topic encoded
+        with ``key_serde`` and ``value_serde`` (msgpack by default)."""
+        return GroupedStream(self.select_key(fn), key_serde, value_serde)
 
-    def _repartitioned_by(self, purpose: str, key_serde: Serde) -> Stream:
-        """Like ``_repartitioned``, with keys written by ``key_serde``: a record then lands in
-        the partition a table read with that serde holds its key in."""
-        app = self._topology.application_id
-        name = self._name(f"{purpose}-repartition")
-        topic = f"{app}-{name}"
-        values = MsgPackSerde()
-        self._node.add_child(SinkNode(f"{name}-sink", topic, key_serde, values,
-                                      requires_key=True))
-        self._topology.repartition_topics.add(topic)
-        source = SourceNode(f"{name}-source", topic, key_serde, values)
-        self._topology.add_source(source)
-        return Stream(self._topology, source, key_changed=False)
-
-    def _repartitioned(self, purpose: str, partitions: int | None = None) -> Stream:
+    def _repartitioned(
+        self, purpose: str, partitions: int | None = None,
+        key_serde: str | Serde | None = None, value_serde: str | Serde | None = None,
+        requires_key: bool = True,
+    ) -> Stream:
         """Write to an internal repartition topic and read it back in a new sub-topology."""
         app = self._topology.application_id
         name = self._name(f"{purpose}-repartition")
         topic = f"{app}-{name}"
-        serde = MsgPackSerde()
-        self._node.add_child(SinkNode(f"{name}-sink", topic, serde, serde, requires_key=True))
+        keys = serde_from_name(key_serde or "msgpack")
+        values = serde_from_name(value_serde or "msgpack")
+        sink = SinkNode(f"{name}-sink", topic, keys, values, requires_key=requires_key)
+        self._node.add_child(sink)
         self._topology.repartition_topics.add(topic)
         if partitions is not None:
             self._topology.repartition_partitions[topic] = partitions
-        source = SourceNode(f"{name}-source", topic, serde, serde)
+        source = SourceNode(f"{name}-source", topic, keys, values)
         self._topology.add_source(source)
-        return Stream(self._topology, source, key_changed=False)
+        self._topology.repartition_nodes[topic] = (sink, source)
+        return Stream(self._topology, source, key_changed=False, key_serde=keys,
+                      open_repartition=None if key_serde is not None else topic)
 
 
 class GroupedStream:
     """A stream grouped by key, ready for an aggregation into a named store."""
 
-    def __init__(self, stream: Stream) -> None:
+    def __init__(self, stream: Stream, key_serde: str | Serde | None = None,
+                 value_serde: str | Serde | None = None) -> None:
         self._stream = stream
+        self._key_serde = key_serde
+        self._value_serde = value_serde
 
     def _prepared(self, store: str) -> Stream:
         self._stream._topology.declare_store(StoreDecl(store))
         if self._stream._key_changed:
-            return self._stream._repartitioned(store)
+            return self._stream._repartitioned(store, key_serde=self._key_serde or "msgpack",
+                                               value_serde=self._value_serde)
         return self._stream
 
     def aggregate(
@@ -289,14 +329,15 @@ class GroupedStream:
         """``aggregator(key, value, aggregate) -> new aggregate``, kept per key in ``store``."""
         stream = self._prepared(store)
         node = AggregateNode(stream._name("aggregate"), store, initializer, aggregator)
-        return Table(stream._then(node), store)
+        return Table(stream._then(node), store, stream._key_serde)
 
     def count(self, store: str) -> Table:
         return self.aggregate(lambda: 0, lambda _k, _v, n: n + 1, store)
 
     def reduce(self, reducer: Callable[[Any, Any], Any], store: str) -> Table:
         stream = self._prepared(store)
-        return Table(stream._then(ReduceNode(stream._name("reduce"), store, reducer)), store)
+        return Table(stream._then(ReduceNode(stream._name("reduce"), store, reducer)), store,
+                     stream._key_serde)
 
     def windowed_by(
         self, windows: HoppingWindows | SessionWindows | SlidingWindows
@@ -341,7 +382,7 @@ class WindowedStream:
             node = WindowAggregateNode(
                 stream._name("window-aggregate"), store, windows, initializer, aggregator
             )
-        return Table(stream._then(node), store, windows=windows)
+        return Table(stream._then(node), store, stream._key_serde, windows=windows)
 
     def count(self, store: str) -> Table:
         return self.aggregate(lambda: 0, lambda _k, _v, n: n + 1, store,
@@ -361,23 +402,26 @@ class WindowedStream:
         return self.aggregate(lambda: sentinel, reduce_or_first, store, merger=merge)
 
 
-class Table:
+class Table(DeprecatedTableOperations):
     """The latest value per key, kept in a store (or, for a filtered or mapped table, derived
     from its parent's updates); its updates can be read as a stream. A None value is a
-    tombstone: the key leaves the table."""
+    tombstone: the key leaves the table.
 
-    def __init__(self, stream: Stream, store: str | None, windows: Any = None) -> None:
+    ``key_serde``: how the topic that partitions the table encodes its keys (a stream joined
+    with it must encode them alike)."""
+
+    def __init__(self, stream: Stream, store: str | None, key_serde: Serde | None = None,
+                 windows: Any = None) -> None:
         self._stream = stream
         self._node = stream._node
         self._topology = stream._topology
         self.store = store
+        self.key_serde = key_serde
         #: The windows of a windowed aggregation's table (what suppression waits for).
         self.windows = windows
-        #: How the table's keys are encoded in the topic its partitions follow.
-        self.key_serde: Serde = getattr(stream._node, "key_serde", None) or MsgPackSerde()
 
     def to_stream(self) -> Stream:
-        return Stream(self._stream._topology, self._node, key_changed=False)
+        return self._stream._like(self._node, key_changed=False)
 
     def _then(self, node: Node, store: str | None = None) -> Table:
         self._node.add_child(node)
@@ -448,16 +492,16 @@ class Table:
         subscribe = SubscribeNode(f"{name}-subscribe", join)
         self._node.add_child(subscribe)
         # Keyed as the right table's topic is, so that a foreign key reaches its row's task.
-        subscriptions = Stream(topology, subscribe)._repartitioned_by(
-            f"{name}-subscription", other.key_serde)
+        subscriptions = Stream(topology, subscribe)._repartitioned(
+            f"{name}-subscription", key_serde=other.key_serde or MsgPackSerde())
         answer = subscriptions._then(SubscriptionNode(f"{name}-answer", join))
         right_update = RightUpdateNode(f"{name}-right-update", join)
         other._node.add_child(right_update)
         answers = Node(f"{name}-answers")
         answer._node.add_child(answers)
         right_update.add_child(answers)
-        responses = Stream(topology, answers)._repartitioned_by(
-            f"{name}-response", self.key_serde)
+        responses = Stream(topology, answers)._repartitioned(
+            f"{name}-response", key_serde=self.key_serde or MsgPackSerde())
         result = Table(responses._then(ResponseNode(f"{name}-result", join)), None)
         result.key_serde = self.key_serde
         return self._maybe_stored(result, store)
@@ -559,8 +603,8 @@ def stream_from_topic(
     if timestamp is not None:
         extractor = TimestampExtractorNode(topology.node_name("timestamp-extractor"), timestamp)
         source.add_child(extractor)
-        return Stream(topology, extractor)
-    return Stream(topology, source)
+        return Stream(topology, extractor, key_serde=keys)
+    return Stream(topology, source, key_serde=keys)
 
 
 def table_from_topic(
@@ -574,6 +618,4 @@ def table_from_topic(
     topology.declare_store(StoreDecl(store))
     node = TableNode(topology.node_name("table"), store)
     source.add_child(node)
-    table = Table(Stream(topology, node), store)
-    table.key_serde = keys
-    return table
+    return Table(Stream(topology, node, key_serde=keys), store, keys)

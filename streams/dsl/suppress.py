@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from statestore.store import KeyValueStore
-from streams.dsl.processors import Node, ProcessorContext, StoreDecl, _require_key
+from streams.dsl.processors import Node, ProcessorContext, StoreDecl, _has_key
 from streams.dsl.topology import TopologyError
 from streams.dsl.windows import Windowed
 
@@ -59,7 +59,8 @@ class SuppressNode(Node):
         return [self.store]
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "suppression")
+        if not _has_key(self, ctx, key, "suppression"):
+            return
         store = ctx.store(self.store)
         stream_time = max(ctx.stream_time_ms, ctx.timestamp_ms)
         if self.final:

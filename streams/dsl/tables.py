@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from streams.dsl.processors import Node, ProcessorContext, _require_key
+from streams.dsl.processors import Node, ProcessorContext, _has_key
 
 #: The two sides of a table-table join in its store's keys.
 LEFT, RIGHT = 0, 1
@@ -159,7 +159,8 @@ class TableAggregateNode(Node):
         return [self.store]
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "a table aggregation")
+        if not _has_key(self, ctx, key, "a table aggregation"):
+            return
         new, old = value
         store = ctx.store(self.store)
         aggregate = store.get(key)

@@ -72,6 +72,8 @@ class Topology:
     repartition_partitions: dict[str, int] = field(default_factory=dict)
     topics: dict[str, TopicDecl] = field(default_factory=dict)
     co_located: list[tuple[Node, Node]] = field(default_factory=list)
+    #: Each repartition topic's sink (writing it) and source (reading it back).
+    repartition_nodes: dict[str, tuple[SinkNode, SourceNode]] = field(default_factory=dict)
     _counter: int = 0
 
     def node_name(self, kind: str) -> str:
@@ -94,6 +96,12 @@ class Topology:
         key = key_serde if key_serde is not None else decl and decl.key_serde
         value = value_serde if value_serde is not None else decl and decl.value_serde
         return serde_from_name(key or "msgpack"), serde_from_name(value or "msgpack")
+
+    def set_repartition_key_serde(self, topic: str, serde: Serde) -> None:
+        """Encode the keys of repartition topic ``topic`` with ``serde`` (both its writer
+        and its reader)."""
+        sink, source = self.repartition_nodes[topic]
+        sink.key_serde = source.key_serde = serde
 
     def topics_to_create(self) -> dict[str, int]:
         """Declared topics with a partition count: the app creates them when missing."""
@@ -169,6 +177,10 @@ class Topology:
                 group.stores[store] = self.stores[store]
             if isinstance(node, SinkNode):
                 group.sink_topics.add(node.topic)
+        for group in ordered:
+            problem = _key_bytes_problem(group)
+            if problem:
+                raise TopologyError(problem)
         return ordered
 
     def assign_partitions(
@@ -232,6 +244,30 @@ class Topology:
             f"partition p of each is processed by the same task, so they need the same number "
             f"of partitions. {fix}, or create the topics with the same partition count"
         )
+
+def _key_bytes_problem(sub: SubTopology) -> str | None:
+    """Why the topics of a stateful sub-topology may put one key in different partitions:
+    they encode keys differently (a partition is the murmur2 hash of the key's bytes)."""
+    if not sub.stateful or len(sub.sources) < 2:
+        return None
+    serdes = {t: s.key_serde for t, s in sorted(sub.sources.items())}
+    if len({serde_identity(s) for s in serdes.values()}) < 2:
+        return None
+    detail = " and ".join(f"{t} with key serde {serde_label(s)}" for t, s in serdes.items())
+    return (f"sub-topology {sub.id} reads {detail}: a key encoded two ways is hashed to two "
+            f"partitions, so its records and its state meet in different tasks. Read the "
+            f"topics with one key serde, or give the stream .repartition(key_serde=...) "
+            f"with the table's")
+
+
+def serde_identity(serde: Serde) -> tuple[type, str | None]:
+    return type(serde), getattr(serde, "name", None)
+
+
+def serde_label(serde: Serde) -> str:
+    name = getattr(serde, "name", None)
+    return name if isinstance(name, str) else type(serde).__name__
+
 
 def _shape(decl: TopicDecl) -> tuple[object, ...]:
     serdes = (decl.key_serde, decl.value_serde)

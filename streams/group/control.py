@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -44,6 +44,9 @@ SUBSCRIPTION_KEY = b"__subscription__"
 #: so that a member about to ask for the next round can wait until the whole round has its
 #: assignments (see :mod:`streams.quirks.synced_round`).
 ROUND_KEY = b"__round__"
+#: Every key of a control message that is not an instance's leaving mark, so that readers
+#: of the topic (the web view) can tell them apart; a new message kind is added here.
+CONTROL_MESSAGE_KEYS = (REBALANCE_KEY, FETCH_KEY, SUBSCRIPTION_KEY, ROUND_KEY, PROMOTION_KEY)
 
 
 def encode_round_report(member_id: str, generation: int) -> bytes:
@@ -86,6 +89,33 @@ def decode_mark(raw: bytes | None) -> LeavingMark | None:
         raise ValueError(f"malformed control record ({len(raw)} bytes): {exc}") from exc
 
 
+class LeavingState:
+    """Whether this instance is marked as leaving, as its threads read it:
+    ``(leaving, since_ms, scale_down_timeout_ms)``."""
+
+    def __init__(self) -> None:
+        self.mark: LeavingMark | None = None
+
+    def current(self) -> tuple[bool, int | None, int | None]:
+        if self.mark is None:
+            return (False, None, None)
+        return (True, self.mark.since_ms, self.mark.scale_down_timeout_ms)
+
+
+class RoundNews(Protocol):
+    """What the broker's quirks read on the control topic (streams.quirks.hooks)."""
+
+    def on_fetch_request(self, digests: dict[str, str]) -> None: ...
+
+    def on_subscription(self, static_id: str, data: bytes) -> None: ...
+
+    def on_round_report(self, member_id: str, generation: int) -> None: ...
+
+
+class AskRecorder(Protocol):
+    def record(self, ask: PromotionAsk) -> None: ...
+
+
 class ControlListener:
     """Follows the control topic and calls ``on_mark`` when this instance's mark changes."""
 
@@ -116,6 +146,13 @@ class ControlListener:
                                           auto_offset_reset="earliest")
         self._bootstrap = bootstrap
         self.current: LeavingMark | None = None
+
+    def listen(self, news: RoundNews, asks: AskRecorder) -> None:
+        """Hand the quirks' records to ``news`` and the promotion asks to ``asks``."""
+        self._on_fetch_request = news.on_fetch_request
+        self._on_subscription = news.on_subscription
+        self._on_round_report = news.on_round_report
+        self._on_promotion_ask = asks.record
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._consumer.start()

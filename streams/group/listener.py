@@ -1,45 +1,219 @@
-"""The rebalance listener aiokafka calls: it only delegates to the stream thread, and hands
-any failure of a callback to the thread instead of letting the client log and forget it.
+"""The rebalance listener aiokafka calls: it applies each round's outcome to the thread's
+tasks through the task manager, and hands any failure of a callback to
+:meth:`RebalanceListener.failed` instead of letting the client log and forget it.
+
 Beyond aiokafka's two callbacks, the cooperative coordinator calls ``before_join`` as the
-member joins a round (:mod:`streams.kafka.cooperative`)."""
+member joins a round (:mod:`streams.kafka.cooperative`), and the state updater calls
+``start_restored`` when a new active's state is restored. Every change to the tasks happens
+under the thread's lock, between two of its processing passes.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import logging
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener
 
+from assignor import MemberAssignment
+from statestore.store import KeyValueStore
+from streams.config import AppConfig
+from streams.group.learner_handover import LearnerHandover
+from streams.group.learner_readiness import being_promoted
+from streams.group.member import GroupMember
+from streams.group.predecessors import MemberFiles
+from streams.kafka.driver import GroupConsumer
+from streams.quirks.hooks import RoundHooks
+from streams.runtime.commit import Committer
+from streams.runtime.lifecycle import FatalThreadError, Lifecycle, ThreadState
+from streams.runtime.state_updater import StateUpdater
+from streams.runtime.task_manager import TaskManager
+from streams.runtime.tasks import Tasks
+from streams.runtime.thread_status import StatusReporter
+from streams.runtime.transactions import TransactionalCommitter
+
+log = logging.getLogger(__name__)
+
+#: Rebalance callbacks that may fail in a row before the thread gives up.
+MAX_REBALANCE_FAILURES = 3
+
 
 class RebalanceListener(ConsumerRebalanceListener):
     def __init__(
-        self,
-        on_revoked: Callable[[], Awaitable[None]],
-        on_assigned: Callable[[], Awaitable[None]],
-        on_failure: Callable[[str, BaseException], None],
-        before_join: Callable[[], Awaitable[None]] | None = None,
+        self, config: AppConfig, lock: asyncio.Lock, lifecycle: Lifecycle,
+        consumer: GroupConsumer, producer: Any, registry: Tasks, task_manager: TaskManager,
+        state_updater: StateUpdater, committer: Committer | TransactionalCommitter,
+        member: GroupMember, reporter: StatusReporter, handover: LearnerHandover,
+        hooks: RoundHooks, member_files: MemberFiles | None = None,
     ) -> None:
-        self._before_join = before_join
-        self._on_revoked = on_revoked
-        self._on_assigned = on_assigned
-        self._on_failure = on_failure
+        self.config = config
+        self.lock = lock
+        self.lifecycle = lifecycle
+        self.consumer = consumer
+        self.producer = producer
+        self.registry = registry
+        self.task_manager = task_manager
+        self.state_updater = state_updater
+        self.committer = committer
+        self.member = member
+        self.reporter = reporter
+        self.handover = handover
+        self.hooks = hooks
+        #: Where this thread keeps its member id for a restart after a crash to remove
+        #: (see :mod:`streams.group.predecessors`).
+        self.member_files = member_files
+        self.name = member.name
+        #: Between the revocation and the assignment callbacks: fetched batches are dropped
+        #: (kept partitions are sought back to their processed offset after the rebalance).
+        self.awaiting_assignment = False
+        self._failures = 0
+        self._reporting: set[asyncio.Task[None]] = set()
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         try:
-            await self._on_revoked()
+            await self._revoked()
         except Exception as exc:
-            self._on_failure("on_partitions_revoked", exc)
+            self.failed("on_partitions_revoked", exc)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         try:
-            await self._on_assigned()
+            await self._assigned()
         except Exception as exc:
-            self._on_failure("on_partitions_assigned", exc)
+            self.failed("on_partitions_assigned", exc)
 
     async def before_join(self) -> None:
-        if self._before_join is None:
-            return
+        """As the member joins a round: give up running tasks whose ready learners are asked
+        to take over in it (streams.group.promotion_asks)."""
         try:
-            await self._before_join()
+            await self.handover.before_join(self.member)
         except Exception as exc:
-            self._on_failure("before_join", exc)
+            self.failed("before_join", exc)
+
+    async def _revoked(self) -> None:
+        # Cooperative: called at join-complete with only what moved. Eager: called before
+        # every rebalance with everything; stop-the-world then closes every task too.
+        async with self.lock:
+            self.lifecycle.set_state(ThreadState.REBALANCING)
+            self.awaiting_assignment = True
+            self.reporter.round_revoked()
+            if self.registry.active:
+                try:
+                    await self.committer.commit(force=True)
+                except Exception:
+                    log.exception("%s: commit before rebalance failed", self.name)
+            if not self.config.cooperative:
+                self.task_manager.close_all()
+
+    async def _assigned(self) -> None:
+        assignment = self.member.take_assignment()
+        status = self.reporter.status
+        async with self.lock:
+            self.awaiting_assignment = False
+            status.rebalances += 1
+            if self.member_files is not None and self.consumer.member_id != status.member_id:
+                self.member_files.record(self.member.identity.index, self.consumer.member_id,
+                                         self.member.static_id)
+            status.member_id = self.consumer.member_id
+            status.generation = self.consumer.generation
+            if assignment is None:
+                log.warning("%s: assignment without Relay user data", self.name)
+                return
+            if assignment.error:
+                self.lifecycle.fail(FatalThreadError(assignment.error))
+                return
+            if self.lifecycle.closing:
+                # A round that completes while the thread closes (its consumer still in the
+                # group): nothing is opened, since nothing would close it again.
+                log.info("%s: stopping; not taking up the round's assignment %s", self.name,
+                         list(assignment.active))
+                self._round_applied(tell_followers=False)
+                return
+            await self.task_manager.open_ahead(assignment)
+            self._apply(assignment)
+            # A leaving static leader tells its followers once it has left (see the thread's
+            # close).
+            self._round_applied(tell_followers=not self.leaves_explicitly)
+            self.reporter.record_round(self.consumer.round_started)
+            self._failures = 0
+            self.lifecycle.set_state(ThreadState.RUNNING)
+            self.member.publish_subscription()
+            self.member.ask_again_if_asked_during_round()
+
+    @property
+    def leaves_explicitly(self) -> bool:
+        """A static member told to shut down sends LeaveGroup itself when it closes."""
+        return self.lifecycle.shutdown_requested and self.member.static_id is not None
+
+    def _round_applied(self, tell_followers: bool) -> None:
+        if not self.config.cooperative:
+            # Stop-the-world members neither report their rounds nor wait for the others'.
+            if tell_followers:
+                self.hooks.tell_followers(self.member)
+            return
+        status = self.reporter.status
+        self.hooks.round_applied(self.member, self.producer, self.config.application_id,
+                                 status.member_id, status.generation, tell_followers,
+                                 self._reporting)
+
+    def _apply(self, assignment: MemberAssignment) -> None:
+        identity = self.member.identity
+        self.task_manager.handle_assignment(assignment)
+        self.state_updater.learners_assigned(
+            assignment.group_learners,
+            being_promoted(assignment.notes, (identity.instance_id, identity.index)),
+            self.reporter.status.generation, assignment.group_size)
+        self.reporter.being_learned = tuple(assignment.being_learned)
+        self.member.schedule_rejoin(assignment.rejoin_after_ms)
+        if assignment.shutdown and assignment.revoked:
+            # A leaving member is told to shut down in the round that revokes its last tasks.
+            # It still takes part in the follow-up round, which gives them to their learners:
+            # leaving at once would leave them unassigned until its departure starts a round,
+            # and a broker may start none for a static member's LeaveGroup until its session
+            # expires.
+            log.info("%s: told to shut down; leaving after the round that assigns %s",
+                     self.name, list(assignment.revoked))
+        elif assignment.shutdown:
+            log.info("%s: told to shut down (nothing left to run)", self.name)
+            self.lifecycle.shut_down()
+        self.reporter.update()
+        log.info(
+            "%s: active=%s restoring=%s copies=%s revoked=%s", self.name,
+            sorted(self.registry.active), sorted(self.registry.restoring),
+            {t: r.value for t, r in self.registry.copy_roles.items()}, list(assignment.revoked),
+        )
+
+    def failed(self, callback: str, error: BaseException) -> None:
+        """A rebalance callback failed: never swallowed. The thread drops every task and
+        rejoins, so the group plans again; after several failures in a row it stops with
+        the error."""
+        self._failures += 1
+        log.error("%s: %s failed (%d in a row): %s: %s", self.name, callback,
+                  self._failures, type(error).__name__, error, exc_info=error)
+        if self._failures >= MAX_REBALANCE_FAILURES:
+            self.lifecycle.fail(FatalThreadError(
+                f"{self.name}: rebalance callback {callback} failed "
+                f"{self._failures} times in a row: {type(error).__name__}: {error}"))
+            return
+        self.task_manager.close_all()
+        self.reporter.update()
+        self.member.request_rejoin(f"{callback} failed; starting over")
+
+    async def start_restored(self, task_id: str, stores: dict[str, KeyValueStore]) -> None:
+        """The state updater's news: a new active's state is restored, so it may run."""
+        async with self.lock:
+            if await self.task_manager.start_restored(task_id, stores):
+                self.reporter.update()
+
+
+class FailedTransactions:
+    """Exactly-once: a task whose transaction failed had its writes discarded. Closed, it
+    reopens from its committed state when the group hands it back, in the round asked for."""
+
+    def __init__(self, task_manager: TaskManager, member: GroupMember) -> None:
+        self.task_manager = task_manager
+        self.member = member
+
+    def task_failed(self, task_id: str, error: BaseException) -> None:
+        self.task_manager.close_task(task_id)
+        self.member.request_rejoin(f"the transaction of {task_id} failed: {error}")

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
@@ -42,6 +43,7 @@ from assignor.protocol import (
     member_from_subscription,
 )
 from streams.dsl.topology import SubTopology
+from streams.group.member_id import thread_member_id
 from streams.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -133,6 +135,16 @@ class TaskLayout:
         return [(topic, partition) for topic in sorted(self.subs[sub_id].sources)]
 
 
+class AssignorMember(Protocol):
+    """The member an assignor serves (:class:`streams.group.member.GroupMember`)."""
+
+    def subscription(self) -> Subscription: ...
+
+    def assignment_received(self, assignment: MemberAssignment) -> None: ...
+
+    def unsynced(self, previous_round: list[str]) -> set[str]: ...
+
+
 class RelayAssignor(AbstractPartitionAssignor):
     """One per stream thread: builds its subscription and, on the leader, runs the assignor.
 
@@ -146,8 +158,8 @@ class RelayAssignor(AbstractPartitionAssignor):
         self,
         layout: TaskLayout,
         config: AssignorConfig,
-        subscription: Callable[[], Subscription],
-        on_assigned: Callable[[MemberAssignment], None],
+        subscription: Callable[[], Subscription] | None = None,
+        on_assigned: Callable[[MemberAssignment], None] | None = None,
         *,
         cooperative: bool = True,
         fresh_subscription: Callable[[str], bytes | None] = lambda static_id: None,
@@ -190,11 +202,19 @@ class RelayAssignor(AbstractPartitionAssignor):
         #: after it (a higher token) is not part of the round under way.
         self.sent_rejoin_token = 0
 
+    def serve(self, member: AssignorMember) -> None:
+        """Build the subscriptions of ``member``, hand it its assignments, and ask it which
+        members of the last round are still without theirs."""
+        self._subscription = member.subscription
+        self._on_assigned = member.assignment_received
+        self._unsynced = member.unsynced
+
     @property
     def name(self) -> str:  # type: ignore[override]
         return PROTOCOL_NAME
 
     def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:  # type: ignore[override]
+        assert self._subscription is not None, "the assignor serves no member"
         subscription = self._subscription()
         self.sent_rejoin_token = subscription.rejoin_token
         return ConsumerProtocolMemberMetadata(0, sorted(topics),
@@ -210,7 +230,7 @@ class RelayAssignor(AbstractPartitionAssignor):
         for member_id in sorted(members):
             subscription = decode_subscription_or_none(member_id, members[member_id].user_data)
             if subscription is not None and subscription.static:
-                static_id = f"{subscription.instance_id}-thread-{subscription.thread}"
+                static_id = thread_member_id(subscription.instance_id, subscription.thread)
                 static_ids[member_id] = static_id
                 subscription = self._freshest(static_id, subscription)
             if subscription is None:
@@ -312,11 +332,12 @@ class RelayAssignor(AbstractPartitionAssignor):
             self.memory = None
             self._last_round = []
         self.received_digest = assignment_digest(assignment.user_data or b"")
-        self._on_assigned(decode_assignment(assignment.user_data))
+        if self._on_assigned is not None:
+            self._on_assigned(decode_assignment(assignment.user_data))
 
 
 def _member_name(key: MemberKey) -> str:
-    return f"{key[0]}-thread-{key[1]}"
+    return thread_member_id(*key)
 
 
 def assignment_digest(user_data: bytes) -> str:

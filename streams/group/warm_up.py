@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from assignor import AssignorConfig, Member, Task, assign
+from streams.group.member_id import thread_member_id
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +161,8 @@ def plan_warm_up(
     members = members_from_status(records)
     if not members:
         return None
-    newcomers = [Member(member_id=f"{instance_id}-thread-{n}-warm-up", instance_id=instance_id,
-                        thread=n) for n in range(num_threads)]
+    newcomers = [Member(member_id=f"{thread_member_id(instance_id, n)}-warm-up",
+                        instance_id=instance_id, thread=n) for n in range(num_threads)]
     assignments, _memory = assign(list(tasks), members + newcomers, config, now_ms, None)
     by_thread = {m.thread: tuple(sorted(assignments[m.member_id].learners))
                  for m in newcomers if assignments[m.member_id].learners}

@@ -33,6 +33,14 @@ from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.coordinator.protocol import ConsumerProtocol
 from aiokafka.structs import TopicPartition
 
+from streams.kafka.membership import (
+    FencedMemberError,
+    describe_group,
+    fenced,
+    fenced_member_error,
+    register_errors,
+)
+
 log = logging.getLogger(__name__)
 
 
@@ -48,7 +56,55 @@ class CooperativeGroupCoordinator(GroupCoordinator):
     def _cooperative(self) -> bool:
         return any(getattr(a, "cooperative", False) for a in self._assignors)
 
+    #: The member id this static member had when the broker last said it knew it no more.
+    _lost_member_id: str | None = None
+    #: Set once another member is found holding this member's instance id.
+    _fenced_by: str | None = None
+
+    def reset_generation(self) -> None:
+        if self._group_instance_id is not None and self.member_id:
+            self._lost_member_id = self.member_id
+        super().reset_generation()
+
+    async def _check_not_replaced(self) -> None:
+        """Raise :class:`FencedMemberError` when another member holds this static member's
+        instance id (KIP-345: the broker gave the newcomer its place).
+
+        aiokafka's heartbeats and commits carry no instance id, so the broker answers such a
+        zombie UNKNOWN_MEMBER_ID rather than FENCED_INSTANCE_ID, as it answers a member whose
+        session expired; and aiokafka rejoins with an empty member id, which would take the
+        place back from the newcomer, and so on in turn. So before a static member that lost
+        its member id rejoins, the group's description (DescribeGroups v4 names each
+        member's instance id) tells the two cases apart."""
+        if self._fenced_by is not None:
+            raise fenced_member_error(self.group_id, self._group_instance_id)
+        lost, self._lost_member_id = self._lost_member_id, None
+        if lost is None:
+            return
+        try:
+            described = await describe_group(self._client, self.group_id)
+        except Exception as exc:
+            log.warning("group %s: could not check who holds %s (%s); rejoining",
+                        self.group_id, self._group_instance_id, exc)
+            return
+        holder = next((m.member_id for m in described.members
+                       if m.group_instance_id == self._group_instance_id), None)
+        if holder is not None and holder != lost:
+            self._fenced_by = holder
+            log.error("group %s: member %s now holds instance %s (this member was %s)",
+                      self.group_id, holder, self._group_instance_id, lost)
+            raise fenced_member_error(self.group_id, self._group_instance_id)
+
+    def _push_error_to_user(self, exc: Exception) -> Any:
+        """Errors reach the consumer's caller from here; a broker's fencing of this static
+        member (KIP-345) says so in words rather than as aiokafka's "unexpected error"."""
+        if fenced(exc) and not isinstance(exc, FencedMemberError):
+            log.error("group %s: the broker fenced this member (%s)", self.group_id, exc)
+            exc = fenced_member_error(self.group_id, self._group_instance_id)
+        return super()._push_error_to_user(exc)
+
     async def _on_join_prepare(self, previous_assignment: Any) -> None:
+        await self._check_not_replaced()
         self.rebalancing = True
         self.rebalancing_since = self.round_started = time.monotonic()
         if not self._cooperative():
@@ -128,5 +184,6 @@ class CooperativeGroupCoordinator(GroupCoordinator):
 
 def install() -> None:
     """Make aiokafka's consumer build :class:`CooperativeGroupCoordinator` (idempotent)."""
+    register_errors()
     if consumer_module.GroupCoordinator is not CooperativeGroupCoordinator:
         consumer_module.GroupCoordinator = CooperativeGroupCoordinator  # type: ignore[misc]

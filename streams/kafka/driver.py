@@ -108,6 +108,22 @@ class GroupConsumer:
             return None  # aiokafka asserts the partition is assigned
         return self._consumer.highwater(tp)
 
+    def lagging(self, tp: TopicPartition) -> bool:
+        """Whether the broker holds more of ``tp`` than the consumer has handed out: its
+        position is before the partition's end from the last fetch (the last stable offset
+        for a ``read_committed`` reader), or no fetch has told the end yet. Unassigned or
+        paused partitions, and those still looking for their position, do not lag."""
+        subscription = self._consumer._subscription  # aiokafka's private state, read only
+        if not subscription.is_assigned(tp) or tp in self._consumer.paused():
+            return False
+        state = subscription.subscription.assignment.state_value(tp)
+        if state is None or not state.has_valid_position:
+            return False
+        end = state.highwater
+        if self._consumer._isolation_level == "read_committed" and state.lso is not None:
+            end = state.lso
+        return end is None or state.position < end
+
     async def committed(self, tp: TopicPartition) -> int | None:
         return await self._consumer.committed(tp)
 

@@ -1,7 +1,7 @@
 """Where a key's state lives in the group, from what members publish on the status topic.
 
 Each member's status record names the tasks it runs and restores, its copies and their lag,
-the layout of the app's stores (:meth:`streams.queries.store_query.StoreLayout.to_status`)
+the layout of the app's stores (:meth:`streams.queries.store_layout.StoreLayout.to_status`)
 and, when it
 serves queries, its query endpoint. :class:`RoutingTable` folds those records in (pure: the
 clock is passed in) and answers which member to forward a key's query to;
@@ -24,7 +24,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from streams.group.status_topic import status_topic_name
-from streams.queries.store_query import StoreLayout
+from streams.queries.store_layout import StoreLayout
 
 log = logging.getLogger(__name__)
 

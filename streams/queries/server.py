@@ -12,10 +12,11 @@ the answer), ``max_lag=N`` bounds that lag, ``key_format=json`` reads the key as
 keys that are not strings; the default takes the path segment as a string).
 
 Answers are JSON: ``200`` with ``value``, ``owner`` (the member whose copy answered),
-``role``, ``lag``, ``task`` and ``partition``; ``404`` with ``found: false`` for a key the
-store does not hold (or ``error`` for an unknown store); ``400`` for a key that cannot be read
-or encoded, or a bad parameter; ``503`` with ``Retry-After`` when no copy may answer right now
-(restoring, moving, owner unknown or unreachable).
+``role``, ``lag``, ``task`` and ``partition``; ``404`` with ``found: false``, ``reason:
+not_found`` and a ``hint`` for a key the store does not hold (it may have been produced with
+another partitioner; see docs/partitioning.md), or ``error`` for an unknown store; ``400``
+for a key that cannot be read or encoded, or a bad parameter; ``503`` with ``Retry-After``
+when no copy may answer right now (restoring, moving, owner unknown or unreachable).
 """
 
 from __future__ import annotations
@@ -30,11 +31,10 @@ import aiohttp
 from aiohttp import web
 
 from streams.queries.routing import Route, RoutingTable, now_ms
+from streams.queries.store_layout import StoreKeyError, StoreLayout
 from streams.queries.store_query import (
     KeyReading,
     LocalStores,
-    StoreKeyError,
-    StoreLayout,
     StoreQuery,
     StoreUnavailable,
 )
@@ -106,6 +106,16 @@ def _max_lag(raw: str | None) -> int | None:
     if value < 0:
         raise BadQuery(400, f"max_lag must be a number of records >= 0, not {raw!r}")
     return value
+
+
+def not_found_hint(task: str, partition: int) -> str:
+    """What a 404 for a key says: where it was looked for, and the usual cause of a key
+    that was produced yet is not found (its records went to another partition)."""
+    return (f"not in task {task}, which holds partition {partition}: the partition that "
+            f"murmur2 (Kafka's Java partitioner) gives the key's encoded bytes. If the key was "
+            f"produced, its producer may partition otherwise (librdkafka's default does: set "
+            f"partitioner=murmur2_random) and its records were counted in another partition; "
+            f"relay_misrouted_records_total counts such records")
 
 
 def unavailable(message: str, reason: str, task: str | None,
@@ -182,6 +192,9 @@ class QueryService:
     def _answer(self, reading: KeyReading, partition: int) -> web.Response:
         body = reading.to_json()
         body["partition"] = partition
+        if not reading.found:
+            body["reason"] = "not_found"
+            body["hint"] = not_found_hint(reading.task, partition)
         body["owner"] = {"member": reading.thread, "instance_id": self.instance_id,
                          "endpoint": self._endpoint()}
         return web.json_response(body, status=200 if reading.found else 404,

@@ -22,15 +22,13 @@ same loop), and do not await: a read never sees half a commit, and no store clos
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aiokafka.partitioner import DefaultPartitioner
-
-from statestore.serdes import Serde, SerdeError, serde_from_name
-from streams.dsl.processors import WindowAggregateNode, walk_nodes
-from streams.dsl.topology import SubTopology
+from statestore.serdes import SerdeError
+from streams.queries.store_layout import StoreKeyError, StoreLayout, store_layouts
+from streams.runtime.lifecycle import ThreadState
 from streams.runtime.state_updater import UNKNOWN_LAG
 from streams.runtime.transitions import Role
 
@@ -38,8 +36,6 @@ if TYPE_CHECKING:
     from statestore.store import KeyValueStore
     from streams.runtime.thread import StreamThread
 
-#: The runtime's producers pick partitions with aiokafka's default partitioner.
-_PARTITIONER = DefaultPartitioner()
 #: A range read returns at most this many entries unless told otherwise.
 DEFAULT_RANGE_LIMIT = 1_000
 
@@ -49,11 +45,6 @@ class UnknownStoreError(KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "unknown store"
-
-
-class StoreKeyError(ValueError):
-    """A key the store's serdes cannot encode (or a windowed store's key that is not
-    ``(key, window_start)``)."""
 
 
 class StoreUnavailable(Exception):
@@ -72,89 +63,6 @@ class StoreUnavailable(Exception):
         self.task = task
         self.reason = reason
         self.retry_after_s = retry_after_s
-
-
-@dataclass(frozen=True)
-class StoreLayout:
-    """Where a store's keys live: its sub-topology, its partition count, and the serde its
-    keys were hashed with (the key serde of the source topic the store is fed from)."""
-
-    store: str
-    sub_topology: int
-    partitions: int
-    key_serde: Serde
-    #: A windowed aggregate's store, keyed ``(key, window_start)``: partitioned by ``key``.
-    windowed: bool = False
-
-    def store_key(self, key: Any) -> Any:
-        """The key as the store holds it (a windowed store's key becomes a tuple)."""
-        if not self.windowed:
-            return key
-        if not isinstance(key, list | tuple) or len(key) != 2 or not isinstance(key[1], int):
-            raise StoreKeyError(f"store {self.store} is windowed: its keys are "
-                                f"(key, window_start_ms), not {key!r}")
-        return (key[0], key[1])
-
-    def partition_of(self, key: Any) -> int:
-        """The partition the key is processed in, as the runtime's partitioner picks it."""
-        record_key = self.store_key(key)[0] if self.windowed else key
-        if record_key is None:
-            raise StoreKeyError(f"store {self.store} holds no entry without a key")
-        try:
-            raw = self.key_serde.dumps(record_key)
-        except Exception as exc:
-            raise StoreKeyError(f"store {self.store}: cannot encode key {record_key!r} with "
-                                f"its source's key serde: {exc}") from None
-        partitions = list(range(self.partitions))
-        return int(_PARTITIONER(raw, partitions, partitions))
-
-    def task_of(self, key: Any) -> str:
-        return f"{self.sub_topology}_{self.partition_of(key)}"
-
-    def to_status(self) -> dict[str, Any]:
-        """As published on the status topic, for routers without the app's code: the serde
-        by name, or None when its name does not rebuild it (a serde of the app's own)."""
-        name = getattr(self.key_serde, "name", None)
-        try:
-            rebuilt = None if name is None else serde_from_name(str(name))
-        except ValueError:
-            rebuilt = None
-        return {"sub_topology": self.sub_topology, "partitions": self.partitions,
-                "key_serde": name if type(rebuilt) is type(self.key_serde) else None,
-                "windowed": self.windowed}
-
-    @classmethod
-    def from_status(cls, store: str, value: Any) -> StoreLayout:
-        """The layout a member published; ValueError when it cannot be used."""
-        if not isinstance(value, dict):
-            raise ValueError(f"store {store}: layout is not a map")
-        serde = value.get("key_serde")
-        if not isinstance(serde, str):
-            raise ValueError(f"store {store}: its keys use a serde of the app's own, which "
-                             f"only the app's workers can rebuild; query a worker")
-        sub, partitions = value.get("sub_topology"), value.get("partitions")
-        if not isinstance(sub, int) or not isinstance(partitions, int) or partitions < 1:
-            raise ValueError(f"store {store}: layout {value!r} is malformed")
-        return cls(store, sub, partitions, serde_from_name(serde), bool(value.get("windowed")))
-
-
-def store_layouts(subs: Iterable[SubTopology]) -> dict[str, StoreLayout]:
-    """Every store of the app's sub-topologies (their partition counts already resolved)."""
-    layouts: dict[str, StoreLayout] = {}
-    for sub in subs:
-        for store in sorted(sub.stores):
-            for topic in sorted(sub.sources):
-                source = sub.sources[topic]
-                nodes = [n for n in walk_nodes([source]) if store in n.store_names()]
-                if nodes:
-                    windowed = any(isinstance(n, WindowAggregateNode) for n in nodes)
-                    layouts[store] = StoreLayout(store, sub.id, sub.partitions,
-                                                 source.key_serde, windowed)
-                    break
-            else:  # a store no source reaches (a processor's own): the first source's key
-                first = sub.sources[sorted(sub.sources)[0]]
-                layouts[store] = StoreLayout(store, sub.id, sub.partitions, first.key_serde)
-    return layouts
 
 
 # -- which local copy answers ---------------------------------------------------------------
@@ -279,8 +187,6 @@ class LocalStores:
 
 def thread_holdings(thread: StreamThread, task: str) -> list[Holding]:
     """The thread's hold on ``task`` (none, or one)."""
-    from streams.runtime.thread import ThreadState  # the thread module imports this one
-
     registry = thread.registry
     label = thread.status_key.decode()
     # A kept active serves through a cooperative round (its state does not change then); a

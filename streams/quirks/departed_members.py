@@ -18,27 +18,17 @@ Relay member, or one that just started) is left alone.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from aiokafka.client import AIOKafkaClient
 
+from streams.group.member_id import static_id_of
 from streams.group.status_topic import read_status
 from streams.kafka.membership import GroupMember, describe_group, leave_group
 
 log = logging.getLogger(__name__)
-
-#: A static member's id on the broker: ``<group_instance_id>-<uuid>``, and Relay's group
-#: instance ids are ``<instance>-thread-<n>``.
-_STATIC_MEMBER_ID = re.compile(r"^(.+-thread-\d+)-[0-9a-fA-F-]{36}$")
-
-
-def static_id_of(member_id: str) -> str | None:
-    match = _STATIC_MEMBER_ID.match(member_id)
-    return match.group(1) if match else None
-
 
 def departed_static_members(
     members: Iterable[GroupMember], statuses: dict[str, dict[str, Any]],

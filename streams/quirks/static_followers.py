@@ -72,6 +72,15 @@ class StaticFollowers:
         if self._active_for(member) and not member.is_leader:
             self._control.request_rebalance(f"{member.static_id}: {reason}")  # type: ignore[union-attr]
 
+    def restarted(self, reason: str) -> None:
+        """A static instance restarted within its session: the broker hands its rejoining
+        members their cached assignment and starts no round, and the new process knows none
+        of it, so they would wait for the join watch. Ask the leader to rejoin at once: its
+        round gives them their tasks."""
+        if self.enabled and self._control is not None:
+            log.info("%s: asking the leader for a round", reason)
+            self._control.request_rebalance(reason)
+
     def publish_subscription(self, member: StaticMember, data: bytes) -> None:
         if self._active_for(member):
             self._control.publish_subscription(member.static_id, data)  # type: ignore[union-attr, arg-type]

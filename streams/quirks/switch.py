@@ -26,8 +26,11 @@ has a name here, lives in one module, and is on only when the broker needs it:
   partition is open, which with several tasks writing one topic may be never while input
   flows; so each exactly-once task also writes its input offsets, in its transaction, to an
   internal positions topic it alone writes, and starts from the later of the two.
+- ``leave-needs-member-id`` (``relay remove-members``, :mod:`tools.cli`): a LeaveGroup
+  naming a static member by its instance id alone (KIP-345) is answered UNKNOWN_MEMBER_ID and
+  ignored, so the tool looks each member id up (DescribeGroups) and sends both.
 
-Tansu (the embedded broker) needs all six. Apache Kafka needs none of them; they are
+Tansu (the embedded broker) needs all seven. Apache Kafka needs none of them; they are
 harmless there but cost messages and waits. The setting ``broker_quirks`` chooses: ``auto``
 (detected: all for the embedded broker and for brokers whose cluster id says Tansu, none
 otherwise), ``all``, ``none``, or a comma-separated list of names.
@@ -35,17 +38,15 @@ otherwise), ``all``, ``none``, or a comma-separated list of names.
 Workarounds that are correct on every broker have no switch: reading a changelog's end from
 the fetch high watermark, finding aborted transactions from their markers when a fetch
 response lists none (:mod:`statestore.fetch`), creating topics explicitly, refusing a
-duplicate static id from the status topic, and LeaveGroup with both member and instance id.
+duplicate static id from the status topic, and a leaving member's LeaveGroup with both its
+member and instance id (it knows both).
 """
 
 from __future__ import annotations
 
 import difflib
-import logging
 from dataclasses import dataclass
 from enum import StrEnum
-
-log = logging.getLogger(__name__)
 
 
 class Quirk(StrEnum):
@@ -55,6 +56,7 @@ class Quirk(StrEnum):
     DEPARTED_STATIC_LEADER = "departed-static-leader"
     STUCK_LAST_STABLE_OFFSET = "stuck-last-stable-offset"
     DEFERRED_TRANSACTIONAL_OFFSETS = "deferred-transactional-offsets"
+    LEAVE_NEEDS_MEMBER_ID = "leave-needs-member-id"
 
 
 #: Cluster ids (prefixes, lower case) of brokers that have every quirk.
@@ -127,24 +129,4 @@ def resolve(setting: str, static_follower_digests: bool | None, cluster_id: str 
         else:
             enabled.discard(Quirk.CACHED_STATIC_REJOIN)
         quirks = BrokerQuirks(frozenset(enabled))
-    return quirks
-
-
-async def broker_quirks(setting: str, static_follower_digests: bool | None,
-                        bootstrap_servers: str, embedded: bool) -> BrokerQuirks:
-    """The quirks in force for this broker; asks it for its cluster id only when the
-    setting is ``auto`` and the broker is not the embedded one."""
-    cluster_id: str | None = None
-    if not embedded and parse_setting(setting) is None:
-        # Imported here: the decision above stays free of the client.
-        from streams.kafka.driver import broker_cluster_id
-
-        try:
-            cluster_id = await broker_cluster_id(bootstrap_servers)
-        except Exception as exc:
-            log.warning("could not ask the broker for its cluster id (%s): no broker quirks "
-                        "assumed; set broker_quirks to choose", exc)
-    quirks = resolve(setting, static_follower_digests, cluster_id, embedded)
-    log.info("broker %s: quirks %s", "embedded" if embedded else repr(cluster_id),
-             quirks.describe())
     return quirks

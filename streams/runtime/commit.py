@@ -22,7 +22,7 @@ from aiokafka.structs import TopicPartition
 from streams.kafka.driver import COMMIT_DEFERRED_ERRORS, GroupConsumer
 from streams.metrics import Metrics
 from streams.runtime.record_collector import RecordCollector
-from streams.runtime.task import StreamTask
+from streams.runtime.task import StreamTask, task_counts
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class Committer:
                 store.commit()
         if self._metrics is not None:
             self._metrics.observe_commit(self._label, time.perf_counter() - started)
+            self._metrics.record_task_counts(self._label, task_counts(tasks))
             self._record_input_lag(tasks)
 
     def _record_input_lag(self, tasks: list[StreamTask]) -> None:

@@ -20,7 +20,7 @@ from statestore.record_size import truncated_payload
 from statestore.store import KeyValueStore
 from streams.metrics import Metrics
 from streams.runtime.delivery import Deliveries
-from streams.runtime.task import MAX_ERROR_CHARS, RecordError, StreamTask
+from streams.runtime.task import MAX_ERROR_CHARS, RecordError, StreamTask, drop_reason
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class RecordCollector:
                                    error.dead_letter_headers() + cut)
         self.dead_lettered += 1
         if self._metrics is not None:
-            self._metrics.record_dead_letters(self._label, task_id)
+            self._metrics.record_dead_letters(self._label, task_id, reason=drop_reason(error))
 
     async def wait_acknowledged(self) -> None:
         """Every output, dead letter and changelog record sent so far is acknowledged (the

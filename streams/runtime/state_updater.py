@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from statestore.store import KeyValueStore
 from streams.group.group_learning import GroupLearning, LagLows
@@ -43,7 +43,21 @@ class _CatchUp:
     size_bytes: float = 0.0
 
 
+class RestoredTasks(Protocol):
+    async def start_restored(self, task_id: str, stores: dict[str, KeyValueStore]) -> None: ...
+
+
+class ReadyLearners(Protocol):
+    def learners_ready(self, task_ids: list[str]) -> None: ...
+
+
 class StateUpdater:
+    def report_to(self, restored: RestoredTasks, ready: ReadyLearners) -> None:
+        """Who hears that a new active's state is restored (it may run) and that learners
+        are ready (a round may promote them)."""
+        self._on_restored = restored.start_restored
+        self._on_learners_ready = ready.learners_ready
+
     def __init__(
         self,
         restorer: Any,
@@ -53,8 +67,8 @@ class StateUpdater:
         commit_interval_ms: int,
         acceptable_lag: int,
         learner_rejoin: str,
-        on_restored: Callable[[str, dict[str, KeyValueStore]], Awaitable[None]],
-        on_learners_ready: Callable[[list[str]], None],
+        on_restored: Callable[[str, dict[str, KeyValueStore]], Awaitable[None]] | None = None,
+        on_learners_ready: Callable[[list[str]], None] | None = None,
         metrics: Metrics | None = None,
         metrics_label: str = "",
         before_restore: Callable[[str], Awaitable[Any]] | None = None,
@@ -272,7 +286,8 @@ class StateUpdater:
         if asks_now(self._learner_rejoin, view, now, self._batch_wait_s):
             self._ready_reported |= ready
             self._waiting_for = frozenset()
-            self._on_learners_ready(sorted(unasked))
+            if self._on_learners_ready is not None:
+                self._on_learners_ready(sorted(unasked))
         elif catching_up and frozenset(catching_up) != self._waiting_for:
             self._waiting_for = frozenset(catching_up)
             log.info("%s: ready learners %s wait for the group's learners still catching up: "
@@ -324,7 +339,8 @@ class StateUpdater:
                     int(result.bytes))
             # The callback checks the task is still restoring these very stores: it may have
             # been revoked meanwhile.
-            await self._on_restored(task_id, stores)
+            if self._on_restored is not None:
+                await self._on_restored(task_id, stores)
 
     async def follow_loop(self, stop: asyncio.Event, on_poll: Callable[[], None]) -> None:
         last_checkpoint = last_sample = time.monotonic()

@@ -22,7 +22,9 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
+from aiokafka.partitioner import murmur2
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from assignor.model import parse_task_id
@@ -32,6 +34,7 @@ from statestore.snapshot import SnapshotSettings
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from streams.dsl.processors import (
     CustomProcessorNode,
+    MissingKeyError,
     ProcessorContext,
     SourceNode,
     WindowAggregateNode,
@@ -40,6 +43,7 @@ from streams.dsl.processors import (
 from streams.dsl.punctuation import POSITION_PREFIX as PUNCTUATION_PREFIX
 from streams.dsl.punctuation import Punctuations, PunctuationType
 from streams.dsl.topology import SubTopology
+from streams.runtime.partition_group import PartitionGroup
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +83,47 @@ MAX_ERROR_CHARS = 2_000
 #: Errors of the machine or the runtime, never of a record: they propagate as they are.
 MACHINE_ERRORS = (OSError, MemoryError, StateStoreError)
 
+#: One input record in this many is checked against its partition at a stateful task.
+MISROUTE_SAMPLE = 128
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The partition Kafka's Java clients (and Relay's producers) put ``key`` in."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def drop_reason(error: RecordError) -> str:
+    """Why a dead-lettered record was dropped: it could not be read, it had no key where
+    one is needed, or processing it raised."""
+    if error.stage == "deserialize":
+        return "deserialize"
+    if isinstance(error.cause, MissingKeyError):
+        return "no_key"
+    return "error"
+
+
 #: The entry of a store's input position that holds the task's stream time (topic entries
 #: are ``"topic:partition"``, and a topic name cannot hold ``:``).
 STREAM_TIME_ENTRY = "stream-time"
+#: The prefix of the entries holding each windowed aggregation's own stream time,
+#: ``"stream-time@<node name>"``.
+NODE_STREAM_TIME_PREFIX = f"{STREAM_TIME_ENTRY}@"
+
+
+def task_counts(tasks: Iterable[StreamTask]) -> list[tuple[str, dict[str, int], int]]:
+    """What each task dropped (by reason) and saw misrouted since the last call, for the
+    metrics."""
+    return [(task.task_id, *task.take_counts()) for task in tasks]
+
+
+def status_figures(tasks: Iterable[StreamTask]) -> dict[str, dict[str, Any]]:
+    """What a member publishes of its tasks' drops for the web view: ``dropped`` (task ->
+    reason -> records since the task opened here) and ``misrouted`` (task -> records)."""
+    tasks = list(tasks)
+    return {
+        "dropped": {t.task_id: dict(t.context.dropped) for t in tasks if t.context.dropped},
+        "misrouted": {t.task_id: t.misrouted for t in tasks if t.misrouted},
+    }
 
 
 def open_task_stores(
@@ -121,6 +163,8 @@ class StreamTask:
         self.context = ProcessorContext(task_id, stores)
         self.sources: dict[str, SourceNode] = dict(sub.sources)
         self.partitions = [TopicPartition(t, self.partition) for t in sorted(sub.sources)]
+        #: Fetched records waiting for their turn across the task's partitions.
+        self.inputs = PartitionGroup(self.partitions)
         # Next offset to process per input partition; what is committed.
         self.processed: dict[TopicPartition, int] = {}
         self.records_processed = 0
@@ -135,6 +179,14 @@ class StreamTask:
         self._window_nodes = [n for n in nodes
                               if isinstance(n, WindowAggregateNode) or hasattr(n, "purge")]
         self._custom_nodes = [n for n in nodes if isinstance(n, CustomProcessorNode)]
+        #: Sampled input records whose key hashes to another partition than they came from.
+        self.misrouted = 0
+        #: Stateful tasks check keys against partitions (a wrong partitioner upstream);
+        #: hashing costs more than processing, so one record in MISROUTE_SAMPLE is checked.
+        self._misroute_partitions = sub.partitions if sub.stateful and sub.partitions > 1 else 0
+        self._until_misroute_check = 0
+        self._reported: dict[str, int] = {}
+        self._reported_misrouted = 0
 
     def process(self, record: ConsumerRecord) -> bool:
         """Run one record through the topology; False if it was already processed (dropped).
@@ -187,9 +239,13 @@ class StreamTask:
                 ctx.headers = record.headers
                 try:
                     source.process(ctx, key, value)
+                    if ctx.missing_key is not None:
+                        raise ctx.missing_key
                 except MACHINE_ERRORS:
+                    ctx.missing_key = None
                     raise
                 except Exception as exc:
+                    ctx.missing_key = None
                     processed[tp] = offset + 1  # type: ignore[index]
                     if timestamp > ctx.stream_time_ms:
                         ctx.stream_time_ms = timestamp
@@ -200,6 +256,11 @@ class StreamTask:
                 if timestamp > ctx.stream_time_ms:
                     ctx.stream_time_ms = timestamp
                 ran += 1
+                if self._misroute_partitions:
+                    self._until_misroute_check -= 1
+                    if self._until_misroute_check < 0:
+                        self._until_misroute_check = MISROUTE_SAMPLE - 1
+                        self._check_partition(record)
         finally:
             self.records_processed += ran
         if ctx.punctuations is not None:
@@ -220,6 +281,32 @@ class StreamTask:
             return 0
         now = int(time.time() * 1000) if now_ms is None else now_ms
         return ctx.punctuations.fire(ctx, PunctuationType.WALL_CLOCK_TIME, now)
+    def _check_partition(self, record: ConsumerRecord) -> None:
+        if record.key is None:
+            return
+        expected = partition_of(record.key, self._misroute_partitions)
+        if expected == record.partition:
+            return
+        self.misrouted += 1
+        if self.misrouted == 1:
+            log.warning(
+                "task %s: a record of %s[%d]@%d has a key that murmur2 places in partition "
+                "%d: its producer does not partition as Kafka's Java clients do, so this "
+                "task's state misses that key's other records and queries for it miss (use "
+                "the murmur2 partitioner, e.g. partitioner=murmur2_random in confluent-kafka; "
+                "relay_misrouted_records_total counts such records, one in %d checked; "
+                "logged once per task)", self.task_id, record.topic, record.partition,
+                record.offset, expected, MISROUTE_SAMPLE)
+
+    def take_counts(self) -> tuple[dict[str, int], int]:
+        """Records dropped, by reason, and misrouted records counted since the last call."""
+        dropped = {reason: n - self._reported.get(reason, 0)
+                   for reason, n in self.context.dropped.items()
+                   if n > self._reported.get(reason, 0)}
+        self._reported = dict(self.context.dropped)
+        misrouted, self._reported_misrouted = (self.misrouted - self._reported_misrouted,
+                                               self.misrouted)
+        return dropped, misrouted
 
     def record_input_position(self) -> None:
         """Write the input offsets processed so far and the stream time into every store,
@@ -233,6 +320,8 @@ class StreamTask:
             position[STREAM_TIME_ENTRY] = stream_time
         if self.context.punctuations is not None:
             position.update(self.context.punctuations.positions())
+        for node, observed in self.context.observed_ms.items():
+            position[NODE_STREAM_TIME_PREFIX + node] = observed
         for store in self.stores.values():
             store.write_input_position(position)
         self._recorded = dict(self.processed)
@@ -244,6 +333,7 @@ class StreamTask:
         merged: dict[TopicPartition, int] = {}
         stream_times: list[int] = []
         punctuations: dict[str, int] = {}
+        observed: dict[str, list[int]] = {}
         for i, store in enumerate(self.stores.values()):
             positions = {}
             for name, offset in store.read_input_position().items():
@@ -253,6 +343,9 @@ class StreamTask:
                 if name.startswith(PUNCTUATION_PREFIX):
                     entry = name[len(PUNCTUATION_PREFIX):]
                     punctuations[entry] = min(offset, punctuations.get(entry, offset))
+                    continue
+                if name.startswith(NODE_STREAM_TIME_PREFIX):
+                    observed.setdefault(name[len(NODE_STREAM_TIME_PREFIX):], []).append(offset)
                     continue
                 topic, _, partition = name.rpartition(":")
                 positions[TopicPartition(topic, int(partition))] = offset
@@ -268,6 +361,12 @@ class StreamTask:
         if stream_times:
             # Like the offsets, the stream time of the state that is furthest behind.
             self.context.stream_time_ms = max(self.context.stream_time_ms, min(stream_times))
+        for node in self._window_nodes:
+            # State written before windowed aggregations kept their own time has the task's.
+            times = observed.get(node.name) or (stream_times if stream_times else [-1])
+            if min(times) >= 0:
+                self.context.observed_ms[node.name] = max(
+                    self.context.observed_ms.get(node.name, -1), min(times))
         self._recorded_stream_time = self.context.stream_time_ms
         return merged
 
@@ -275,6 +374,12 @@ class StreamTask:
     def stream_time_ms(self) -> int:
         """The largest record timestamp this task has processed (-1 before any)."""
         return self.context.stream_time_ms
+
+    def advance_window_stream_time(self, to_ms: int) -> None:
+        """Move every windowed aggregation's stream time to at least ``to_ms``."""
+        observed = self.context.observed_ms
+        for node in self._window_nodes:
+            observed[node.name] = max(observed.get(node.name, -1), to_ms)
 
     def purge_expired_windows(self) -> int:
         return sum(node.purge(self.context) for node in self._window_nodes)

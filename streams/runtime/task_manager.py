@@ -12,6 +12,12 @@ an assignment arrives, and owns the lifecycle of a thread's tasks and copies.
 - seek kept partitions back to where their task stopped, pause the partitions of actives that
   are still restoring.
 
+Opening a store may take long: one that bootstraps from a snapshot loads its files and may
+seed its changelog (:mod:`statestore.recovery`). With ``open_off_loop`` the stores an
+assignment needs are opened first, in worker threads (:meth:`TaskManager.open_ahead`), so that
+the event loop goes on heartbeating and running the process's other threads meanwhile; the
+assignment is then applied on the loop in one step, as before.
+
 Stores a thread opens are registered with the process (:mod:`streams.runtime.store_handover`), so a
 task moving between two threads of one process is handed over rather than clashing on its
 lock.
@@ -51,6 +57,8 @@ class TaskManager:
         process_stores: ProcessStores,
         open_stores: Callable[[str], dict[str, KeyValueStore]],
         positions: PositionReader | None = None,
+        *,
+        open_off_loop: bool = False,
     ) -> None:
         self._name = name
         #: Each task's input positions beside the group's offsets (broker quirk
@@ -62,12 +70,60 @@ class TaskManager:
         self._updater = state_updater
         self._process_stores = process_stores
         self._open_stores = open_stores
+        self._open_off_loop = open_off_loop
+        #: Stores opened ahead of the assignment that needs them (:meth:`open_ahead`).
+        self._opened_ahead: dict[str, dict[str, KeyValueStore]] = {}
         #: The committed offsets of each restoring active, asked for when it was assigned.
         self._committed: dict[str, asyncio.Future[dict[TopicPartition, int]]] = {}
 
     # -- applying an assignment -------------------------------------------------------------
 
+    async def open_ahead(self, assignment: MemberAssignment) -> None:
+        """With ``open_off_loop``: open, each in a worker thread, the stores of the tasks
+        ``assignment`` adds that no thread of this process holds; :meth:`handle_assignment`
+        takes them. Whatever fails closes what was opened, and raises."""
+        if not self._open_off_loop:
+            return
+        plan = plan_transitions(self.tasks.roles(), assignment)
+        new = [*(task_id for task_id, _role in plan.add_copies),
+               *(task_id for task_id in plan.start if task_id not in plan.promote)]
+        try:
+            for task_id in new:
+                if (task_id in self._opened_ahead or task_id in self.tasks.roles()
+                        or self._process_stores.held_by_another(task_id, self)):
+                    continue
+                self._opened_ahead[task_id] = await self._open_in_worker(task_id)
+                # Held at once: another thread of this process leaves it alone meanwhile.
+                self._process_stores.hold(task_id, self)
+        except BaseException:
+            self._close_opened_ahead()
+            raise
+
+    async def _open_in_worker(self, task_id: str) -> dict[str, KeyValueStore]:
+        """``open_stores(task_id)`` in a worker thread. Cancelled meanwhile (the thread
+        stops), the stores are closed once the worker has opened them: none stays locked."""
+        future = asyncio.get_running_loop().run_in_executor(None, self._open_stores, task_id)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(_close_opened)
+            raise
+
+    def _close_opened_ahead(self) -> None:
+        """Close stores opened ahead that the assignment did not take (it changed meanwhile)."""
+        for task_id, stores in self._opened_ahead.items():
+            self._process_stores.release(task_id, self)
+            for store in stores.values():
+                store.close()
+        self._opened_ahead.clear()
+
     def handle_assignment(self, assignment: MemberAssignment) -> Plan:
+        try:
+            return self._apply(assignment)
+        finally:
+            self._close_opened_ahead()
+
+    def _apply(self, assignment: MemberAssignment) -> Plan:
         plan = plan_transitions(self.tasks.roles(), assignment)
         for task_id in plan.close:
             self.close_task(task_id)
@@ -111,7 +167,9 @@ class TaskManager:
         return self._open(task_id) if stores is None else stores
 
     def _open(self, task_id: str) -> dict[str, KeyValueStore]:
-        stores = self._open_stores(task_id)
+        stores = self._opened_ahead.pop(task_id, None)
+        if stores is None:
+            stores = self._open_stores(task_id)
         self._process_stores.hold(task_id, self)
         return stores
 
@@ -232,14 +290,19 @@ class TaskManager:
             log.info("%s: gave up %s for its ready learner; keeps its state as a copy",
                      self._name, task_id)
 
-    def warm_up(self, task_ids: Iterable[str]) -> list[str]:
-        """Before the first join: open learner copies of these tasks (streams.group.warm_up). A
-        task whose stores cannot be opened is left out, with a warning: it is learned after
-        the join, as usual."""
+    async def warm_up(self, task_ids: Iterable[str]) -> list[str]:
+        """Before the first join: open learner copies of these tasks (streams.group.warm_up),
+        in worker threads with ``open_off_loop``. A task whose stores cannot be opened is left
+        out, with a warning: it is learned after the join, as usual."""
         opened: list[str] = []
         for task_id in task_ids:
             try:
-                self._add_copy(task_id, Role.LEARNER, self._open(task_id))
+                if self._open_off_loop:
+                    stores = await self._open_in_worker(task_id)
+                    self._process_stores.hold(task_id, self)
+                else:
+                    stores = self._open(task_id)
+                self._add_copy(task_id, Role.LEARNER, stores)
             except Exception as exc:
                 log.warning("%s: not warming up %s (%s: %s)", self._name, task_id,
                             type(exc).__name__, exc)
@@ -272,3 +335,12 @@ class TaskManager:
                 self.close_task(task_id)
             except Exception:
                 log.exception("%s: closing %s failed", self._name, task_id)
+
+
+def _close_opened(future: asyncio.Future[dict[str, KeyValueStore]]) -> None:
+    """Close the stores a worker opened for a caller that is gone."""
+    if future.cancelled() or future.exception() is not None:
+        return
+    for store in future.result().values():
+        with contextlib.suppress(Exception):
+            store.close()

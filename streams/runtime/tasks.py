@@ -35,6 +35,14 @@ class Tasks:
     def ids(self) -> list[str]:
         return list(self.active) + list(self.restoring) + list(self.copies)
 
+    def running(self) -> list[StreamTask]:
+        """The running actives: what a commit commits."""
+        return list(self.active.values())
+
+    def held(self) -> list[str]:
+        """Actives, running or restoring, in no particular order."""
+        return [*self.active, *self.restoring]
+
     def owned(self) -> tuple[str, ...]:
         """Actives, running or restoring: what the subscription reports as owned."""
         return tuple(sorted(set(self.active) | set(self.restoring)))

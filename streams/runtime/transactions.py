@@ -40,7 +40,7 @@ from streams.metrics import Metrics
 from streams.quirks.task_positions import TaskPositions
 from streams.runtime.delivery import hand_changelog, hand_outputs
 from streams.runtime.record_collector import changelogs_due
-from streams.runtime.task import RecordError, StreamTask
+from streams.runtime.task import RecordError, StreamTask, drop_reason, task_counts
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +346,7 @@ class TransactionalCollector:
                                   headers=error.dead_letter_headers())
         self.dead_lettered += 1
         if self._metrics is not None:
-            self._metrics.record_dead_letters(self._label, task_id)
+            self._metrics.record_dead_letters(self._label, task_id, reason=drop_reason(error))
 
     async def wait_acknowledged(self) -> None:
         """Acknowledgements are waited for at commit, inside each transaction."""
@@ -410,6 +410,7 @@ class TransactionalCommitter:
         await self._collector.producers.retain(self._held())
         if self._metrics is not None:
             self._metrics.observe_commit(self._label, time.perf_counter() - started)
+            self._metrics.record_task_counts(self._label, task_counts(tasks))
 
     async def _commit_task(self, task: StreamTask) -> None:
         task.purge_expired_windows()

@@ -13,6 +13,17 @@ multi-stage app runs end to end on one call.
         assert driver.read_key_value_map("word-totals") == {"a": 2, "b": 1}
         assert driver.store("word-counts")["a"] == 2
 
+Records are partitioned as a broker's producers do: by the murmur2 hash of the key's encoded
+bytes, over the topic's partition count (a record without a key goes round robin).
+
+By default (``partition_order="sequential"``) each piped record is processed at once, with
+everything it leads to, so records reach every task in the order they were piped. On a
+broker, tasks run their partitions at their own pace: the records a re-keyed stream writes to
+its repartition topic arrive out of timestamp order, and a windowed aggregation after it may
+drop some as late. ``partition_order="interleaved"`` shows that: piped records wait in their
+partitions, and :meth:`flush` (called by every read) processes them the way busy tasks can,
+partition by partition in runs of random length (``seed`` makes it repeatable).
+
 What it does not run: the group, rebalances, restoration over the network, commits to a
 broker. Those need the real runtime and a broker.
 """
@@ -20,6 +31,7 @@ broker. Those need the real runtime and a broker.
 from __future__ import annotations
 
 import itertools
+import random
 import shutil
 import tempfile
 from collections import deque
@@ -93,7 +105,9 @@ class TopologyTestDriver:
     ``app.topic(name, partitions=N)`` has N. ``state_dir``: where the stores live (a
     temporary directory, deleted on :meth:`close`, by default). ``on_error``: what a bad record
     does, ``dead_letter`` or ``stop`` (raise its :class:`RecordError`); the app's setting by
-    default.
+    default. ``partition_order``: ``sequential`` (each record processed as it is piped) or
+    ``interleaved`` (processed at :meth:`flush`, partitions in random runs of at most
+    ``max_run`` records, drawn with ``seed``).
     """
 
     __test__ = False
@@ -105,7 +119,20 @@ class TopologyTestDriver:
         partitions: int | Mapping[str, int] = 1,
         state_dir: Path | str | None = None,
         on_error: str | None = None,
+        partition_order: str = "sequential",
+        seed: int | None = None,
+        max_run: int = 500,
     ) -> None:
+        if partition_order not in ("sequential", "interleaved"):
+            raise ValueError(f"partition_order must be 'sequential' or 'interleaved', not "
+                             f"{partition_order!r}")
+        if max_run < 1:
+            raise ValueError(f"max_run must be >= 1, not {max_run}")
+        self.partition_order = partition_order
+        self._rng = random.Random(seed)
+        self._max_run = max_run
+        #: Interleaved: records waiting to be processed, per (topic, partition).
+        self._queued: dict[tuple[str, int], deque[ConsumerRecord]] = {}
         config = getattr(app, "config", None)
         self.topology: Topology = app if isinstance(app, Topology) else app.topology
         self.application_id = self.topology.application_id
@@ -130,7 +157,7 @@ class TopologyTestDriver:
                        if isinstance(n, SinkNode)}
         self._changelogs: dict[tuple[str, int], list[tuple[bytes, bytes | None]]] = {}
         self._round_robin = itertools.count()
-        self.dead_letters: list[DeadLetter] = []
+        self._dead_letters: list[DeadLetter] = []
         #: The timestamp of records piped without one.
         self.clock_ms = 0
         #: The wall-clock time processors see (``advance_wall_clock`` moves it).
@@ -188,7 +215,31 @@ class TopologyTestDriver:
         self._source(topic)
         timestamp = self.clock_ms if timestamp_ms is None else timestamp_ms
         record = self._append(topic, key, value, timestamp, partition, tuple(headers))
-        self._run(deque([record]))
+        if self.partition_order == "interleaved":
+            self._queue(record)
+        else:
+            self._run(deque([record]))
+
+    def flush(self) -> None:
+        """Interleaved: process every waiting record, and what they lead to, a partition at
+        a time in runs of random length (as tasks that fetch and process at their own pace
+        do); sequential: nothing waits. Reads call it first."""
+        while True:
+            waiting = sorted(k for k, q in self._queued.items() if q)
+            if not waiting:
+                return
+            records = self._queued[self._rng.choice(waiting)]
+            for _ in range(self._rng.randint(1, self._max_run)):
+                if not records:
+                    break
+                for written in self._process(records.popleft()):
+                    self._queue(written)
+
+    @property
+    def dead_letters(self) -> list[DeadLetter]:
+        """The bad records sent to the dead-letter topic so far, and why."""
+        self.flush()
+        return self._dead_letters
 
     def pipe_all(self, topic: str, records: Iterable[tuple[Any, ...]]) -> None:
         """Pipe ``(key, value)`` or ``(key, value, timestamp_ms)`` tuples in order."""
@@ -201,9 +252,11 @@ class TopologyTestDriver:
         """Move every task's stream time (and :attr:`clock_ms`) to at least ``to_ms``, as if a
         record that late had reached each task, then purge the windows past retention as the
         runtime does at a commit. Windows that closed no longer accept records."""
+        self.flush()
         self.clock_ms = max(self.clock_ms, to_ms)
         for task in self.tasks.values():
             task.context.stream_time_ms = max(task.context.stream_time_ms, to_ms)
+            task.advance_window_stream_time(to_ms)
             task.purge_expired_windows()
             task.record_input_position()
             self._drain_changelogs(task)
@@ -215,7 +268,7 @@ class TopologyTestDriver:
         pending: deque[ConsumerRecord] = deque()
         for task in self.tasks.values():
             task.punctuate(now_ms)
-            self._ship(task, pending)
+            pending.extend(self._ship(task))
         self._run(pending)
 
     # -- output ------------------------------------------------------------------------------
@@ -227,6 +280,7 @@ class TopologyTestDriver:
         """The records written to ``topic`` since the last read of it, in the order written,
         decoded with the given serdes, else the topic's declared ones, else those of the
         operation that wrote it (msgpack by default; ``windowed`` reads windowed keys)."""
+        self.flush()
         log = self._logs.get(topic)
         if log is None:
             return []
@@ -261,6 +315,7 @@ class TopologyTestDriver:
 
     def store(self, name: str) -> StoreView:
         """What the store ``name`` holds, across all the tasks that have it."""
+        self.flush()
         stores = [task.stores[name] for _, task in sorted(self.tasks.items())
                   if name in task.stores]
         if not stores:
@@ -269,12 +324,15 @@ class TopologyTestDriver:
 
     def changelog(self, store: str) -> list[tuple[bytes, bytes | None]]:
         """Every changelog record the store ``store`` wrote, encoded, all partitions."""
+        self.flush()
         topic = changelog_topic_name(self.application_id, store)
         return [r for (t, _), records in sorted(self._changelogs.items()) if t == topic
                 for r in records]
 
     @property
     def late_records_dropped(self) -> int:
+        """Records dropped because their window had closed, over all tasks."""
+        self.flush()
         return sum(task.context.late_records_dropped for task in self.tasks.values())
 
     def partitions_of(self, topic: str) -> int:
@@ -287,6 +345,7 @@ class TopologyTestDriver:
     def commit(self) -> None:
         """What the runtime does at a commit: purge expired windows, then flush every store
         and write its checkpoint."""
+        self.flush()
         for task in self.tasks.values():
             task.purge_expired_windows()
             task.record_input_position()
@@ -389,32 +448,41 @@ class TopologyTestDriver:
         log.records.append(record)
         return record
 
+    def _queue(self, record: ConsumerRecord) -> None:
+        self._queued.setdefault((record.topic, record.partition), deque()).append(record)
+
     def _run(self, pending: deque[ConsumerRecord]) -> None:
         while pending:
-            record = pending.popleft()
-            task = self.tasks[f"{self._sub_of_topic[record.topic].id}_{record.partition}"]
-            try:
-                task.process(record)
-            except RecordError as error:
-                if self.on_error == "stop":
-                    raise
-                self._dead_letter(error)
-            # What a record's processing wrote before it failed is shipped, as the runtime
-            # ships a batch's outputs.
-            self._ship(task, pending)
+            pending.extend(self._process(pending.popleft()))
 
-    def _ship(self, task: StreamTask, pending: deque[ConsumerRecord]) -> None:
+    def _process(self, record: ConsumerRecord) -> list[ConsumerRecord]:
+        """Run one record through its task; returns what it wrote to topics the app reads."""
+        task = self.tasks[f"{self._sub_of_topic[record.topic].id}_{record.partition}"]
+        try:
+            task.process(record)
+        except RecordError as error:
+            if self.on_error == "stop":
+                raise
+            self._dead_letter(error)
+        # What a record's processing wrote before it failed is shipped, as the runtime
+        # ships a batch's outputs.
+        return self._ship(task)
+
+    def _ship(self, task: StreamTask) -> list[ConsumerRecord]:
+        """Write the task's outputs to their topics; returns those the app reads."""
+        written_inputs: list[ConsumerRecord] = []
         for output in task.take_outputs():
             written = self._append(output.topic, output.key, output.value,
                                    output.timestamp_ms, None, tuple(output.headers or ()))
             if output.topic in self._sub_of_topic:
-                pending.append(written)
+                written_inputs.append(written)
         task.record_input_position()
         self._drain_changelogs(task)
+        return written_inputs
 
     def _dead_letter(self, error: RecordError) -> None:
         record = error.record
-        self.dead_letters.append(DeadLetter(
+        self._dead_letters.append(DeadLetter(
             record.topic, record.partition, record.offset, record.key, record.value,
             error.stage, f"{type(error.cause).__name__}: {error.cause}",
         ))

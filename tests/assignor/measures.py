@@ -28,7 +28,8 @@ def open_capacity(group: Group) -> dict[str, int]:
 
 def balanced(group: Group, tolerance: int = 1) -> bool:
     """Per kind, tasks per thread of the instances that stay differ by at most
-    ``tolerance``, and within an instance the threads differ by at most one task."""
+    ``tolerance``, and within an instance the threads differ by at most one task, per kind
+    and in total."""
     stateful = {t.task_id: t.stateful for t in group.tasks}
     cap = open_capacity(group)
     if not cap:
@@ -47,7 +48,11 @@ def balanced(group: Group, tolerance: int = 1) -> bool:
             return False
         if any(max(c) - min(c) > 1 for c in threads.values()):
             return False
-    return True
+    totals: dict[str, list[int]] = {}
+    for member in group.members.values():
+        if member.instance_id in cap:
+            totals.setdefault(member.instance_id, []).append(len(member.active))
+    return all(max(c) - min(c) <= 1 for c in totals.values())
 
 
 def moves(before: Mapping[str, str], after: Mapping[str, str]) -> int:

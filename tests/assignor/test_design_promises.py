@@ -151,6 +151,45 @@ def test_threads_of_an_instance_are_balanced_per_kind() -> None:
     assert balanced(group)
 
 
+def test_threads_of_an_instance_are_balanced_in_total_too() -> None:
+    # One stateless and one stateful task on two threads: one each, not both on thread 0
+    # (each kind alone would be balanced either way).
+    group = Group([Task("0_0", stateful=False), Task("0_1")], AssignorConfig())
+    group.join("A", threads=2)
+    first = group.round()
+    assert sorted(len(a.active) for a in first.values()) == [1, 1]
+    # Stateful counts 2 and 1, stateless 1 and 0: the stateless task goes to the thread
+    # with fewer stateful ones, whichever thread ran it before.
+    tasks = [Task("0_0"), Task("0_1"), Task("0_2"), Task("1_0", stateful=False)]
+    group = Group(tasks, AssignorConfig())
+    group.members["A-0"] = SimMember("A-0", "A", 0, {"0_0", "0_1", "1_0"})
+    group.members["A-1"] = SimMember("A-1", "A", 1, {"0_2"})
+    settle(group)
+    assert group.active_by_member() == {"A-0": ["0_0", "0_1"], "A-1": ["0_2", "1_0"]}
+
+
+def test_a_restarted_instance_that_balance_must_relieve_gets_learners_in_its_first_round(
+) -> None:
+    # A restart reports nothing running: its tasks go back to it (its state is on disk), and
+    # the same round places the learners balance needs, since nobody may ask for another.
+    tasks = [Task(f"0_{n}") for n in range(8)]
+    group = Group(tasks, AssignorConfig(max_learners=2))
+    group.join("A", threads=3)
+    settle(group)
+    group.join("B", threads=3)
+    group.now_ms = 1_000
+    group.round()
+    assert len(group.learners_by_instance()["B"]) == 2
+    group.bounce("A")
+    group.memory = None  # it led the group
+    group.now_ms = 2_000
+    out = group.round()
+    assert placement(group) == {t.task_id: "A" for t in tasks}
+    assert sum(len(a.learners) for a in out.values()) == 2
+    settle(group)
+    assert balanced(group)
+
+
 def test_a_promoted_learners_task_runs_on_the_thread_that_learned_it() -> None:
     tasks = [Task("0_0"), Task("0_1")]
     group = Group(tasks, AssignorConfig())
@@ -265,7 +304,7 @@ def test_a_leaving_instances_task_goes_to_a_copy_holder_only_where_balance_keeps
     group = Group([Task(f"0_{n}", stateful=n % 3 != 0) for n in range(14)], config)
     layout = {"A": [{"0_0", "0_1"}], "L": [{"0_2", "0_3"}, {"0_11"}],
               "B": [{"0_4", "0_6"}, {"0_8"}, {"0_13"}], "C": [{"0_5", "0_9"}],
-              "E": [{"0_7", "0_12"}, {"0_10"}, set()]}
+              "E": [{"0_7"}, {"0_10"}, {"0_12"}]}
     copies = {"A": ["0_2", "0_7"], "L": ["0_1", "0_4", "0_10", "0_13"],
               "B": ["0_1", "0_5", "0_7", "0_10", "0_11"], "C": ["0_2", "0_8"],
               "E": ["0_4", "0_5", "0_8", "0_11", "0_13"]}

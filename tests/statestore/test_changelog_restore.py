@@ -23,7 +23,7 @@ from statestore.restore import ChangelogReader
 from statestore.serdes import OrderedKeySerde
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
-from tests.conftest import wait_until
+from tests.conftest import on_tansu, wait_until
 
 pytestmark = pytest.mark.broker
 PARTITIONS = 2
@@ -211,6 +211,8 @@ async def test_undecodable_changelog_record_names_topic_partition_offset(
     value: bytes,
     reason: str,
 ) -> None:
+    if key is None and not on_tansu(bootstrap):
+        pytest.skip("Apache Kafka refuses a record without a key on a compacted topic")
     topic = changelog_topic_name(app_id, "counts")
     store = open_store(tmp_path / "a", app_id)
     await write_history(store, producer, 10, seed=3)

@@ -26,11 +26,14 @@ from streams.config import AppConfig
 from streams.dsl.topology import SubTopology
 from streams.group.predecessors import MemberFiles
 from streams.group.promotion_asks import PromotionAsks
+from streams.group.warm_up import WarmUpGate
+from streams.quirks.hooks import RoundHooks
 from streams.quirks.static_followers import StaticFollowers
 from streams.quirks.synced_round import RoundReports
 from streams.runtime.factory import ThreadClients, build_stream_thread
 from streams.runtime.store_handover import ProcessStores
 from streams.runtime.thread import StreamThread
+from streams.runtime.thread_status import Leaving
 
 SOURCE, SINK = "in", "out"
 
@@ -474,6 +477,7 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
         static_followers: StaticFollowers | None = None,
         subs: list[SubTopology] | None = None, member_files: MemberFiles | None = None,
         promotion_asks: PromotionAsks | None = None, round_reports: RoundReports | None = None,
+        leaving: Leaving | None = None, warm_up_gate: WarmUpGate | None = None,
         **settings: Any) -> Rig:
     events = events if events is not None else []
     transactions = TransactionLog(events)
@@ -487,11 +491,20 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
     thread = build_stream_thread(
         config(state_dir, **settings), index, subs or counting_subs(), clients=clients,
         instance_id="unit-instance", control=control, process_stores=process_stores,
-        static_followers=static_followers, member_files=member_files,
-        promotion_asks=promotion_asks, round_reports=round_reports,
+        hooks=embedded_hooks(static_followers, round_reports), member_files=member_files,
+        promotion_asks=promotion_asks, leaving=leaving, warm_up_gate=warm_up_gate,
     )
     return Rig(thread, clients.consumer, clients.producer, clients.restorer,  # type: ignore[arg-type]
                clients.follower, control, transactions)
+
+
+def embedded_hooks(static_followers: StaticFollowers | None = None,
+                   round_reports: RoundReports | None = None) -> RoundHooks:
+    """The embedded broker's hooks, with the process-wide parts a test hands in (the
+    static-follower protocol, the round reports) and no others."""
+    return RoundHooks(static_followers=static_followers, round_reports=round_reports,
+                      leave_from_formed_group=True, remove_departed=True,
+                      committed_by_markers=True, records_positions=True)
 
 
 def partitions_of(*task_ids: str) -> set[TopicPartition]:

@@ -17,11 +17,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
-from statestore.fetch import ChangelogFetcher, FetchSettings
+import streams
 from statestore.topics import TopicSpec, ensure_topics
 from streams.app import App
 from streams.group.status_topic import read_status
-from tests.conftest import wait_until
+from tests.conftest import on_tansu, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,6 +31,14 @@ FAST_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000,
               "commit_interval_ms": 200, "learner_batch_wait_ms": 3000}
 #: Static membership holds on the embedded broker only with sessions of about 30 s or more.
 STATIC = {"session_timeout_ms": 30_000, "heartbeat_interval_ms": 2_000}
+#: Apache Kafka keeps a static member's place for the session whatever its length: half
+#: Tansu's, so that tests waiting for an eviction wait half as long.
+STATIC_KAFKA = {"session_timeout_ms": 15_000, "heartbeat_interval_ms": 1_500}
+
+
+def static_group(bootstrap: str) -> dict[str, int]:
+    """Session settings for static members on the broker at ``bootstrap``."""
+    return STATIC if on_tansu(bootstrap) else STATIC_KAFKA
 
 
 async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
@@ -98,31 +106,32 @@ async def read_all(
 
 async def read_committed(bootstrap: str, topic: str, partitions: int) -> list[Any]:
     """Every committed record of a topic as (key, value), msgpack-decoded, in per-partition
-    order: what a read_committed consumer sees. Read with the changelog fetcher by the
-    transactions' markers up to the high watermark, as the README tells users of the embedded
-    broker to: it lists no aborted transactions, and holds a partition's last stable offset
-    back while any transaction on it is open."""
-    fetcher = ChangelogFetcher(bootstrap, "read-committed",
-                               FetchSettings(committed_by_markers=True))
-    await fetcher.start()
-    fetcher.track(topic)
+    order: what a read_committed consumer sees, on the embedded broker too (the public
+    reader, ``streams.read_committed``)."""
+    if not on_tansu(bootstrap):
+        return await _read_committed_natively(bootstrap, topic, partitions)
+    return await streams.read_committed(bootstrap, topic, partitions=range(partitions))
+
+
+async def _read_committed_natively(bootstrap: str, topic: str,
+                                   partitions: int) -> list[Any]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                isolation_level="read_committed")
+    await consumer.start()
     out: list[Any] = []
     try:
-        positions = {TopicPartition(topic, p): 0 for p in range(partitions)}
-        done: set[TopicPartition] = set()
-        while len(done) < len(positions):
-            for fetched in await fetcher.fetch({tp: o for tp, o in positions.items()
-                                                if tp not in done}):
-                out += [(None if k is None else msgpack.unpackb(k, raw=False),
-                         None if v is None else msgpack.unpackb(v, raw=False))
-                        for k, v in fetched.changes]
-                stalled = fetched.next_offset == positions[fetched.tp] and not fetched.changes
-                positions[fetched.tp] = fetched.next_offset
-                # At the end, or at a transaction still open: what is committed so far.
-                if stalled or (fetched.end is not None and fetched.next_offset >= fetched.end):
-                    done.add(fetched.tp)
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        stable = await consumer.end_offsets(tps)  # read_committed: the last stable offsets
+        while [tp for tp in tps if await consumer.position(tp) < stable[tp]]:
+            batch = await consumer.getmany(timeout_ms=300)
+            for records in batch.values():
+                out += [(None if r.key is None else msgpack.unpackb(r.key, raw=False),
+                         None if r.value is None else msgpack.unpackb(r.value, raw=False))
+                        for r in records]
     finally:
-        await fetcher.close()
+        await consumer.stop()
     return out
 
 
@@ -155,7 +164,7 @@ def counting_app(app_id: str, bootstrap: str, state_dir: Path, source: str, sink
     """The tests' workhorse: counts records per key into the store ``counts``; with
     ``stages=2`` behind a repartition topic (a stateless first stage, then the count)."""
     if instance is not None:
-        settings = {**STATIC, "group_instance_id": instance, **settings}
+        settings = {**static_group(bootstrap), "group_instance_id": instance, **settings}
     app = make_app(app_id, bootstrap, state_dir, **settings)
     stream = app.stream(source)
     if stages == 2:
@@ -318,16 +327,26 @@ def spawn_worker(app_id: str, bootstrap: str, state_dir: Path, source: str, sink
                  **settings: object) -> subprocess.Popen[bytes]:
     """The counting app as a worker process of its own (so that it can be killed); with
     ``stages=2`` it counts behind a repartition topic. Its log goes to ``log`` when given."""
+    return spawn_app("tests.streams.apps.counting:app",
+                     {"COUNTING_INPUT": source, "COUNTING_OUTPUT": sink,
+                      "COUNTING_STAGES": str(stages)},
+                     app_id, bootstrap, state_dir, log, log_level, **settings)
+
+
+def spawn_app(target: str, app_env: dict[str, str], app_id: str, bootstrap: str,
+              state_dir: Path, log: IO[bytes] | None = None, log_level: str | None = None,
+              **settings: object) -> subprocess.Popen[bytes]:
+    """The app ``module:attribute`` as a worker process, ``app_env`` telling it its topics,
+    ``settings`` (over the tests' fast group settings) as RELAY_* variables."""
     python_path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
-    env = {**os.environ, "PYTHONPATH": python_path, "COUNTING_INPUT": source,
-           "COUNTING_OUTPUT": sink, "COUNTING_STAGES": str(stages),
+    env = {**os.environ, "PYTHONPATH": python_path, **app_env,
            "RELAY_APPLICATION_ID": app_id,
            "RELAY_BOOTSTRAP_SERVERS": bootstrap, "RELAY_STATE_DIR": str(state_dir)}
     for key, value in {**FAST_GROUP, **settings}.items():
         env[f"RELAY_{key.upper()}"] = str(value)
     state_dir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [sys.executable, "-m", "streams", "run", "tests.streams.apps.counting:app",
+        [sys.executable, "-m", "streams", "run", target,
          "--log-level", log_level or os.environ.get("TEST_WORKER_LOG_LEVEL", "WARNING")],
         cwd=state_dir.parent, env=env, stderr=log,
     )

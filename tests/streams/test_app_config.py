@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import warnings
 from dataclasses import fields
 
 import pytest
@@ -52,11 +53,20 @@ def test_a_misspelt_variable_gets_a_warning_naming_the_closest_setting(
 
 
 def test_static_follower_digests_reads_booleans() -> None:
-    assert AppConfig.from_env({"RELAY_STATIC_FOLLOWER_DIGESTS": "off"},
-                              application_id="a").static_follower_digests is False
+    with pytest.warns(DeprecationWarning, match="use broker_quirks"):
+        assert AppConfig.from_env({"RELAY_STATIC_FOLLOWER_DIGESTS": "off"},
+                                  application_id="a").static_follower_digests is False
     assert AppConfig("a").static_follower_digests is None
     with pytest.raises(ConfigError, match="static_follower_digests must be bool"):
         AppConfig.from_env({"RELAY_STATIC_FOLLOWER_DIGESTS": "maybe"}, application_id="a")
+
+
+def test_static_follower_digests_warns_that_broker_quirks_replaces_it() -> None:
+    with pytest.warns(DeprecationWarning, match="static_follower_digests is deprecated"):
+        AppConfig("a", static_follower_digests=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AppConfig("a", broker_quirks="none")  # the replacement does not warn
 
 
 def test_the_query_settings_are_checked_and_name_the_advertised_host() -> None:

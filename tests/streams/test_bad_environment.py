@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from streams.__main__ import main
 from streams.app import App
 from streams.config import AppConfig, ConfigError
+from streams.exit_codes import ExitCode
 
 WORKER = textwrap.dedent("""
     from streams import App
@@ -29,7 +30,9 @@ WORKER = textwrap.dedent("""
 
 def run_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                **env: str) -> tuple[int, str]:
-    """``python -m streams run worker:app`` in-process with ``RELAY_*`` variables."""
+    """``python -m streams run worker:app`` in-process with ``RELAY_*`` variables (a
+    bootstrap address nothing listens on unless given: the checks before it come first)."""
+    env.setdefault("bootstrap_servers", f"127.0.0.1:{closed_port()}")
     (tmp_path / "worker.py").write_text(WORKER)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(sys.modules, "worker", raising=False)
@@ -59,7 +62,7 @@ def test_a_state_dir_that_is_a_file_is_one_line_naming_it(
     (tmp_path / "a-file").write_text("not a directory")
     for state_dir in ("a-file", "a-file/below"):
         code, output = run_worker(tmp_path, monkeypatch, state_dir=str(tmp_path / state_dir))
-        assert code == 1
+        assert code == ExitCode.CONFIG
         assert_one_line(output, "configuration error: state_dir", state_dir)
 
 
@@ -82,6 +85,7 @@ def test_a_state_dir_on_a_read_only_file_system_is_one_line(tmp_path: Path) -> N
     (tmp_path / "ro").mkdir()
     script = (f"mount -t tmpfs -o ro tmpfs {tmp_path / 'ro'} && "
               f"RELAY_STATE_DIR={tmp_path / 'ro' / 'state'} "
+              f"RELAY_BOOTSTRAP_SERVERS=127.0.0.1:{closed_port()} "
               f"{sys.executable} -m streams run worker:app --log-level ERROR")
     probe = subprocess.run(["unshare", "-rm", "sh", "-c",
                             f"mount -t tmpfs -o ro tmpfs {tmp_path / 'ro'}"], capture_output=True)
@@ -89,7 +93,7 @@ def test_a_state_dir_on_a_read_only_file_system_is_one_line(tmp_path: Path) -> N
         pytest.skip("no user and mount namespaces here for a read-only mount")
     done = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1
+    assert done.returncode == ExitCode.CONFIG
     assert_one_line(done.stderr, "state_dir", "Read-only file system")
 
 
@@ -99,7 +103,7 @@ def test_a_malformed_bootstrap_address_is_one_line_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, address: str,
 ) -> None:
     code, output = run_worker(tmp_path, monkeypatch, bootstrap_servers=address)
-    assert code == 1
+    assert code == ExitCode.CONFIG
     assert_one_line(output, "configuration error: bootstrap_servers")
 
 
@@ -115,10 +119,10 @@ def test_an_unreachable_or_unresolvable_broker_is_one_line_and_exit_3(
 ) -> None:
     unreachable = f"127.0.0.1:{closed_port()}"
     code, output = run_worker(tmp_path, monkeypatch, bootstrap_servers=unreachable)
-    assert code == 3
+    assert code == ExitCode.UNREACHABLE
     assert_one_line(output, "broker unreachable: bootstrap_servers", unreachable)
     code, output = run_worker(tmp_path, monkeypatch, bootstrap_servers="relay-no-such.invalid:9092")
-    assert code == 3
+    assert code == ExitCode.UNREACHABLE
     assert_one_line(output, "bootstrap_servers", "cannot resolve relay-no-such.invalid")
 
 
@@ -138,7 +142,7 @@ def test_the_longest_legal_application_id_and_a_dead_letter_topic_are_checked() 
 def test_store_names_that_make_an_internal_topic_too_long_stop_the_run_with_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    app = App("a" * 200, state_dir=tmp_path / "state")
+    app = App("a" * 200, state_dir=tmp_path / "state", bootstrap_servers="127.0.0.1:9092")
     app.stream("lines").group_by_key().count(store="s" * 40).to_stream().to("totals")
     with pytest.raises(ConfigError, match=r"application_id .* makes the internal topic"):
         app.run()

@@ -6,19 +6,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
+from assignor import MemberAssignment
+from assignor.protocol import encode_assignment
 from streams.config import AppConfig, ConfigError
+from streams.quirks.detect import broker_quirks
+from streams.quirks.hooks import RoundHooks, hooks_for
 from streams.quirks.switch import (
     BrokerQuirks,
     Quirk,
     QuirksSettingError,
-    broker_quirks,
     detected,
     parse_setting,
     resolve,
 )
-from streams.quirks.synced_round import RoundReports
 from streams.runtime.factory import ThreadClients, build_stream_thread
+from streams.runtime.thread import StreamThread
 from tests.streams.fakes import (
     FakeChangelogReader,
     FakeConsumer,
@@ -71,17 +75,87 @@ async def test_the_broker_is_asked_only_when_the_quirks_are_detected() -> None:
         frozenset(Quirk) - {Quirk.CACHED_STATIC_REJOIN})
 
 
-@pytest.mark.parametrize("quirks", [BrokerQuirks.every(), BrokerQuirks()],
-                         ids=["all", "none"])
-def test_each_quirk_turns_its_workaround_on_in_the_thread(quirks: BrokerQuirks,
-                                                         tmp_path: Path) -> None:
+def quirks_with(quirk: Quirk, on: bool) -> BrokerQuirks:
+    """Every quirk but ``quirk``, or ``quirk`` alone: each is seen on and off."""
+    return BrokerQuirks(frozenset({quirk})) if on else BrokerQuirks(frozenset(Quirk) - {quirk})
+
+
+def thread_with(hooks: RoundHooks, tmp_path: Path, consumer: FakeConsumer | None = None,
+                **settings: object) -> StreamThread:
     producer = FakeProducer()
-    clients = ThreadClients(FakeConsumer(), producer, FakeChangelogReader(),
+    clients = ThreadClients(consumer or FakeConsumer(), producer, FakeChangelogReader(),
                             FakeChangelogReader(), data_producer=producer)
-    thread = build_stream_thread(config(tmp_path), 0, counting_subs(), clients=clients,
-                                 instance_id="unit-instance", control=FakeControl(),
-                                 round_reports=RoundReports(), quirks=quirks)
-    on = quirks == BrokerQuirks.every()
-    # late-follower-sync: rounds reported and waited for; leader-wedge: leave when formed.
-    assert (thread._round_reports is not None) is on
-    assert thread._leave_from_formed_group is on
+    return build_stream_thread(config(tmp_path, **settings), 0, counting_subs(),
+                               clients=clients, instance_id="unit-instance",
+                               control=FakeControl(), hooks=hooks)
+
+
+def test_where_the_broker_needs_nothing_the_hooks_add_nothing() -> None:
+    hooks = hooks_for(BrokerQuirks(), FakeControl())
+    assert hooks == RoundHooks()
+    assert hooks.fresh_subscription("a-thread-0") is None
+    assert hooks.unsynced(["a", "b"], "a") == set()
+    assert not hooks.waits_for_synced_round
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["on", "off"])
+def test_cached_static_rejoin_asks_the_leader_too(on: bool, tmp_path: Path) -> None:
+    control = FakeControl()
+    hooks = hooks_for(quirks_with(Quirk.CACHED_STATIC_REJOIN, on), control)
+    thread = thread_with(hooks, tmp_path, group_instance_id="node-a")
+    thread.member.request_rejoin("learners ready")
+    assert bool(control.rebalance_requests) is on
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["on", "off"])
+async def test_late_follower_sync_defers_a_rejoin_until_the_round_synced(
+        on: bool, tmp_path: Path) -> None:
+    consumer = FakeConsumer()
+    thread = thread_with(hooks_for(quirks_with(Quirk.LATE_FOLLOWER_SYNC, on)), tmp_path,
+                         consumer)
+    try:
+        await assign_to(thread, consumer, group_size=2)
+        thread.member.request_rejoin_once_synced("learners ready")
+        # On: member-b has not reported its assignment, so the member waits to ask.
+        assert consumer.rejoins == (0 if on else 1)
+    finally:
+        thread.member.close()
+        thread.task_manager.close_all()
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["on", "off"])
+async def test_leader_wedge_leaves_only_from_a_formed_group(on: bool, tmp_path: Path) -> None:
+    consumer = FakeConsumer()
+    heartbeats: list[str | None] = []
+
+    async def heartbeat() -> str | None:
+        heartbeats.append(None)
+        return None
+
+    consumer.heartbeat = heartbeat  # type: ignore[method-assign]
+    hooks = hooks_for(quirks_with(Quirk.LEADER_WEDGE, on))
+    thread = thread_with(hooks, tmp_path, consumer)
+    await hooks.before_leave(thread.member, consumer, 6000, 1000, handed_over=False,
+                             sends_leave_group=True, waits_for_syncs=True, name="unit")
+    assert bool(heartbeats) is on
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["on", "off"])
+def test_departed_static_leader_removes_departed_members_when_stuck(on: bool) -> None:
+    hooks = hooks_for(quirks_with(Quirk.DEPARTED_STATIC_LEADER, on))
+    remover = hooks.departed_remover(FakeProducer(), "127.0.0.1:1", "app", 6000, None)
+    assert (remover is not None) is on
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["on", "off"])
+def test_the_transaction_quirks_switch_what_exactly_once_reads_and_writes(on: bool) -> None:
+    assert hooks_for(quirks_with(Quirk.STUCK_LAST_STABLE_OFFSET, on)).committed_by_markers is on
+    assert hooks_for(
+        quirks_with(Quirk.DEFERRED_TRANSACTIONAL_OFFSETS, on)).records_positions is on
+
+
+async def assign_to(thread: StreamThread, consumer: FakeConsumer, **extra: object) -> None:
+    assignment = MemberAssignment(**extra)  # type: ignore[arg-type]
+    thread.assignor.on_assignment(ConsumerProtocolMemberAssignment(
+        0, [], encode_assignment(assignment)))
+    await thread.listener.on_partitions_assigned(set())

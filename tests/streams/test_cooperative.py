@@ -26,6 +26,7 @@ def counting(app_id: str, bootstrap: str, state_dir: Path, source: str, sink: st
 
 
 @pytest.mark.parametrize("protocol", ["cooperative", "eager"])
+@pytest.mark.tansu
 async def test_unaffected_tasks_process_during_a_rebalance(
     tmp_path: Path, bootstrap: str, unique: Callable[[str], str], protocol: str
 ) -> None:

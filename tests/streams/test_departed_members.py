@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from streams.group.join_watch import DEPARTED_CHECK_EVERY_S
+from streams.group.member_id import static_id_of
 from streams.kafka.membership import GroupMember
-from streams.quirks.departed_members import departed_static_members, static_id_of
+from streams.quirks.departed_members import departed_static_members
 from tests.streams.fakes import rig
 
 UUID = "c28e295f-8ef0-400d-8381-3d8009bcf105"

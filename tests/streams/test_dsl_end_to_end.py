@@ -42,6 +42,7 @@ def readme_app(prefix: str, monkeypatch: pytest.MonkeyPatch, **env: Any) -> Any:
     return namespace["app"]
 
 
+@pytest.mark.tansu
 async def test_the_readme_word_count_on_the_runtime_equals_the_driver(
     tmp_path: Path, bootstrap: str, unique: Callable[[str], str],
     monkeypatch: pytest.MonkeyPatch,

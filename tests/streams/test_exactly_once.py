@@ -38,7 +38,7 @@ def log_of(r: Rig) -> TransactionLog:
 
 
 async def process(r: Rig, *records: object) -> None:
-    await r.thread._process({TP0: list(records)})
+    await r.thread.process({TP0: list(records)})
     await r.thread.collector.ship(r.thread.registry.active.values())
 
 

@@ -27,15 +27,17 @@ from streams.runtime.transactions import TaskProducers, new_transactional_produc
 from tests.conftest import wait_until
 from tests.streams.harness import (
     FAST_GROUP,
-    STATIC,
     Launched,
     counting_app,
     counting_topics,
     create_topics,
     latest,
+    produce,
     read_all,
     read_committed,
     running,
+    spawn_app,
+    static_group,
 )
 
 pytestmark = pytest.mark.broker
@@ -86,13 +88,14 @@ async def exact_committed_counts(bootstrap: str, sink: str, produced: dict[str, 
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.tansu
 async def test_workers_killed_mid_transaction_leave_every_result_exactly_once(
     tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched,
 ) -> None:
     app_id = unique("eos-kill")
     source, sink, traffic = await counting_topics(bootstrap, app_id)
     launched.traffic_for(traffic)
-    settings = {**STATIC, **EXACTLY_ONCE}
+    settings = {**static_group(bootstrap), **EXACTLY_ONCE}
 
     def start(name: str) -> Any:
         # Two stages: each worker's stateless first-stage task writes the repartition topic
@@ -221,6 +224,7 @@ async def test_records_of_an_aborted_transaction_in_the_input_are_never_counted(
         await exact_committed_counts(bootstrap, sink, traffic.produced)
 
 
+@pytest.mark.tansu
 async def test_input_written_by_overlapping_transactions_is_processed_while_they_overlap(
     tmp_path: Path, bootstrap: str, unique: Callable[[str], str],
 ) -> None:
@@ -276,7 +280,7 @@ async def test_input_written_by_overlapping_transactions_is_processed_while_they
                 assert not writer.done(), writer
                 # The writer may get ahead before the app has built its thread.
                 return bool(app.threads) and (
-                    app.threads[0].status_record()["processed"] >= floor)
+                    app.threads[0].reporter.status_record()["processed"] >= floor)
 
             await wait_until(processed_while_overlapping, timeout_s=60,
                              message=f"{floor} committed records processed while "
@@ -403,3 +407,107 @@ async def test_a_first_stage_task_resumes_where_its_last_transaction_ended_not_a
     finally:
         with contextlib.suppress(KafkaException):
             await asyncio.to_thread(upstream.abort_transaction, 10)
+
+
+REGIONS = 3
+USERS = 12
+
+
+class Orders:
+    """Orders in the background, each for one of the users with an amount and a timestamp,
+    and what a correct run of ``tests.streams.apps.orders`` makes of them."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap, self.topic = bootstrap, topic
+        self.sent = 0
+        self.base_ms = 1_700_000_000_000
+        self.per_region: dict[str, int] = {}
+        self.per_window: dict[tuple[str, int], list[int]] = {}
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            batch = []
+            for i in range(self.sent, self.sent + 40):
+                user, amount, ts = f"u{i % USERS}", i % 7 + 1, self.base_ms + i * 20
+                batch.append((f"o{i}", {"user": user, "amount": amount}, ts))
+                region = f"r{i % USERS % REGIONS}"
+                self.per_region[region] = self.per_region.get(region, 0) + 1
+                self.per_window.setdefault((user, ts - ts % 1_000), []).append(amount)
+            await produce(self.bootstrap, self.topic, batch)
+            self.sent += len(batch)
+            await asyncio.sleep(0.05)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+
+@pytest.mark.timeout(420)
+async def test_a_multi_stage_app_gives_exact_results_through_kills(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched,
+) -> None:
+    """Repartition, a stream-table join, an aggregation behind a second repartition topic and
+    a windowed aggregation, with exactly-once, while its two workers are SIGKILLed in turn:
+    every count per region comes out once, in order (1, 2, ..., n), and every window's
+    total comes out once per order in it, ending at the exact sum."""
+    app_id = unique("eos-orders")
+    names = {"ORDERS_INPUT": f"{app_id}-orders", "ORDERS_USERS": f"{app_id}-users",
+             "ORDERS_PER_REGION": f"{app_id}-per-region",
+             "ORDERS_WINDOWED": f"{app_id}-windowed"}
+    await create_topics(bootstrap, {names["ORDERS_INPUT"]: 4, names["ORDERS_USERS"]: 4,
+                                    names["ORDERS_PER_REGION"]: 1, names["ORDERS_WINDOWED"]: 1})
+    orders = Orders(bootstrap, names["ORDERS_INPUT"])
+    # Older than every order: a task reads its inputs in timestamp order, and the join must
+    # find each user's region.
+    await produce(bootstrap, names["ORDERS_USERS"],
+                  [(f"u{u}", f"r{u % REGIONS}", orders.base_ms - 1_000) for u in range(USERS)])
+    settings = {**static_group(bootstrap), **EXACTLY_ONCE}
+
+    def start(name: str) -> Any:
+        process = spawn_app("tests.streams.apps.orders:app", names, app_id, bootstrap,
+                            tmp_path / name, group_instance_id=name, **settings)
+        launched.workers.append(process)
+        return process
+
+    workers = {name: start(name) for name in ("a", "b")}
+
+    async def processing(name: str) -> bool:
+        status = (await read_status(bootstrap, app_id)).get(f"{name}-thread-0", {})
+        return status.get("pid") == workers[name].pid and status.get("processed", 0) > 0
+
+    orders.start()
+    try:
+        for kill in range(KILLS):
+            victim = "ab"[kill % 2]
+            await wait_until(lambda victim=victim: processing(victim), timeout_s=150,
+                             message=f"worker {victim} processing before kill {kill + 1}")
+            workers[victim].send_signal(signal.SIGKILL)
+            workers[victim].wait()
+            workers[victim] = start(victim)
+    finally:
+        await orders.stop()
+
+    totals = {f"{user}@{start}": sum(amounts)
+              for (user, start), amounts in orders.per_window.items()}
+
+    async def exact() -> bool:
+        regions = latest(await read_committed(bootstrap, names["ORDERS_PER_REGION"], 1))
+        windows = await read_committed(bootstrap, names["ORDERS_WINDOWED"], 1)
+        return regions == orders.per_region and {
+            f"{user}@{start}": total for (user, start), total in latest(windows).items()
+        } == totals
+
+    await wait_until(exact, timeout_s=180, message="exact counts per region and window totals")
+    regions = await read_committed(bootstrap, names["ORDERS_PER_REGION"], 1)
+    assert each_count_once(regions, orders.per_region) == {}
+    updates: dict[str, int] = {}
+    for (user, start), _total in await read_committed(bootstrap, names["ORDERS_WINDOWED"], 1):
+        updates[f"{user}@{start}"] = updates.get(f"{user}@{start}", 0) + 1
+    assert updates == {key: len(orders.per_window[(key.split("@")[0], int(key.split("@")[1]))])
+                       for key in totals}

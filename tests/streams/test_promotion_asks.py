@@ -11,6 +11,7 @@ import msgpack
 import pytest
 from aiokafka.structs import TopicPartition
 
+from streams.group.control import LeavingMark, LeavingState
 from streams.group.promotion_asks import (
     ASK_TTL_S,
     PROMOTION_KEY,
@@ -29,6 +30,13 @@ from tests.streams.fakes import SOURCE, FakeControl, assign, partitions_of, rig
 def test_an_ask_survives_its_encoding() -> None:
     ask = PromotionAsk("app-1-thread-0", 7, ("0_1", "0_3"))
     assert decode_ask(encode_ask(ask)) == ask
+
+
+
+def marked_leaving() -> LeavingState:
+    leaving = LeavingState()
+    leaving.mark = LeavingMark(0, None)
+    return leaving
 
 
 @pytest.mark.parametrize("raw", [
@@ -82,17 +90,17 @@ async def test_the_owner_gives_a_task_up_as_it_joins_the_round_its_learner_asked
         asks.record(PromotionAsk("other-thread-0", generation, ("0_1",)))
         await r.thread.listener.before_join()
         assert sorted(r.thread.tasks) == ["0_0", "0_1"]
-        assert r.thread.released_for_learners == 0
+        assert r.thread.listener.handover.released == 0
 
         asks.record(PromotionAsk("other-thread-0", generation, ("0_0",)))
         await r.thread.listener.before_join()
         assert sorted(r.thread.tasks) == ["0_1"]
         assert r.consumer.commits[-1][tp] == 7  # committed before it stopped
         # Its subscription no longer claims it; its state stays, as a copy.
-        assert r.thread.subscription().active == ("0_1",)
+        assert r.thread.member.subscription().active == ("0_1",)
         assert r.thread.standbys == {"0_0": 0}
         assert partitions_of("0_0") <= r.consumer.paused
-        assert r.thread.released_for_learners == 1
+        assert r.thread.listener.handover.released == 1
 
         # The round gives it to its learner: the copy goes, the rest runs on.
         await assign(r, ("0_1",))
@@ -130,7 +138,7 @@ async def test_the_learner_s_member_announces_its_ask_before_it_rejoins(tmp_path
         asks = [decode_ask(s.value) for s in r.producer.sent if s.key == PROMOTION_KEY]
         assert asks == [PromotionAsk(r.thread.status_key.decode(),
                                      r.thread.status.generation, ("0_3",))]
-        assert r.thread.subscription().asks_promotion
+        assert r.thread.member.subscription().asks_promotion
     finally:
         r.thread.task_manager.close_all()
 
@@ -142,13 +150,12 @@ async def test_a_leaving_member_gives_tasks_up_for_ready_learners_like_any_owner
     not in a follow-up (if the learner cannot take it, the leader gives it back: see
     ``test_a_leaving_owner_gets_back_a_task_it_gave_up_for_a_learner_that_could_not_take_it``)."""
     asks = PromotionAsks()
-    r = rig(tmp_path, promotion_asks=asks)
-    r.thread._leaving = lambda: (True, 0, None)  # type: ignore[method-assign]
+    r = rig(tmp_path, promotion_asks=asks, leaving=marked_leaving())
     try:
         await assign(r, ("0_0",), being_learned=("0_0",))
         asks.record(PromotionAsk("other-thread-0", r.thread.status.generation, ("0_0",)))
         await r.thread.listener.before_join()
-        assert r.thread.tasks == {} and r.thread.released_for_learners == 1
+        assert r.thread.tasks == {} and r.thread.listener.handover.released == 1
     finally:
         r.thread.task_manager.close_all()
 
@@ -158,8 +165,8 @@ async def test_a_leaving_member_asks_nobody_to_give_tasks_up_for_its_learners(
 ) -> None:
     """The leader never promotes a leaving member's learners: an owner giving a task up for
     one would give it up for nobody."""
-    r = rig(tmp_path, promotion_asks=PromotionAsks(), round_reports=RoundReports())
-    r.thread._leaving = lambda: (True, 0, None)  # type: ignore[method-assign]
+    r = rig(tmp_path, promotion_asks=PromotionAsks(), round_reports=RoundReports(),
+            leaving=marked_leaving())
     try:
         await assign(r, ("0_1",), learners=("0_3",))
         r.thread.state_updater.check_learners_ready()
@@ -184,6 +191,6 @@ async def test_a_static_owner_publishes_its_subscription_once_it_gave_a_task_up(
         published = len(control.subscriptions)
         await r.thread.listener.before_join()
         assert len(control.subscriptions) == published + 1
-        assert r.thread.subscription().active == ("0_1",)
+        assert r.thread.member.subscription().active == ("0_1",)
     finally:
         r.thread.task_manager.close_all()

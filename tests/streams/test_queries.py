@@ -13,16 +13,14 @@ import pytest
 
 from streams.app import App
 from streams.group.partition_assignor import TaskLayout
+from streams.queries.store_layout import StoreKeyError, StoreLayout, store_layouts
 from streams.queries.store_query import (
     Holding,
     LocalStores,
-    StoreKeyError,
-    StoreLayout,
     StoreQuery,
     StoreUnavailable,
     UnknownStoreError,
     choose_copy,
-    store_layouts,
 )
 from streams.runtime.state_updater import UNKNOWN_LAG
 from streams.runtime.tasks import Tasks

@@ -18,7 +18,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from streams.group.partition_assignor import TaskLayout
 from streams.queries.routing import RoutingTable, StatusFollower
 from streams.queries.server import FORWARDED_HEADER, QueryService, make_query_app
-from streams.queries.store_query import LocalStores, store_layouts
+from streams.queries.store_layout import store_layouts
+from streams.queries.store_query import LocalStores
 from streams.runtime.transitions import Role
 from streams.testing import TopologyTestDriver
 from tests.streams.test_queries import FakeThread, word_count_app
@@ -129,6 +130,9 @@ async def test_a_missing_key_is_a_404_that_says_who_answered(
     code, body, _ = await get(a, "/stores/word-counts/no-such-word")
     assert code == 404 and body["found"] is False and body["value"] is None
     assert body["role"] == "active" and body["owner"]["instance_id"] in ("a", "b")
+    # It may have been counted on another partition, by a producer with another partitioner.
+    assert body["reason"] == "not_found"
+    assert f"partition {body['partition']}" in body["hint"] and "murmur2" in body["hint"]
 
 
 async def test_bad_requests_get_a_4xx_with_a_message(

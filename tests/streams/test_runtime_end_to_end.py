@@ -57,7 +57,7 @@ async def test_restart_gives_exact_results_and_replays_only_the_tail(
             return latest(await read_all(bootstrap, sink, 1)) == expected_counts(1000, 7)
 
         await wait_until(second_done, timeout_s=90, message="counts after the restart")
-        restored = sum(t.restorer.stats.records for t in second.threads)
+        restored = sum(t.state_updater.restorer.stats.records for t in second.threads)
     # Everything was checkpointed at the clean stop: nothing to replay from the changelog.
     assert restored == 0
     final = latest(await read_all(bootstrap, sink, 1))
@@ -105,7 +105,7 @@ async def test_two_workers_share_tasks_and_a_standby_takes_over_when_one_dies(
         await wait_until(all_counted, timeout_s=90, message="exact counts after failover")
         # The tasks it held standbys for restored from its own copies: no full replay.
         assert standby_tasks <= set(thread.tasks)
-        assert thread.restorer.stats.records < 300
+        assert thread.state_updater.restorer.stats.records < 300
         # Standby copies follow the changelog in bulk-load mode; running tasks, the
         # promoted ones included, read their stores with the default memtable.
         assert not any(store.bulk_loading for task in thread.tasks.values()
@@ -130,7 +130,7 @@ async def test_bad_records_go_to_the_dead_letter_topic(
             return len(await read_all(bootstrap, sink, 1)) == 2
 
         await wait_until(outputs, timeout_s=90, message="the good records' outputs")
-        await wait_until(lambda: app.threads[0].dead_lettered == 2, timeout_s=30,
+        await wait_until(lambda: app.threads[0].collector.dead_lettered == 2, timeout_s=30,
                          message="two dead letters")
     assert [v for _, v in await read_all(bootstrap, sink, 1)] == [2, 5]
     letters = await read_all(bootstrap, f"{app_id}-dead-letters", 1, raw=True)

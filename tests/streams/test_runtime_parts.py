@@ -175,8 +175,8 @@ async def test_a_member_told_to_shut_down_while_revoking_leaves_after_the_next_r
         await assign(r, ("0_0",))
         assert r.thread.registry.active
         await assign(r, (), revoked=("0_0",), shutdown=True, rejoin_after_ms=0)
-        assert not r.thread.shutdown_requested and not r.thread._stop.is_set()
+        assert not r.thread.shutdown_requested and not r.thread.lifecycle.stopping
         await assign(r, (), shutdown=True)
-        assert r.thread.shutdown_requested and r.thread._stop.is_set()
+        assert r.thread.shutdown_requested and r.thread.lifecycle.stopping
     finally:
         r.thread.task_manager.close_all()

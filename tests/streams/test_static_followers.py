@@ -69,3 +69,26 @@ def test_dynamic_members_take_no_part() -> None:
     protocol.publish_subscription(Member(None), b"s")
     assert control == FakeControl()
 
+
+
+def test_a_restarted_static_instance_asks_the_leader_for_a_round_only_where_the_broker_needs_it(
+) -> None:
+    # Tansu hands a restarted static member its cached assignment and starts no round; the
+    # new process, knowing none of it, waited for its join watch (about 16 s) before asking.
+    control = FakeControl()
+    StaticFollowers(enabled=True, control=control).restarted("w2 restarted")
+    assert control.rebalance_requests == ["w2 restarted"]
+    off = FakeControl()
+    StaticFollowers(enabled=False, control=off).restarted("w2 restarted")
+    assert off.rebalance_requests == []
+
+
+def test_a_restart_after_a_crash_looks_again_at_its_old_status_without_waiting_it_out() -> None:
+    from streams.app import DUPLICATE_RECHECK_MIN_S, duplicate_recheck_wait_s
+
+    # A record written 4 s ago comes from a dead process: one short look again suffices.
+    assert duplicate_recheck_wait_s(10_000, 14_000, 3.0) == DUPLICATE_RECHECK_MIN_S
+    # A fresh record may come from a live duplicate: wait until it would have been renewed.
+    assert duplicate_recheck_wait_s(10_000, 10_500, 3.0) == 2.5
+    # A clock ahead of ours never shortens the wait below a publication and a margin.
+    assert duplicate_recheck_wait_s(20_000, 10_000, 3.0) == 3.0

@@ -17,8 +17,9 @@ from assignor import parse_task_id
 from statestore.errors import StoreLockedError
 from statestore.record_size import TRUNCATED_BYTES
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
+from streams.group.listener import MAX_REBALANCE_FAILURES
 from streams.runtime.store_handover import ProcessStores
-from streams.runtime.thread import MAX_REBALANCE_FAILURES, FatalThreadError, ThreadState
+from streams.runtime.thread import FatalThreadError, ThreadState
 from tests.conftest import wait_until
 from tests.streams.fakes import SINK, SOURCE, Rig, assign, record, rig
 
@@ -59,7 +60,7 @@ async def test_an_assignment_starts_demotes_and_closes_tasks(tmp_path: Path) -> 
         assert r.consumer.seeks[TopicPartition(SOURCE, 1)] == 7  # kept: where it stopped
         assert TopicPartition(SOURCE, 2) in r.consumer.paused  # restoring: paused
         assert not any(store.is_open for store in closed.values())  # 0_0: closed
-        await r.thread.on_restored("0_2", r.thread.registry.restoring["0_2"])
+        await r.thread.listener.start_restored("0_2", r.thread.registry.restoring["0_2"])
         assert sorted(r.thread.tasks) == ["0_1", "0_2"]
         assert TopicPartition(SOURCE, 2) not in r.consumer.paused
 
@@ -69,7 +70,7 @@ async def test_an_assignment_starts_demotes_and_closes_tasks(tmp_path: Path) -> 
         assert sorted(r.thread.tasks) == ["0_2"]
         assert r.thread.registry.copies["0_1"] is kept
         assert r.thread.standbys == {"0_1": 0}
-        assert r.thread.subscription().active == ("0_2",)
+        assert r.thread.member.subscription().active == ("0_2",)
 
 
 async def test_records_are_processed_and_committed_acks_then_offsets_then_checkpoints(
@@ -207,7 +208,7 @@ async def test_a_copy_is_handed_to_another_thread_of_the_process(tmp_path: Path)
         await assign(second, ("0_0",), restore=False)
         assert second.consumer.rejoins == 0 and second.thread.failure is None
         assert second.thread.registry.restoring["0_0"] == copy
-        assert first.thread.learners == {} and first.thread.subscription().learners == {}
+        assert first.thread.learners == {} and first.thread.member.subscription().learners == {}
         assert not [s for s in first.follower.registered if s in copy.values()]
         await assign(first, ())  # thread 0's own assignment: nothing left to close
         assert all(store.is_open for store in copy.values())
@@ -397,7 +398,7 @@ async def test_a_restored_task_stopped_while_it_reads_its_offsets_is_closed_with
     async with closing(r):
         await assign(r, ("0_0",), restore=False)
         stores = r.thread.registry.restoring["0_0"]
-        starting = asyncio.create_task(r.thread.on_restored("0_0", stores))
+        starting = asyncio.create_task(r.thread.listener.start_restored("0_0", stores))
         await asyncio.wait_for(asked.wait(), 5)
         starting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -455,7 +456,7 @@ async def test_a_leaving_member_checks_the_group_is_formed_after_the_others_sync
 
     r.consumer.heartbeat = heartbeat  # type: ignore[method-assign]
     r.consumer.stop = stop  # type: ignore[method-assign]
-    r.thread._until_round_synced = synced  # type: ignore[method-assign]
+    r.thread.hooks.until_others_synced = synced  # type: ignore[method-assign]
     await run_assign_and_stop(r)
     order = [e for e in events if e.startswith(("heartbeat", "others", "consumer"))]
     assert order == ["others synced", "heartbeat RebalanceInProgressError", "heartbeat None",
@@ -472,19 +473,19 @@ async def test_a_rebalance_asked_for_after_the_round_s_subscription_went_out_is_
     r = rig(tmp_path)
     try:
         r.thread.assignor.metadata([SOURCE])  # the round's JoinGroup
-        r.thread.request_rejoin("marked as leaving")  # arrives mid-round, then dropped
+        r.thread.member.request_rejoin("marked as leaving")  # arrives mid-round, then dropped
         assert r.consumer.rejoins == 1
         await assign(r, ("0_0",))
         assert r.consumer.rejoins == 2  # asked again: the next round hears of it
-        assert r.thread.subscription().rejoin_token == 2
+        assert r.thread.member.subscription().rejoin_token == 2
 
         # Asked for before the subscription went out: that round had it, nothing more.
-        r.thread.request_rejoin("learners ready")
+        r.thread.member.request_rejoin("learners ready")
         r.thread.assignor.metadata([SOURCE])
         await assign(r, ("0_0",))
         assert r.consumer.rejoins == 3
         # A request the client still holds (it rejoins by itself) is not doubled either.
-        r.thread.request_rejoin("learners ready")
+        r.thread.member.request_rejoin("learners ready")
         r.consumer.rejoin_pending = True
         await assign(r, ("0_0",))
         assert r.consumer.rejoins == 4
@@ -492,7 +493,7 @@ async def test_a_rebalance_asked_for_after_the_round_s_subscription_went_out_is_
         # by the round that completed after it.
         r.consumer.rejoin_pending = False
         r.thread.assignor.metadata([SOURCE])
-        r.thread.request_rejoin("follow-up rebalance", news=False)
+        r.thread.member.request_rejoin("follow-up rebalance", news=False)
         await assign(r, ("0_0",))
         assert r.consumer.rejoins == 5
     finally:

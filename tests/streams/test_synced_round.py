@@ -32,6 +32,7 @@ from tests.streams.fakes import (
     assign,
     config,
     counting_subs,
+    embedded_hooks,
     rig,
 )
 
@@ -118,7 +119,7 @@ def reporting_rig(state_dir: Path, reports: RoundReports, member_id: str,
     thread = build_stream_thread(config(state_dir, **settings), 0, counting_subs(),
                                  clients=clients,
                                  instance_id="unit-instance", control=control,
-                                 round_reports=reports)
+                                 hooks=embedded_hooks(round_reports=reports))
     return Rig(thread, consumer, clients.producer, clients.restorer,  # type: ignore[arg-type]
                clients.follower, control)
 
@@ -161,8 +162,8 @@ async def test_ready_learners_ask_once_synced_and_requests_made_meanwhile_ask_on
     try:
         await assign(r, (), learners=("0_2",), group_size=2)
         reports.record("member-a", 4)
-        r.thread.learners_ready(["0_2"])
-        r.thread.request_rejoin_once_synced("follow-up rebalance")
+        r.thread.member.learners_ready(["0_2"])
+        r.thread.member.request_rejoin_once_synced("follow-up rebalance")
         await asyncio.sleep(0.3)
         assert r.consumer.rejoins == 0
         # The next round began meanwhile (someone else asked): no request in its middle.
@@ -188,7 +189,7 @@ async def test_without_reports_a_member_asks_at_once(tmp_path: Path) -> None:
     r = rig(tmp_path)
     try:
         await assign(r, (), learners=("0_2",), group_size=2)
-        r.thread.learners_ready(["0_2"])
+        r.thread.member.learners_ready(["0_2"])
         assert r.consumer.rejoins == 1
         await asyncio.sleep(0.1)
         assert not r.producer.to("unit-control")  # and reports nothing
@@ -225,15 +226,19 @@ async def test_a_stopping_member_waits_for_the_others_at_most_the_limit(
     r.thread.task_manager.close_all()
     await assign(r, (), group_size=2)
     reports.record("member-a", 4)
-    # member-b never reports (it crashed, say): the wait ends anyway.
-    await asyncio.wait_for(r.thread._until_round_synced(limit_s=0.3), 5)
+    # member-b never reports (it crashed, say): the wait ends anyway, at the limit.
+    synced = await asyncio.wait_for(
+        r.thread.hooks.until_others_synced(r.thread.member, limit_s=0.3), 5)
+    assert synced is False
+    reports.record("member-b", 4)
+    assert await r.thread.hooks.until_others_synced(r.thread.member, limit_s=0.3) is True
 
 
 async def test_a_stop_the_world_member_neither_reports_nor_waits(tmp_path: Path) -> None:
     r = reporting_rig(tmp_path, RoundReports(), "member-a", rebalance_protocol="eager")
     try:
         await assign(r, (), group_size=3)
-        r.thread.request_rejoin_once_synced("follow-up rebalance")
+        r.thread.member.request_rejoin_once_synced("follow-up rebalance")
         assert r.consumer.rejoins == 1
         await asyncio.sleep(0.1)
         assert not r.producer.to("unit-control")

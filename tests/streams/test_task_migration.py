@@ -30,6 +30,7 @@ from tests.streams.harness import (
 pytestmark = pytest.mark.broker
 
 
+@pytest.mark.tansu
 async def test_scale_out_learns_first_then_moves(
     tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched
 ) -> None:
@@ -72,7 +73,7 @@ async def test_scale_out_learns_first_then_moves(
             assert counted == len(moved)
             # Its owner gave each one up as it joined the round its learner asked for, so
             # the task moved in that round, not in a follow-up one.
-            assert sum(t.released_for_learners for t in old.threads) == len(moved)
+            assert sum(t.listener.handover.released for t in old.threads) == len(moved)
             await traffic.stop()
             await exact_counts(bootstrap, sink, traffic.produced)
             await each_knows_the_other_s_learners(bootstrap, app_id, old, new)

@@ -12,6 +12,7 @@ import pytest
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from assignor import LeaderMemory, Member, MemberAssignment
+from streams.group.control import LeavingMark, LeavingState
 from streams.group.partition_assignor import hold_deadlines, moves_by_cause
 from tests.conftest import wait_until
 from tests.streams.fakes import SOURCE, assign, record, rig
@@ -25,27 +26,29 @@ def value(r, name: str, **labels: str) -> float | None:  # type: ignore[no-untyp
 
 @pytest.mark.asyncio
 async def test_the_status_record_carries_what_the_web_view_reads(tmp_path: Path) -> None:
-    r = rig(tmp_path, scale_down_timeout_ms=5_000)
+    leaving = LeavingState()
+    r = rig(tmp_path, scale_down_timeout_ms=5_000, leaving=leaving)
     try:
         # 0_0 and 0_1 restore; 0_1's changelog end is not known yet; learners follow 0_1.
         r.restorer.lags = {"0": 42, "1": None}
         await assign(r, ("0_0", "0_1"), standbys=("0_2",), being_learned=("0_1",),
                      restore=False)
-        status = r.thread.status_record()
+        status = r.thread.reporter.status_record()
         assert status["stateful_tasks"] == ["0_0", "0_1", "0_2", "0_3"]
         assert status["restoring"] == ["0_0", "0_1"]
         assert status["restoring_lag"] == {"0_0": 42}
         assert status["being_learned"] == ["0_1"]
         assert status["leaving_deadline_ms"] is None
 
-        r.thread._leaving = lambda: (True, 1_000, None)
-        assert r.thread.status_record()["leaving_deadline_ms"] == 6_000  # the app's timeout
-        r.thread._leaving = lambda: (True, 1_000, 200)
-        assert r.thread.status_record()["leaving_deadline_ms"] == 1_200  # the mark's own
+        leaving.mark = LeavingMark(1_000, None)
+        # The app's timeout, then the mark's own.
+        assert r.thread.reporter.status_record()["leaving_deadline_ms"] == 6_000
+        leaving.mark = LeavingMark(1_000, 200)
+        assert r.thread.reporter.status_record()["leaving_deadline_ms"] == 1_200
 
         await r.thread.state_updater.restore_pending()
         await assign(r, ("0_0", "0_1"))
-        status = r.thread.status_record()
+        status = r.thread.reporter.status_record()
         assert status["restoring_lag"] == {} and status["being_learned"] == []
     finally:
         r.thread.task_manager.close_all()
@@ -57,15 +60,15 @@ async def test_the_status_gives_the_shortest_of_the_last_rounds(tmp_path: Path) 
     a crashed member's session says nothing of how long a join takes."""
     r = rig(tmp_path)
     try:
-        assert r.thread.status_record()["round_s"] is None  # no round yet
+        assert r.thread.reporter.status_record()["round_s"] is None  # no round yet
         for took, shortest in ((12.0, 12.0), (3.0, 3.0), (9.0, 3.0)):
             r.consumer.round_started = time.monotonic() - took
             await assign(r, ("0_0",))
-            assert r.thread.status_record()["round_s"] == pytest.approx(shortest, abs=0.5)
+            assert r.thread.reporter.status_record()["round_s"] == pytest.approx(shortest, abs=0.5)
         for _ in range(5):  # only the last few count
             r.consumer.round_started = time.monotonic() - 6.0
             await assign(r, ("0_0",))
-        assert r.thread.status_record()["round_s"] == pytest.approx(6.0, abs=0.5)
+        assert r.thread.reporter.status_record()["round_s"] == pytest.approx(6.0, abs=0.5)
     finally:
         r.thread.task_manager.close_all()
 

@@ -148,8 +148,8 @@ async def test_a_new_thread_restores_its_copies_then_announces_them_then_joins(
     tmp_path: Path,
 ) -> None:
     asks = PromotionAsks()
-    r = rig(tmp_path, promotion_asks=asks)
-    r.thread.warm_up_gate = WarmUpGate(WarmUpPlan(9, {0: ("0_1", "0_2")}), num_threads=1)
+    r = rig(tmp_path, promotion_asks=asks,
+            warm_up_gate=WarmUpGate(WarmUpPlan(9, {0: ("0_1", "0_2")}), num_threads=1))
     r.follower.lags = {"1": 50_000, "2": 0}  # 0_1 still far behind
     started = asyncio.Event()
     start = r.consumer.start
@@ -170,7 +170,7 @@ async def test_a_new_thread_restores_its_copies_then_announces_them_then_joins(
         await asyncio.wait_for(started.wait(), 5)
         (sent,) = [decode_ask(s.value) for s in r.producer.sent if s.key == PROMOTION_KEY]
         assert sent == PromotionAsk(r.thread.status_key.decode(), 9, ("0_1", "0_2"), True)
-        first = r.thread.subscription()
+        first = r.thread.member.subscription()
         assert first.learners == {"0_1": 10, "0_2": 0} and first.asks_promotion
         assert first.active == ()
 
@@ -192,9 +192,9 @@ async def test_a_thread_joins_when_its_copies_will_catch_up_during_the_round(
     """The restore and the round overlap: the copies read 1,000 records per 20 ms poll, so
     with 150,000 left and a 3 s round the thread joins well before they are caught up, and
     its first subscription says it expects them ready by the assignment."""
-    r = rig(tmp_path, promotion_asks=PromotionAsks(), acceptable_lag=100)
-    r.thread.warm_up_gate = WarmUpGate(WarmUpPlan(9, {0: ("0_1",)}, join_lead_s=3.0),
-                                       num_threads=1)
+    r = rig(tmp_path, promotion_asks=PromotionAsks(), acceptable_lag=100,
+            warm_up_gate=WarmUpGate(WarmUpPlan(9, {0: ("0_1",)}, join_lead_s=3.0),
+                                    num_threads=1))
     r.follower.lags = {"1": 300_000}
 
     async def steady_read(timeout_ms: int = 200) -> int:
@@ -213,12 +213,12 @@ async def test_a_thread_joins_when_its_copies_will_catch_up_during_the_round(
         assert 100 < left < 300_000
         (sent,) = [decode_ask(s.value) for s in r.producer.sent if s.key == PROMOTION_KEY]
         assert sent.tasks == ("0_1",) and sent.joining
-        first = r.thread.subscription()
+        first = r.thread.member.subscription()
         assert first.ready_by_assignment == ("0_1",) and first.asks_promotion
         assert first.learners["0_1"] > 100  # the lag is reported as it is
         # Said of the first round only.
         await assign(r, ("0_1",))
-        assert r.thread.subscription().ready_by_assignment == ()
+        assert r.thread.member.subscription().ready_by_assignment == ()
     finally:
         r.thread.stop()
         await asyncio.wait_for(run, 10)
@@ -228,8 +228,8 @@ async def test_a_thread_joins_when_its_copies_will_catch_up_during_the_round(
 async def test_a_thread_that_cannot_catch_up_in_time_joins_without_asking(
     tmp_path: Path,
 ) -> None:
-    r = rig(tmp_path, promotion_asks=PromotionAsks(), warm_up_timeout_ms=300)
-    r.thread.warm_up_gate = WarmUpGate(WarmUpPlan(9, {0: ("0_1",)}), num_threads=1)
+    r = rig(tmp_path, promotion_asks=PromotionAsks(), warm_up_timeout_ms=300,
+            warm_up_gate=WarmUpGate(WarmUpPlan(9, {0: ("0_1",)}), num_threads=1))
     r.follower.lags = {"1": 50_000}
     run = asyncio.create_task(r.thread.run([SOURCE]))
     try:
@@ -237,7 +237,7 @@ async def test_a_thread_that_cannot_catch_up_in_time_joins_without_asking(
                          message="the join after the warm-up's time ran out")
         assert not [s for s in r.producer.sent if s.key == PROMOTION_KEY]
         assert r.thread.learners == {"0_1": 50_000}
-        assert not r.thread.subscription().asks_promotion
+        assert not r.thread.member.subscription().asks_promotion
     finally:
         r.thread.stop()
         await asyncio.wait_for(run, 10)
@@ -255,7 +255,7 @@ async def test_an_owner_gives_up_a_task_a_newcomer_warmed_up_as_it_joins(
         asks.record(PromotionAsk("new-thread-0", generation, ("0_1",), joining=True))
         await r.thread.listener.before_join()
         assert sorted(r.thread.tasks) == ["0_0"]
-        assert r.thread.subscription().active == ("0_0",)
+        assert r.thread.member.subscription().active == ("0_0",)
         assert r.thread.standbys == {"0_1": 0} and partitions_of("0_1") <= r.consumer.paused
         # The leader placed it elsewhere after all: it comes back from the copy, and the
         # spent ask does not give it up again.

@@ -51,6 +51,24 @@ def test_serves_on_the_given_port_until_sigterm() -> None:
             process.wait()
 
 
+def test_serves_apache_kafka_with_engine_kafka() -> None:
+    port = free_loopback_port()
+    process = relay("broker", "--engine", "kafka", "--port", str(port))
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        while line.startswith("relay: fetching"):  # a fresh cache: Maven runs first
+            line = process.stdout.readline()
+        assert f"Apache Kafka 4.4.0 at 127.0.0.1:{port}" in line, line
+        assert isinstance(asyncio.run(list_topics(f"127.0.0.1:{port}")), list)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def test_a_port_in_use_is_an_error() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

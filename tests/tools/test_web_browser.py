@@ -26,10 +26,10 @@ from streams.group.status_topic import read_status
 from tests.conftest import wait_until
 from tests.streams.harness import (
     ROOT,
-    STATIC,
     counting_topics,
     run_relay,
     spawn_worker,
+    static_group,
 )
 
 pytestmark = pytest.mark.broker
@@ -123,7 +123,8 @@ async def test_the_page_shows_a_learner_catch_up_and_take_over(
     # Nobody restarts here, so a static session shorter than a restart needs keeps rounds short.
     workers = [
         spawn_worker(app_id, bootstrap, tmp_path / name, source, sink,
-                     group_instance_id=name, **{**STATIC, "session_timeout_ms": 12_000})
+                     group_instance_id=name,
+                     **{**static_group(bootstrap), "session_timeout_ms": 12_000})
         for name in ("node-a", "node-b")
     ]
     try:

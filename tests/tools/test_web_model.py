@@ -189,10 +189,13 @@ def test_the_timeline_keeps_the_window() -> None:
     assert [e["text"] for e in view["timeline"]] == [
         "b-thread-0 publishes (instance b)", "0_1: active on b-thread-0"]
     assert len(model.view(120_000, window_ms=200_000)["timeline"]) == 4
-    # a has been silent since 0: its span ends when the next record shows it stale.
+    # a has been silent since 0: its span ends at its last record, before the window.
     (lane,) = [lane for lane in view["lanes"] if lane["task"] == "0_0"]
+    assert lane["spans"] == []
+    (lane,) = [lane for lane in model.view(120_000, window_ms=200_000)["lanes"]
+               if lane["task"] == "0_0"]
     assert lane["spans"] == [{"member": "a-thread-0", "instance": "a", "role": "active",
-                              "start_ms": 60_000, "end_ms": 100_000, "open": False}]
+                              "start_ms": 0, "end_ms": 0, "open": False}]
 
 
 def test_leaving_deadlines_from_marks_and_from_members() -> None:
@@ -287,3 +290,38 @@ def test_parse_status_names_the_member_and_field() -> None:
         assert str(exc) == "status of 'a-thread-0': 'thread' is True"
     else:
         raise AssertionError("a boolean thread index was accepted")
+
+
+def test_a_killed_members_task_is_unassigned_from_its_last_record() -> None:
+    """The gap of a failover runs from the dead member's last record (when it stopped), not
+    from when the view found it silent."""
+    model = GroupModel("app")
+    model.apply(status("a", active=("0_0",), at=1_000))
+    for at in range(1_000, 18_001, 1_000):
+        model.apply(status("b", active=("0_1",), at=at))
+    view = model.view(18_000)
+    assert task(view, "0_0")["unassigned_since_ms"] == 1_000
+    model.apply(status("b", active=("0_1", "0_0"), at=18_500))
+    view = model.view(18_500)
+    (move,) = kinds(view, "moved")
+    assert move["cause"] == "failover" and move["gap_ms"] == 17_500
+    [active_a] = [s for s in next(lane for lane in view["lanes"] if lane["task"] == "0_0")
+                  ["spans"] if s["member"] == "a-thread-0"]
+    assert active_a["end_ms"] == 1_000
+
+
+def test_a_tasks_dropped_and_misrouted_records_come_from_its_active() -> None:
+    model = GroupModel("app")
+    model.apply(status("a", active=("0_0", "0_1"), at=1_000,
+                       dropped={"0_0": {"late": 3, "deserialize": 1}}, misrouted={"0_1": 2}))
+    view = model.view(1_000)
+    assert task(view, "0_0")["dropped"] == {"late": 3, "deserialize": 1}
+    assert task(view, "0_0")["misrouted"] == 0
+    assert task(view, "0_1")["dropped"] == {} and task(view, "0_1")["misrouted"] == 2
+    assert json.loads(json.dumps(view)) == view
+
+
+def test_malformed_drop_counts_are_rejected_by_name() -> None:
+    model = GroupModel("app")
+    model.apply(status("a", active=("0_0",), at=1_000, dropped={"0_0": "many"}))
+    assert model.unreadable == 1 and "'dropped'" in (model.last_error or "")

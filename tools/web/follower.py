@@ -14,20 +14,12 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from streams.group.control import (
-    FETCH_KEY,
-    REBALANCE_KEY,
-    ROUND_KEY,
-    SUBSCRIPTION_KEY,
-    control_topic_name,
-    decode_mark,
-)
+from streams.group.control import CONTROL_MESSAGE_KEYS, control_topic_name, decode_mark
 from streams.group.status_topic import status_topic_name
 from streams.queries.routing import RoutingTable, now_ms
 from tools.web.model import STALE_AFTER_MS, GroupModel, MarkRecord, StatusRecord
 
 log = logging.getLogger(__name__)
-_CONTROL_MESSAGES = (FETCH_KEY, REBALANCE_KEY, SUBSCRIPTION_KEY, ROUND_KEY)
 RETRY_S = 2.0
 
 
@@ -51,7 +43,7 @@ def to_model_record(status_topic: str, record: ConsumerRecord,
                          f"{exc}")
             return None
         return StatusRecord(key, value, at)
-    if record.key in _CONTROL_MESSAGES or key is None:
+    if record.key in CONTROL_MESSAGE_KEYS or key is None:
         return None
     try:
         return MarkRecord(key, decode_mark(record.value), at)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streams.group.control import LeavingMark
+from streams.group.member_id import instance_of as member_instance
 
 #: A member that published nothing for this long is shown as stale (it may have died).
 STALE_AFTER_MS = 15_000
@@ -110,6 +111,10 @@ class MemberStatus:
     restoring_lag: dict[str, int] | None = None
     stateful_tasks: tuple[str, ...] | None = None
     being_learned: tuple[str, ...] | None = None
+    #: Per task: records it dropped (by reason) and misrouted records it saw, since it
+    #: started on this member.
+    dropped: dict[str, dict[str, int]] | None = None
+    misrouted: dict[str, int] | None = None
 
 
 def parse_status(member: str, value: Mapping[str, Any]) -> MemberStatus:
@@ -146,6 +151,18 @@ def parse_status(member: str, value: Mapping[str, Any]) -> MemberStatus:
             raise ValueError(f"status of {member!r}: {name!r} is not a map of task to lag")
         return dict(items)
 
+    def drops(name: str) -> dict[str, dict[str, int]] | None:
+        items = get(name, Mapping, None)
+        if items is None:
+            return None
+        if not all(isinstance(t, str) and isinstance(counts, Mapping)
+                   and all(isinstance(r, str) and isinstance(n, int) and not isinstance(n, bool)
+                           for r, n in counts.items())
+                   for t, counts in items.items()):
+            raise ValueError(f"status of {member!r}: {name!r} is not a map of task to counts "
+                             f"by reason")
+        return {t: dict(counts) for t, counts in items.items()}
+
     thread = get("thread", int)
     instance = get("instance_id", str, None) or member
     return MemberStatus(
@@ -171,6 +188,8 @@ def parse_status(member: str, value: Mapping[str, Any]) -> MemberStatus:
         restoring_lag=lags("restoring_lag", None),
         stateful_tasks=tasks("stateful_tasks", None),
         being_learned=tasks("being_learned", None),
+        dropped=drops("dropped"),
+        misrouted=lags("misrouted", None),
     )
 
 
@@ -382,13 +401,17 @@ class GroupModel:
                 self._owned_by.get(old, set()).discard(task)
             if new is not None:
                 self._owned_by.setdefault(new, set()).add(task)
+            # A silent owner stopped at its last record (a crash is only seen later, once
+            # it has been silent too long): its task was unassigned from then.
+            stopped = at if old is None or self._live(old, at) else self._last_seen(old, at)
             if old is not None:
-                self._close((task, old, "active"), at)
+                self._close((task, old, "active"), stopped if new is None else at)
             if new is not None:
                 self._open[(task, new, "active")] = at
             if new is None:
                 del self._owner[task]
-                self._released[task] = _Released(old, at, self._release_cause(old, at))  # type: ignore[arg-type]
+                self._released[task] = _Released(old, stopped,  # type: ignore[arg-type]
+                                                  self._release_cause(old, at))  # type: ignore[arg-type]
                 continue
             self._owner[task] = new
             released = self._released.pop(task, None)
@@ -407,6 +430,10 @@ class GroupModel:
                             members=(source, new), cause=cause, gap_ms=gap)
             if self._learned_by.get(task) == new:
                 del self._learned_by[task]
+
+    def _last_seen(self, member: str, at: int) -> int:
+        entry = self._members.get(member)
+        return entry.at_ms if entry is not None else at
 
     def _release_cause(self, member: str, at: int) -> str | None:
         entry = self._members.get(member)
@@ -544,6 +571,8 @@ class GroupModel:
             "standbys": standbys,
             "isStateful": stateful,
             "beingLearned": being_learned,
+            "dropped": dict((owner.status.dropped or {}).get(task, {})) if owner else {},
+            "misrouted": (owner.status.misrouted or {}).get(task, 0) if owner else 0,
             "tags": [t for t, on in (("isStateful", stateful), ("beingLearned", being_learned))
                      if on],
         }
@@ -554,7 +583,7 @@ class GroupModel:
         open ones (ending now), each clipped to the window."""
         spans = [(*s, False) for s in self._spans.get(task, ()) if s[3] >= start]
         spans += open_spans
-        return [{"member": m, "instance": instance_of.get(m, m.rsplit("-thread-", 1)[0]),
+        return [{"member": m, "instance": instance_of.get(m, member_instance(m)),
                  "role": r, "start_ms": max(a, start), "end_ms": b, "open": is_open}
                 for m, r, a, b, is_open in sorted(spans, key=lambda s: (s[2], s[1]))]
 

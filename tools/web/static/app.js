@@ -104,13 +104,37 @@ function copyNode(task, c) {
   if (c.ready_in_ms !== null && c.ready_in_ms !== undefined) {
     label += ` · ready in ${duration(c.ready_in_ms)}`;
   }
-  return el("div", {class: `copy ${c.role}` + (c.isReady ? " ready" : ""), "data-task": task,
-                    "data-role": c.role, "data-member": c.member, "data-ready": c.isReady,
+  // A copy on a silent member (killed, say) is what it was when the member last published:
+  // drawn stale, never ready.
+  const state = c.stale ? el("span", {class: "tag stale", "data-tag": "stale",
+                                      title: "its member has been silent: it may be dead"},
+                             "stale")
+    : c.isReady ? tag("isReady") : el("span", {class: "tag not-ready"}, "catching up");
+  const look = c.stale ? " stale" : c.isReady ? " ready" : "";
+  return el("div", {class: `copy ${c.role}${look}`, "data-task": task,
+                    "data-role": c.role, "data-member": c.member,
+                    "data-ready": c.isReady && !c.stale, "data-stale": c.stale,
                     "data-lag": c.lag},
     el("code", {}, c.member), " ",
     c.isLearner ? tag("isLearner") : null,
-    c.isReady ? tag("isReady") : el("span", {class: "tag not-ready"}, "catching up"),
+    state,
     bar(c.progress, label, {"data-role": c.role}));
+}
+
+// Records the task's active dropped (late ones most of all) and keys it got on the wrong
+// partition: invisible in the output, so shown where the task is.
+function dropsNode(t) {
+  const dropped = Object.entries(t.dropped || {}).filter(([, n]) => n > 0);
+  if (!dropped.length && !t.misrouted) return null;
+  return el("div", {class: "drops", "data-task": t.task},
+    dropped.map(([reason, n]) => el("span", {class: `tag dropped ${reason}`,
+                                            "data-tag": `dropped-${reason}`,
+                                            title: "records dropped since it started here"},
+                                    `dropped ${number(n)} ${reason}`)),
+    t.misrouted ? el("span", {class: "tag misrouted", "data-tag": "misrouted",
+                              title: "keys that murmur2 places on another partition: a " +
+                                     "producer with another partitioner"},
+                     `${number(t.misrouted)} misrouted`) : null);
 }
 
 function renderTasks(view) {
@@ -139,7 +163,7 @@ function renderTasks(view) {
                    : el("span", {class: "tag unknown", title: view.derived.isStateful},
                         "stateful?"),
          t.beingLearned ? tag("beingLearned") : null),
-      el("td", {class: "active-cell"}, active),
+      el("td", {class: "active-cell"}, active, dropsNode(t)),
       el("td", {}, t.learners.map((c) => copyNode(t.task, c))),
       el("td", {}, t.standbys.map((c) => copyNode(t.task, c))));
   });

@@ -1,0 +1,227 @@
+"""What a stream thread runs, as it publishes it: its status record on the app's status topic
+(every second, and while it warms up), and its round figures in the app's metrics.
+
+The status record is what ``relay describe``, the web view, query routing, a newcomer's
+warm-up plan and the other members' batching of promotions read of this member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgpack
+
+from streams.config import AppConfig
+from streams.group.join_watch import JoinWatch
+from streams.group.partition_assignor import RelayAssignor, TaskLayout
+from streams.group.status_topic import status_topic_name
+from streams.metrics import Metrics
+from streams.queries.store_layout import store_layouts
+from streams.runtime.lifecycle import Lifecycle
+from streams.runtime.state_updater import StateUpdater
+from streams.runtime.task import status_figures
+from streams.runtime.tasks import Tasks
+from streams.runtime.transitions import Role
+
+#: Rounds whose durations a member keeps: its status gives the shortest of them.
+RECENT_ROUNDS = 5
+
+
+class Leaving(Protocol):
+    """Whether this instance is marked as leaving: ``(leaving, since_ms, timeout_ms)``."""
+
+    def current(self) -> tuple[bool, int | None, int | None]: ...
+
+
+class NotLeaving:
+    """An instance nobody marks as leaving (a thread built alone)."""
+
+    def current(self) -> tuple[bool, int | None, int | None]:
+        return (False, None, None)
+
+
+@dataclass
+class ThreadStatus:
+    """What the thread runs now, for status reports and tests."""
+
+    member_id: str = ""
+    generation: int = -1
+    active: list[str] = field(default_factory=list)
+    restoring: list[str] = field(default_factory=list)
+    standbys: dict[str, int] = field(default_factory=dict)
+    learners: dict[str, int] = field(default_factory=dict)
+    rebalances: int = 0
+
+
+@dataclass(frozen=True)
+class ThreadIdentity:
+    index: int
+    instance_id: str
+    static_id: str | None
+    incarnation: str = ""
+    #: The key of its status record and its metrics label: its member id.
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.static_id or f"thread {self.index}"
+
+
+class StatusReporter:
+    """Keeps the thread's :class:`ThreadStatus` and publishes it."""
+
+    def __init__(self, config: AppConfig, identity: ThreadIdentity, layout: TaskLayout,
+                 registry: Tasks, state_updater: StateUpdater, assignor: RelayAssignor,
+                 lifecycle: Lifecycle, leaving: Leaving, metrics: Metrics,
+                 producer: Any) -> None:
+        self.config = config
+        self.identity = identity
+        self.layout = layout
+        self.registry = registry
+        self.state_updater = state_updater
+        self.assignor = assignor
+        self.lifecycle = lifecycle
+        self.leaving = leaving
+        self.metrics = metrics
+        self.producer = producer
+        self.status = ThreadStatus()
+        self.topic = status_topic_name(config.application_id)
+        self.key = identity.label.encode()
+        #: A new instance restoring its copies before it joins (streams.group.warm_up).
+        self.warming_up = False
+        #: Tasks of this member that learners elsewhere follow (from the last assignment).
+        self.being_learned: tuple[str, ...] = ()
+        #: This process's query server, published for routing (None: not serving).
+        self.query_endpoint: str | None = None
+        #: How long this thread's last rounds took, each from its join to its assignment
+        #: applied: a newcomer plans its warm-up's end on the shortest (streams.group.warm_up).
+        self.recent_rounds: deque[float] = deque(maxlen=RECENT_ROUNDS)
+        #: When (monotonic) the thread stopped processing for the current round, if it did.
+        self._revoked_at: float | None = None
+        self._store_layouts: dict[str, dict[str, Any]] | None = None
+
+    def update(self) -> None:
+        self.status.active = sorted(self.registry.active)
+        self.status.restoring = sorted(self.registry.restoring)
+        self.status.standbys = self.state_updater.lags(Role.STANDBY)
+        self.status.learners = self.state_updater.lags(Role.LEARNER)
+
+    def status_record(self) -> dict[str, Any]:
+        """What this member runs, as published on the app's status topic."""
+        self.update()
+        leaving, since, _timeout = self.leaving.current()
+        identity = self.identity
+        return {
+            "instance_id": identity.instance_id,
+            "thread": identity.index,
+            "static_id": identity.static_id,
+            "pid": os.getpid(),
+            "incarnation": identity.incarnation,
+            "member_id": self.status.member_id,
+            "generation": self.status.generation,
+            "leader": self.assignor.is_leader,
+            "state": self.lifecycle.state.value,
+            "active": self.status.active,
+            "restoring": self.status.restoring,
+            "standbys": self.status.standbys,
+            "learners": self.status.learners,
+            #: The learners it still learns, for the other members' batching of promotions
+            #: (streams.group.group_learning).
+            "learning": self.state_updater.learning_lags(),
+            "acceptable_lag": self.config.acceptable_lag,
+            "leaving": leaving,
+            "leaving_since_ms": since,
+            "leaving_deadline_ms": self.leaving_deadline_ms(),
+            "rebalances": self.status.rebalances,
+            "processed": sum(t.records_processed for t in self.registry.active.values()),
+            **status_figures(self.registry.active.values()),
+            "restored_records": self.state_updater.restored_records,
+            #: Restoring actives whose changelog end is known: records left to restore.
+            "restoring_lag": self.state_updater.restoring_lags(),
+            "stateful_tasks": [t.task_id for t in self.layout.tasks() if t.stateful],
+            "being_learned": list(self.being_learned),
+            "warming_up": self.warming_up,
+            # The shortest of the last few: a round that waited for a crashed member's session
+            # to expire says nothing of how long a join takes.
+            "round_s": round(min(self.recent_rounds), 3) if self.recent_rounds else None,
+            #: Every task of the app, so that tools can tell which ones nobody runs.
+            "app_tasks": self.layout.task_ids(),
+            #: Where queries reach this member, and where each store's keys live.
+            "query_endpoint": self.query_endpoint,
+            "stores": self.store_layouts(),
+            "updated_ms": int(time.time() * 1000),
+        }
+
+    def store_layouts(self) -> dict[str, dict[str, Any]]:
+        if self._store_layouts is None:
+            self._store_layouts = {name: layout.to_status() for name, layout
+                                   in store_layouts(self.layout.subs).items()}
+        return self._store_layouts
+
+    def leaving_deadline_ms(self) -> int | None:
+        """When this leaving member hands its tasks over whether learners are ready or not
+        (the mark's time plus its timeout, else the app's scale_down_timeout_ms); None when
+        it is not leaving."""
+        leaving, since, timeout = self.leaving.current()
+        if not leaving or since is None:
+            return None
+        return since + (self.config.scale_down_timeout_ms if timeout is None else timeout)
+
+    async def publish(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.producer.send(self.topic, key=self.key,
+                                     value=msgpack.packb(self.status_record()))
+
+    async def remove(self) -> None:
+        """Gone: describe and the duplicate check at start no longer see this member."""
+        with contextlib.suppress(Exception):
+            await self.producer.send_and_wait(self.topic, key=self.key, value=None)
+
+    async def housekeeping(self, join_watch: JoinWatch) -> None:
+        """Every second: publish the status, and check the member is not stuck joining."""
+        stopped = self.lifecycle.stopped
+        while not stopped.is_set():
+            join_watch.check()
+            # A leaving mark arrives between rounds.
+            self.metrics.set_scale_down_deadline(self.identity.label,
+                                                 self.leaving_deadline_ms())
+            await self.publish()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stopped.wait(), 1.0)
+
+    async def while_warming_up(self) -> None:
+        """Status records while warming up, so that ``relay describe`` and the web view show
+        the copies' catch-up, and a second newcomer counts this one."""
+        while True:
+            self.update()
+            await self.publish()
+            await asyncio.sleep(1.0)
+
+    def round_revoked(self) -> None:
+        if self._revoked_at is None:
+            self._revoked_at = time.monotonic()
+
+    def record_round(self, round_started: float | None) -> None:
+        """The round's figures, once its assignment is applied: its duration, the time the
+        thread processed nothing in it, and what the thread holds now."""
+        now = time.monotonic()
+        label = self.identity.label
+        revoked_at, self._revoked_at = self._revoked_at, None
+        round_s = (now - round_started if round_started is not None and round_started <= now
+                   else 0.0)
+        if round_s > 0:
+            self.recent_rounds.append(round_s)
+        revoked_s = now - revoked_at if revoked_at is not None else 0.0
+        self.metrics.rebalance_done(label, max(round_s, revoked_s), revoked_s)
+        self.metrics.set_assignment(
+            label, [*self.registry.active, *self.registry.restoring],
+            self.registry.copies_with(Role.LEARNER), self.registry.copies_with(Role.STANDBY))
+        if not self.assignor.is_leader:
+            self.metrics.set_hold_deadlines(label, {})
+        self.metrics.set_scale_down_deadline(label, self.leaving_deadline_ms())

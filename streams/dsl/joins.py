@@ -93,7 +93,9 @@ class StreamJoinNode(Node):
             if join.outer[self.side] and key is None and value is not None:
                 self._emit(ctx, None, value, t)  # nothing to join with: at once, as Kafka does
             return  # Kafka Streams skips it
-        stream_time = max(ctx.stream_time_ms, t)
+        # Both sides share the join's stream time (Kafka Streams' shared time tracker).
+        stream_time = max(ctx.observed_ms.get(join.stores[0], -1), t)
+        ctx.observed_ms[join.stores[0]] = stream_time
         this_store = ctx.store(join.stores[self.side])
         if t >= stream_time - join.windows.retention_ms:
             this_store.put((key, t, ctx.offset, ctx.topic), value)
@@ -155,7 +157,7 @@ class StreamJoinNode(Node):
 
     def purge(self, ctx: ProcessorContext) -> int:
         """Drop this side's buffered records past the join's retention."""
-        horizon = ctx.stream_time_ms - self.join.windows.retention_ms
+        horizon = ctx.observed_ms.get(self.join.stores[0], -1) - self.join.windows.retention_ms
         if horizon <= 0:
             return 0
         store = ctx.store(self.join.stores[self.side])

@@ -7,7 +7,8 @@ joins every session of its key that ends at or after ``t - gap`` and starts at o
 ``t + gap``; the merged sessions are deleted and each is retracted downstream with a
 tombstone before the merged session's new aggregate is forwarded. Updates carry the
 session's end as their timestamp. A record whose merged session ended before stream time
-minus gap minus grace is late: dropped and counted.
+(the largest timestamp the node has seen) minus gap minus grace is late: dropped and
+counted.
 
 The store is keyed ``(key, end, start)``: a key's sessions sorted by end, so the candidates
 for a merge are one range scan.
@@ -71,7 +72,9 @@ class SessionAggregateNode(Node):
             return
         store = ctx.store(self.store)
         timestamp = ctx.timestamp_ms
-        stream_time = max(ctx.stream_time_ms, timestamp)
+        # The largest timestamp this node has seen (Kafka Streams' observed stream time).
+        stream_time = max(ctx.observed_ms.get(self.name, -1), timestamp)
+        ctx.observed_ms[self.name] = stream_time
         close_time = stream_time - self.windows.close_after_ms
         gap = self.windows.inactivity_gap_ms
         merged: list[tuple[int, int, Any]] = []
@@ -105,7 +108,8 @@ class SessionAggregateNode(Node):
         record still accepted is at stream time minus gap and grace, and it merges sessions
         ending up to a gap before it."""
         windows = self.windows
-        horizon = ctx.stream_time_ms - windows.close_after_ms - windows.inactivity_gap_ms
+        horizon = (ctx.observed_ms.get(self.name, -1) - windows.close_after_ms
+                   - windows.inactivity_gap_ms)
         if horizon <= 0:
             return 0
         store = ctx.store(self.store)

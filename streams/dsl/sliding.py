@@ -66,7 +66,9 @@ class SlidingAggregateNode(Node):
         store = ctx.store(self.store)
         t = ctx.timestamp_ms
         d = self.windows.time_difference_ms
-        close_time = max(ctx.stream_time_ms, t) - self.windows.grace_ms
+        stream_time = max(ctx.observed_ms.get(self.name, -1), t)
+        ctx.observed_ms[self.name] = stream_time
+        close_time = stream_time - self.windows.grace_ms
         if t + 1 + d <= close_time:
             ctx.drop_late(self.name, self.store, t - d, t, self.windows.grace_ms)
             return
@@ -181,7 +183,7 @@ class SlidingAggregateNode(Node):
         """Delete windows no record can reach any more: a record is accepted up to ``d +
         grace`` behind stream time and looks ``2 d`` further back."""
         d = self.windows.time_difference_ms
-        horizon = ctx.stream_time_ms - 3 * d - self.windows.grace_ms - 1
+        horizon = ctx.observed_ms.get(self.name, -1) - 3 * d - self.windows.grace_ms - 1
         if horizon <= 0:
             return 0
         store = ctx.store(self.store)

@@ -13,7 +13,8 @@ Kafka Streams' semantics (KTableSuppressProcessor):
 
 The buffer is a store with a changelog, keyed ``("v", key)`` for the latest update and
 ``("i", buffer_time, key)`` for the order of emission, so that it survives restarts and moves
-with its task. Stream time is the task's.
+with its task. Stream time is the largest timestamp the node has seen, kept with the task's
+state (Kafka Streams' observed stream time).
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class SuppressNode(Node):
         if not _has_key(self, ctx, key, "suppression"):
             return
         store = ctx.store(self.store)
-        stream_time = max(ctx.stream_time_ms, ctx.timestamp_ms)
+        stream_time = max(ctx.observed_ms.get(self.name, -1), ctx.timestamp_ms)
+        ctx.observed_ms[self.name] = stream_time
         if self.final:
             if not isinstance(key, Windowed):
                 raise TypeError(f"{self.name}: until_window_closes needs a windowed key")

@@ -9,6 +9,7 @@ Nodes are built once per topology and shared by its tasks; everything that belon
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 from statestore.record_size import MAX_RECORD_BYTES, check_record_size
 from statestore.serdes import MsgPackSerde, Serde
 from statestore.store import KeyValueStore
+from streams.dsl.punctuation import Punctuations, PunctuationType, Schedule
 from streams.dsl.windows import HoppingWindows, Windowed, windowed_key_serde
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class Output:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int
+    headers: Any = ()
 
 
 class ProcessorContext:
@@ -73,6 +76,15 @@ class ProcessorContext:
         #: Windows (node, start) a late record was dropped for: each is logged once.
         self._late_windows: set[tuple[str, int]] = set()
         self.custom: dict[str, Processor] = {}
+        #: The headers of the record being processed: forwarded with what it leads to.
+        self.headers: Any = ()
+        #: The task's punctuation schedules, once a processor scheduled one.
+        self.punctuations: Punctuations | None = None
+        #: What a node keeps in memory for this task (derived from its stores: rebuilt
+        #: after a restart), by node name.
+        self.node_state: dict[str, Any] = {}
+        #: Wall-clock time in ms (the test driver sets its own).
+        self.wall_clock: Callable[[], int] = _wall_clock_ms
         #: Set when a step dropped the current record for want of a key.
         self.missing_key: MissingKeyError | None = None
 
@@ -111,7 +123,11 @@ class ProcessorContext:
         if len(key or b"") + len(value or b"") > MAX_RECORD_BYTES:
             # Refused now, as the current record's error, not by the producer when shipped.
             check_record_size(topic, key, value)
-        self.outputs.append(Output(topic, key, value, self.timestamp_ms))
+        self.outputs.append(Output(topic, key, value, self.timestamp_ms, self.headers))
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class Node:
@@ -417,8 +433,38 @@ class CustomContext:
             raise KeyError(f"processor {self._node.name} did not declare store {name!r}")
         return self._ctx.store(name)
 
-    def forward(self, key: Any, value: Any) -> None:
-        self._node.forward(self._ctx, key, value)
+    def forward(self, key: Any, value: Any, headers: Any = None) -> None:
+        """Send a record to the next steps; ``headers`` (a list of ``(str, bytes)``) replace
+        the current record's for it."""
+        if headers is None:
+            self._node.forward(self._ctx, key, value)
+            return
+        ctx = self._ctx
+        previous, ctx.headers = ctx.headers, tuple(headers)
+        try:
+            self._node.forward(ctx, key, value)
+        finally:
+            ctx.headers = previous
+
+    def schedule(self, interval_ms: int, type: PunctuationType,
+                 callback: Callable[[int], None]) -> Schedule:
+        """Call ``callback(time_ms)`` every ``interval_ms`` of stream time or wall-clock time
+        (see :mod:`streams.dsl.punctuation`); returns the schedule (``cancel()`` stops it)."""
+        ctx = self._ctx
+        if ctx.punctuations is None:
+            ctx.punctuations = Punctuations()
+        return ctx.punctuations.add(self._node.name, interval_ms, type, callback,
+                                    ctx.wall_clock())
+
+    @property
+    def headers(self) -> tuple[tuple[str, bytes], ...]:
+        """The headers of the record being processed, ``(key, value bytes)`` pairs."""
+        return tuple(self._ctx.headers or ())
+
+    @property
+    def stream_time_ms(self) -> int:
+        """The task's stream time: the largest timestamp it has processed."""
+        return max(self._ctx.stream_time_ms, self._ctx.timestamp_ms)
 
     @property
     def timestamp_ms(self) -> int:
@@ -453,10 +499,17 @@ class CustomProcessorNode(Node):
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         processor = ctx.custom.get(self.name)
         if processor is None:
+            processor = self.instance(ctx)
+        processor.process(key, value)
+
+    def instance(self, ctx: ProcessorContext) -> Processor:
+        """The task's instance of the processor, made and initialized on first use."""
+        processor = ctx.custom.get(self.name)
+        if processor is None:
             processor = self.factory()
             processor.init(CustomContext(self, ctx))
             ctx.custom[self.name] = processor
-        processor.process(key, value)
+        return processor
 
     def store_names(self) -> list[str]:
         return list(self.stores)

@@ -19,6 +19,7 @@ closed before a restart stay closed after it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,15 @@ from statestore.recovery import open_task_store
 from statestore.snapshot import SnapshotSettings
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from streams.dsl.processors import (
+    CustomProcessorNode,
     MissingKeyError,
     ProcessorContext,
     SourceNode,
     WindowAggregateNode,
     walk_nodes,
 )
+from streams.dsl.punctuation import POSITION_PREFIX as PUNCTUATION_PREFIX
+from streams.dsl.punctuation import Punctuations, PunctuationType
 from streams.dsl.topology import SubTopology
 from streams.runtime.partition_group import PartitionGroup
 
@@ -170,8 +174,11 @@ class StreamTask:
         self._recorded_stream_time = -1
         #: The key of each input partition in ``processed``, made once.
         self._partition_keys: dict[tuple[str, int], TopicPartition] = {}
-        self._window_nodes = [n for n in walk_nodes(sub.sources.values())
-                             if isinstance(n, WindowAggregateNode)]
+        # Every node whose store holds windows to drop past retention.
+        nodes = walk_nodes(sub.sources.values())
+        self._window_nodes = [n for n in nodes
+                              if isinstance(n, WindowAggregateNode) or hasattr(n, "purge")]
+        self._custom_nodes = [n for n in nodes if isinstance(n, CustomProcessorNode)]
         #: Sampled input records whose key hashes to another partition than they came from.
         self.misrouted = 0
         #: Stateful tasks check keys against partitions (a wrong partitioner upstream);
@@ -229,6 +236,7 @@ class StreamTask:
                 timestamp = record.timestamp
                 ctx.topic, ctx.partition, ctx.offset = topic, partition, offset
                 ctx.timestamp_ms = timestamp
+                ctx.headers = record.headers
                 try:
                     source.process(ctx, key, value)
                     if ctx.missing_key is not None:
@@ -243,6 +251,8 @@ class StreamTask:
                         ctx.stream_time_ms = timestamp
                     raise RecordError("process", record, exc, index) from exc
                 processed[tp] = offset + 1  # type: ignore[index]
+                # The record's timestamp, or what the source's timestamp extractor made of it.
+                timestamp = ctx.timestamp_ms
                 if timestamp > ctx.stream_time_ms:
                     ctx.stream_time_ms = timestamp
                 ran += 1
@@ -253,8 +263,24 @@ class StreamTask:
                         self._check_partition(record)
         finally:
             self.records_processed += ran
+        if ctx.punctuations is not None:
+            ctx.punctuations.fire(ctx, PunctuationType.STREAM_TIME, ctx.stream_time_ms)
         return ran
 
+    def punctuate(self, now_ms: int | None = None) -> int:
+        """Fire the wall-clock punctuations due at ``now_ms`` (the clock by default); the
+        stream thread's loop calls it. Custom processors are set up first, so that they
+        schedule theirs before any record reaches them. Returns how many fired."""
+        ctx = self.context
+        if not self._custom_nodes:
+            return 0
+        if len(ctx.custom) < len(self._custom_nodes):
+            for node in self._custom_nodes:
+                node.instance(ctx)
+        if ctx.punctuations is None:
+            return 0
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        return ctx.punctuations.fire(ctx, PunctuationType.WALL_CLOCK_TIME, now)
     def _check_partition(self, record: ConsumerRecord) -> None:
         if record.key is None:
             return
@@ -292,6 +318,8 @@ class StreamTask:
         position = {f"{tp.topic}:{tp.partition}": offset for tp, offset in self.processed.items()}
         if stream_time >= 0:
             position[STREAM_TIME_ENTRY] = stream_time
+        if self.context.punctuations is not None:
+            position.update(self.context.punctuations.positions())
         for node, observed in self.context.observed_ms.items():
             position[NODE_STREAM_TIME_PREFIX + node] = observed
         for store in self.stores.values():
@@ -304,12 +332,17 @@ class StreamTask:
         also takes the stream time back from the state."""
         merged: dict[TopicPartition, int] = {}
         stream_times: list[int] = []
+        punctuations: dict[str, int] = {}
         observed: dict[str, list[int]] = {}
         for i, store in enumerate(self.stores.values()):
             positions = {}
             for name, offset in store.read_input_position().items():
                 if name == STREAM_TIME_ENTRY:
                     stream_times.append(offset)
+                    continue
+                if name.startswith(PUNCTUATION_PREFIX):
+                    entry = name[len(PUNCTUATION_PREFIX):]
+                    punctuations[entry] = min(offset, punctuations.get(entry, offset))
                     continue
                 if name.startswith(NODE_STREAM_TIME_PREFIX):
                     observed.setdefault(name[len(NODE_STREAM_TIME_PREFIX):], []).append(offset)
@@ -321,6 +354,10 @@ class StreamTask:
             else:
                 merged = {tp: min(o, positions[tp]) for tp, o in merged.items() if tp in positions}
         self._recorded = dict(merged)
+        if punctuations:
+            if self.context.punctuations is None:
+                self.context.punctuations = Punctuations()
+            self.context.punctuations.restored.update(punctuations)
         if stream_times:
             # Like the offsets, the stream time of the state that is furthest behind.
             self.context.stream_time_ms = max(self.context.stream_time_ms, min(stream_times))
@@ -355,3 +392,10 @@ class StreamTask:
         for store in self.stores.values():
             store.close()
 
+
+
+def punctuate_all(tasks: Iterable[StreamTask]) -> None:
+    """Fire the due wall-clock punctuations of ``tasks`` (the stream thread's loop)."""
+    now_ms = int(time.time() * 1000)
+    for task in tasks:
+        task.punctuate(now_ms)

@@ -26,7 +26,7 @@ Order of work (the learner design, with the cooperative and deferred-imbalance d
 
 Balanced means: per kind (stateful, stateless), the tasks per thread of any two instances
 that stay differ by at most ``imbalance_tolerance`` (one by default); within an instance, the
-threads' counts of each kind differ by at most one.
+threads' counts differ by at most one, per kind and in total.
 
 Load is kept in heaps so that a round grows near-linearly with tasks and members. Everything
 iterates in sorted order: the same input gives the same output.

@@ -26,7 +26,7 @@ Order of work (the learner design, with the cooperative and deferred-imbalance d
 
 Balanced means: per kind (stateful, stateless), the tasks per thread of any two instances
 that stay differ by at most ``imbalance_tolerance`` (one by default); within an instance, the
-threads' counts of each kind differ by at most one.
+threads' counts differ by at most one, per kind and in total.
 
 Load is kept in heaps so that a round grows near-linearly with tasks and members. Everything
 iterates in sorted order: the same input gives the same output.
@@ -758,7 +758,8 @@ def _place_standbys(
 ) -> None:
     """``num_standbys`` copies of each stateful task on distinct open instances other than the
     ones that run or learn it, existing copies first. A held task keeps every copy it has
-    (learners become standbys) so that it can come back warm."""
+    (learners become standbys) so that it can come back warm, and its member's sibling
+    threads may hold one (it runs nowhere while held)."""
     count: dict[str, int] = defaultdict(int)
     heap = [(0.0, 0, i) for i in open_ids]
     cap = {i: instances[i].capacity for i in open_ids}
@@ -773,7 +774,8 @@ def _place_standbys(
         held = plan.held.get(task)
         excluded: set[str | None] = set()
         if held is not None:
-            excluded.add(held[0][0])
+            # Its member's instance counts while a sibling thread is there: when the delay
+            # ends the task goes to that thread, and its copy keeps the local state current.
             existing = {**learner_lags.get(task, {}), **standby_lags.get(task, {})}
             want = max(config.num_standbys, len(existing))
         else:

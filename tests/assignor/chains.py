@@ -434,7 +434,8 @@ class History:
         for task, (key, _) in memory.lost.items():
             if not self.stateful[task]:
                 continue
-            eligible = open_ - {key[0]}
+            # Its member's sibling threads count: when the delay ends it goes to them.
+            eligible = set(open_)
             have = copies_after.get(task, set()) & eligible
             want = min(group.config.num_standbys, len(eligible))
             if len(have) < want:

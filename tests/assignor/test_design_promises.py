@@ -273,6 +273,27 @@ def test_held_tasks_keep_their_standbys_and_come_back_on_them() -> None:
             if t in lost} == copies
 
 
+def test_a_held_task_keeps_its_standbys_on_its_members_sibling_threads_too() -> None:
+    # num_standbys 2, instances of one and two threads, a thread of the second crashes: its
+    # task is held, and goes to a sibling thread when the delay ends, so a copy there
+    # counts, next to the one on the other instance.
+    config = AssignorConfig(num_standbys=2, lost_task_delay_ms=60_000)
+    group = Group([Task("0_0"), Task("0_1")], config)
+    group.join("B", threads=2)
+    settle(group)
+    group.join("A")
+    settle(group)
+    [task] = group.members["B-1"].active
+    group.crash_thread("B", 1)
+    group.now_ms = 1_000
+    out = group.round()
+    assert task in group.memory.lost and task not in running(group)
+    assert task in out["A-0"].standbys and task in out["B-0"].standbys
+    group.now_ms = 61_000
+    group.round()
+    assert task in group.members["B-0"].active
+
+
 def test_an_unowned_task_goes_to_its_caught_up_copy_not_to_the_lightest_instance() -> None:
     group = Group([Task(f"0_{n}") for n in range(4)], AssignorConfig())
     group.members["A-0"] = SimMember("A-0", "A", 0, set())  # 0_0's owner vanished

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streams.dsl.processors import Node, ProcessorContext
+from streams.dsl.sessions import purge_due
 
 LEFT, RIGHT = 0, 1
 
@@ -157,8 +158,9 @@ class StreamJoinNode(Node):
 
     def purge(self, ctx: ProcessorContext) -> int:
         """Drop this side's buffered records past the join's retention."""
-        horizon = ctx.observed_ms.get(self.join.stores[0], -1) - self.join.windows.retention_ms
-        if horizon <= 0:
+        retention = self.join.windows.retention_ms
+        horizon = ctx.observed_ms.get(self.join.stores[0], -1) - retention
+        if horizon <= 0 or not purge_due(ctx, self.name, horizon, retention // 2):
             return 0
         store = ctx.store(self.join.stores[self.side])
         expired = [k for k, _ in store.items() if k[1] < horizon]

@@ -110,10 +110,21 @@ class SessionAggregateNode(Node):
         windows = self.windows
         horizon = (ctx.observed_ms.get(self.name, -1) - windows.close_after_ms
                    - windows.inactivity_gap_ms)
-        if horizon <= 0:
+        if horizon <= 0 or not purge_due(ctx, self.name, horizon,
+                                         (windows.close_after_ms + windows.inactivity_gap_ms) // 2):
             return 0
         store = ctx.store(self.store)
         expired = [k for k, _ in store.items() if k[1] < horizon]
         for key in expired:
             store.delete(key)
         return len(expired)
+
+
+def purge_due(ctx: ProcessorContext, key: str, horizon: int, step: int) -> bool:
+    """Whether a purge up to ``horizon`` is worth its scan of the store: the first one, then
+    once the horizon moved ``step`` on (half the retention), not at every commit."""
+    last = ctx.node_state.get(f"{key}/purged")
+    if last is not None and horizon - last < max(1, step):
+        return False
+    ctx.node_state[f"{key}/purged"] = horizon
+    return True

@@ -19,6 +19,7 @@ from typing import Any
 
 from statestore.store import KeyValueStore
 from streams.dsl.processors import Node, ProcessorContext
+from streams.dsl.sessions import purge_due
 from streams.dsl.windows import Windowed
 
 
@@ -184,7 +185,8 @@ class SlidingAggregateNode(Node):
         grace`` behind stream time and looks ``2 d`` further back."""
         d = self.windows.time_difference_ms
         horizon = ctx.observed_ms.get(self.name, -1) - 3 * d - self.windows.grace_ms - 1
-        if horizon <= 0:
+        if horizon <= 0 or not purge_due(ctx, self.name, horizon,
+                                         (3 * d + self.windows.grace_ms) // 2):
             return 0
         store = ctx.store(self.store)
         expired = [k for k, _ in store.items() if k[1] < horizon]

@@ -100,7 +100,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
-        if item.nodeid.startswith("tests/pipeline/") or "snapshot_restore" in item.nodeid:
+        if item.nodeid.startswith("tests/broker/pipeline/") or "snapshot_restore" in item.nodeid:
             _join_group(item, "spark")
 
 

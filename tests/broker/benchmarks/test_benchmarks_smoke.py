@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import restore, scaling
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.broker

@@ -15,9 +15,16 @@ from pyspark.sql import SparkSession
 from pipeline.kafka import offset_bounds, run_sync
 from pipeline.snapshot_builder import SnapshotTarget, build_from_dataframe
 from statestore.restore import ChangelogReader
+from tests.broker.pipeline.conftest import open_store, state
+from tests.broker.streams.harness import (
+    counting_app,
+    create_topics,
+    latest,
+    produce,
+    read_all,
+    running,
+)
 from tests.conftest import wait_until
-from tests.pipeline.conftest import open_store, state
-from tests.streams.harness import counting_app, create_topics, latest, produce, read_all, running
 
 pytestmark = pytest.mark.broker
 PARTITIONS = 2

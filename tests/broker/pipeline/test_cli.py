@@ -14,10 +14,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from statestore.snapshot import MANIFEST_FILE, read_manifest
-from tests.pipeline.conftest import create_changelog, open_store, write_history
+from tests.broker.pipeline.conftest import create_changelog, open_store, write_history
 
 pytestmark = pytest.mark.broker
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def relay(*args: str) -> tuple[int, str]:

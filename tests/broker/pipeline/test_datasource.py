@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipeline.kafka import produce
 from pipeline.writer import write_topic
-from tests.pipeline.conftest import create_topic
+from tests.broker.pipeline.conftest import create_topic
 
 pytestmark = pytest.mark.broker
 PARTITIONS = 3

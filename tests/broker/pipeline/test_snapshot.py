@@ -24,7 +24,7 @@ from statestore.snapshot import (
     SnapshotSettings,
     verify_snapshot,
 )
-from tests.pipeline.conftest import (
+from tests.broker.pipeline.conftest import (
     create_changelog,
     open_store,
     restore,

@@ -16,8 +16,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from streams.runtime.thread import FatalThreadError
-from tests.conftest import wait_until
-from tests.streams.harness import (
+from tests.broker.streams.harness import (
     Traffic,
     counting_topics,
     create_topics,
@@ -27,6 +26,7 @@ from tests.streams.harness import (
     running,
     spawn_worker,
 )
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.broker
 

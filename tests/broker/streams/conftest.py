@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.streams.harness import Launched
+from tests.broker.streams.harness import Launched
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from streams.app import App
 from streams.group.status_topic import read_status
 from tests.conftest import on_tansu, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 #: Copies in these tests catch up within a second: a member holding only part of the group's
 #: learners asks for their promotion after 3 s rather than the default 30 s.
@@ -327,7 +327,7 @@ def spawn_worker(app_id: str, bootstrap: str, state_dir: Path, source: str, sink
                  **settings: object) -> subprocess.Popen[bytes]:
     """The counting app as a worker process of its own (so that it can be killed); with
     ``stages=2`` it counts behind a repartition topic. Its log goes to ``log`` when given."""
-    return spawn_app("tests.streams.apps.counting:app",
+    return spawn_app("tests.broker.streams.apps.counting:app",
                      {"COUNTING_INPUT": source, "COUNTING_OUTPUT": sink,
                       "COUNTING_STAGES": str(stages)},
                      app_id, bootstrap, state_dir, log, log_level, **settings)

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Producer
 
 from streams import read_committed
-from tests.streams.harness import create_topics
+from tests.broker.streams.harness import create_topics
 
 pytestmark = pytest.mark.broker
 

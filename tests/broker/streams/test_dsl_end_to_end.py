@@ -16,9 +16,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from streams.testing import TopologyTestDriver
+from tests.broker.streams.harness import FAST_GROUP, create_topics, latest, read_all, running
 from tests.conftest import wait_until
-from tests.streams.harness import FAST_GROUP, create_topics, latest, read_all, running
-from tests.streams.test_readme import block_named
+from tests.unit.streams.test_readme import block_named
 
 pytestmark = pytest.mark.broker
 

@@ -24,8 +24,7 @@ from confluent_kafka import KafkaException
 
 from streams.group.status_topic import read_status
 from streams.runtime.transactions import TaskProducers, new_transactional_producer
-from tests.conftest import wait_until
-from tests.streams.harness import (
+from tests.broker.streams.harness import (
     FAST_GROUP,
     Launched,
     counting_app,
@@ -39,6 +38,7 @@ from tests.streams.harness import (
     spawn_app,
     static_group,
 )
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -415,7 +415,7 @@ USERS = 12
 
 class Orders:
     """Orders in the background, each for one of the users with an amount and a timestamp,
-    and what a correct run of ``tests.streams.apps.orders`` makes of them."""
+    and what a correct run of ``tests.broker.streams.apps.orders`` makes of them."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.bootstrap, self.topic = bootstrap, topic
@@ -470,7 +470,7 @@ async def test_a_multi_stage_app_gives_exact_results_through_kills(
     settings = {**static_group(bootstrap), **EXACTLY_ONCE}
 
     def start(name: str) -> Any:
-        process = spawn_app("tests.streams.apps.orders:app", names, app_id, bootstrap,
+        process = spawn_app("tests.broker.streams.apps.orders:app", names, app_id, bootstrap,
                             tmp_path / name, group_instance_id=name, **settings)
         launched.workers.append(process)
         return process

@@ -16,8 +16,7 @@ import pytest
 from streams.app import App
 from streams.group.status_topic import read_status
 from streams.runtime.thread import StreamThread
-from tests.conftest import wait_until
-from tests.streams.harness import (
+from tests.broker.streams.harness import (
     Launched,
     Watch,
     counting_app,
@@ -27,6 +26,7 @@ from tests.streams.harness import (
     run_relay,
     tasks_of,
 )
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.broker
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.broker.streams.harness import create_topics, make_app, produce, read_all, running
 from tests.conftest import wait_until
-from tests.streams.harness import create_topics, make_app, produce, read_all, running
 
 pytestmark = pytest.mark.broker
 

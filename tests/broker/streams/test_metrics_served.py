@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.broker.streams.harness import counting_app, create_topics, produce, running
 from tests.conftest import wait_until
-from tests.streams.harness import counting_app, create_topics, produce, running
 
 pytestmark = pytest.mark.broker
 

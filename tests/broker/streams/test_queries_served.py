@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from streams.queries.store_query import StoreUnavailable
+from tests.broker.streams.harness import Launched, counting_app, counting_topics, tasks_of
 from tests.conftest import wait_until
-from tests.streams.harness import Launched, counting_app, counting_topics, tasks_of
 
 pytestmark = pytest.mark.broker
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from streams.testing.broker import EmbeddedBroker
-from tests.streams.harness import (
+from tests.broker.streams.harness import (
     counting_app,
     create_topics,
     exact_counts,

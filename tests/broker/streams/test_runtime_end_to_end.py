@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from streams.runtime.thread import FatalThreadError
-from tests.conftest import wait_until
-from tests.streams.harness import (
+from tests.broker.streams.harness import (
     Launched,
     counting_app,
     create_topics,
@@ -23,6 +22,7 @@ from tests.streams.harness import (
     read_all,
     running,
 )
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.broker
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from streams.runtime.thread import FatalThreadError
-from tests.conftest import broker_servers, on_tansu, session_broker, wait_until
-from tests.streams.harness import (
+from tests.broker.streams.harness import (
     Launched,
     counting_app,
     create_topics,
@@ -23,6 +22,7 @@ from tests.streams.harness import (
     spawn_worker,
     static_group,
 )
+from tests.conftest import broker_servers, on_tansu, session_broker, wait_until
 
 pytestmark = pytest.mark.broker
 

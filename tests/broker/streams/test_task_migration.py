@@ -15,8 +15,7 @@ import pytest
 from streams.app import App
 from streams.group.group_learning import GroupLearning
 from streams.queries.routing import StatusFollower
-from tests.conftest import wait_until
-from tests.streams.harness import (
+from tests.broker.streams.harness import (
     Launched,
     Watch,
     counting_app,
@@ -26,6 +25,7 @@ from tests.streams.harness import (
     run_relay,
     running,
 )
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.broker
 

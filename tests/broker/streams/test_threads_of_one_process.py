@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.broker.streams.harness import (
+    Launched,
+    counting_app,
+    counting_topics,
+    exact_counts,
+    tasks_of,
+)
 from tests.conftest import wait_until
-from tests.streams.harness import Launched, counting_app, counting_topics, exact_counts, tasks_of
 
 pytestmark = pytest.mark.broker
 

@@ -15,7 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.testing.broker import free_loopback_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def relay(*args: str) -> subprocess.Popen[str]:

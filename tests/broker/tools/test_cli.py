@@ -12,8 +12,7 @@ import pytest
 from aiokafka.client import AIOKafkaClient
 
 from streams.kafka.membership import describe_group
-from tests.conftest import on_tansu, wait_until
-from tests.streams.harness import (
+from tests.broker.streams.harness import (
     counting_app,
     create_topics,
     produce,
@@ -22,6 +21,7 @@ from tests.streams.harness import (
     run_relay,
     running,
 )
+from tests.conftest import on_tansu, wait_until
 
 pytestmark = pytest.mark.broker
 

@@ -23,14 +23,14 @@ import pytest
 from playwright.async_api import Page, async_playwright
 
 from streams.group.status_topic import read_status
-from tests.conftest import wait_until
-from tests.streams.harness import (
+from tests.broker.streams.harness import (
     ROOT,
     counting_topics,
     run_relay,
     spawn_worker,
     static_group,
 )
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.broker
 

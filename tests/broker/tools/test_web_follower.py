@@ -22,9 +22,9 @@ from streams.group.control import (
     encode_round_report,
 )
 from streams.group.status_topic import status_topic_name
+from tests.broker.streams.harness import produce
 from tests.conftest import wait_until
-from tests.streams.harness import produce
-from tests.tools.test_web_model import status
+from tests.unit.tools.test_web_model import status
 from tools.web.follower import GroupFollower
 from tools.web.model import GroupModel
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-APP_JS = Path(__file__).resolve().parents[2] / "tools" / "web" / "static" / "app.js"
+APP_JS = Path(__file__).resolve().parents[3] / "tools" / "web" / "static" / "app.js"
 NODE = shutil.which("node")
 
 #: A DOM just big enough for app.js: elements with attributes, classes and children.

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 
 from streams.group.learner_readiness import LearnerView, asks_now, asks_promotion, being_promoted
-from tests.assignor.simulation import Group, SimMember
+from tests.unit.assignor.simulation import Group, SimMember
 
 
 def placement(group: Group) -> dict[str, str]:

@@ -47,7 +47,7 @@ from assignor import (
     memory_from_notes,
 )
 from streams.config import LEARNER_BATCH_WAIT_MS
-from tests.assignor.measures import (
+from tests.unit.assignor.measures import (
     balanced,
     fewest_moves,
     moves,
@@ -55,7 +55,7 @@ from tests.assignor.measures import (
     settle,
     settle_timed,
 )
-from tests.assignor.simulation import Group
+from tests.unit.assignor.simulation import Group
 
 INSTANCES = [f"i{n}" for n in range(6)]
 

@@ -15,7 +15,7 @@ import pytest
 
 from assignor import AssignorConfig, Member, Task, assign
 from streams.config import LEARNER_BATCH_WAIT_MS
-from tests.assignor.measures import (
+from tests.unit.assignor.measures import (
     balanced,
     fewest_moves,
     moves,
@@ -23,7 +23,7 @@ from tests.assignor.measures import (
     settle,
     settle_timed,
 )
-from tests.assignor.simulation import Group, SimMember
+from tests.unit.assignor.simulation import Group, SimMember
 
 
 def stable(layout: dict[str, list[int]], config: AssignorConfig,

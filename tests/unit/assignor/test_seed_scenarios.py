@@ -8,7 +8,7 @@ the same round it is revoked from the old one, Relay's cooperative protocol take
 from __future__ import annotations
 
 from assignor import AssignorConfig, Task
-from tests.assignor.simulation import Group
+from tests.unit.assignor.simulation import Group
 
 T = {i: f"0_{i}" for i in range(1, 6)}
 TASKS = [Task(T[i]) for i in range(1, 6)]

@@ -17,7 +17,7 @@ from benchmarks.faults_check import (
     longest_stalls,
     rebalances,
 )
-from tests.streams.harness import read_all
+from tests.broker.streams.harness import read_all
 
 
 def test_latest_values_are_compared_key_by_key() -> None:

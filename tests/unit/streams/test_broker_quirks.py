@@ -23,7 +23,7 @@ from streams.quirks.switch import (
 )
 from streams.runtime.factory import ThreadClients, build_stream_thread
 from streams.runtime.thread import StreamThread
-from tests.streams.fakes import (
+from tests.unit.streams.fakes import (
     FakeChangelogReader,
     FakeConsumer,
     FakeControl,

@@ -17,7 +17,7 @@ from streams.runtime.delivery import DeliveryError
 from streams.runtime.record_collector import RecordCollector
 from streams.runtime.task import StreamTask
 from tests.conftest import wait_until
-from tests.streams.fakes import SINK, FakeProducer, counting_subs, record
+from tests.unit.streams.fakes import SINK, FakeProducer, counting_subs, record
 
 pytestmark = pytest.mark.asyncio
 

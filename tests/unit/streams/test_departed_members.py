@@ -13,7 +13,7 @@ from streams.group.join_watch import DEPARTED_CHECK_EVERY_S
 from streams.group.member_id import static_id_of
 from streams.kafka.membership import GroupMember
 from streams.quirks.departed_members import departed_static_members
-from tests.streams.fakes import rig
+from tests.unit.streams.fakes import rig
 
 UUID = "c28e295f-8ef0-400d-8381-3d8009bcf105"
 NOW = 1_000_000

@@ -17,7 +17,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from streams import App, TopologyTestDriver, TumblingWindows
 from streams.runtime.task import MISROUTE_SAMPLE, partition_of
 from tests.conftest import wait_until
-from tests.streams.fakes import SOURCE, assign, rig
+from tests.unit.streams.fakes import SOURCE, assign, rig
 
 MINUTE = 60_000
 

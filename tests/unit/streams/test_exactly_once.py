@@ -16,7 +16,7 @@ from statestore.checkpoint import read_checkpoint
 from statestore.store import INPUT_POSITION_KEY
 from streams.config import AppConfig, ConfigError
 from streams.runtime.transactions import TransactionalCollector, TransactionalCommitter
-from tests.streams.fakes import SINK, SOURCE, Rig, TransactionLog, assign, record, rig
+from tests.unit.streams.fakes import SINK, SOURCE, Rig, TransactionLog, assign, record, rig
 
 CHANGELOG = "unit-counts-changelog"
 TP0 = TopicPartition(SOURCE, 0)
@@ -161,7 +161,7 @@ class _QueueFullOnce:
 
 async def test_records_handed_to_a_full_queue_wait_for_room_and_keep_their_order() -> None:
     from streams.runtime.transactions import TaskTransaction
-    from tests.streams.fakes import FakeTransactionalProducer
+    from tests.unit.streams.fakes import FakeTransactionalProducer
 
     log = TransactionLog()
     inner = FakeTransactionalProducer("app-0_0", log)

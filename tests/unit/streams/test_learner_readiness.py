@@ -21,7 +21,7 @@ from streams.group.learner_readiness import (
 from streams.runtime.state_updater import StateUpdater
 from streams.runtime.tasks import Tasks
 from streams.runtime.transitions import Role
-from tests.streams.fakes import FakeChangelogReader
+from tests.unit.streams.fakes import FakeChangelogReader
 
 HELD = frozenset({"0_1", "0_2"})
 

@@ -15,8 +15,8 @@ from streams.app import App
 from streams.config import ConfigError
 from streams.environment import UnreachableBrokerError, check_reachable
 from streams.runtime.thread import ThreadState
+from tests.broker.streams.harness import FAST_GROUP
 from tests.conftest import wait_until
-from tests.streams.harness import FAST_GROUP
 
 
 @pytest.fixture(autouse=True)

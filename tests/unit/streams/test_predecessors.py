@@ -30,9 +30,9 @@ from streams.group.predecessors import (
 )
 from streams.group.status_topic import read_status
 from streams.kafka.membership import describe_group
+from tests.broker.streams.harness import ROOT, Launched, counting_topics, spawn_worker
 from tests.conftest import wait_until
-from tests.streams.fakes import SOURCE, assign, rig
-from tests.streams.harness import ROOT, Launched, counting_topics, spawn_worker
+from tests.unit.streams.fakes import SOURCE, assign, rig
 
 APP = "app"
 

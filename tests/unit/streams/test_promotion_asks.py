@@ -1,7 +1,7 @@
 """A ready learner's task moves in the round its member asks for: the member announces the
 ask on the control topic, and the task's owner gives it up as it joins that round. The
 decisions as plain data, and both sides of a stream thread with fake clients (the broker
-scale-out test checks the whole move: tests/streams/test_task_migration.py)."""
+scale-out test checks the whole move: tests/broker/streams/test_task_migration.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from streams.group.promotion_asks import (
 from streams.quirks.static_followers import StaticFollowers
 from streams.quirks.synced_round import RoundReports
 from tests.conftest import wait_until
-from tests.streams.fakes import SOURCE, FakeControl, assign, partitions_of, rig
+from tests.unit.streams.fakes import SOURCE, FakeControl, assign, partitions_of, rig
 
 
 def test_an_ask_survives_its_encoding() -> None:

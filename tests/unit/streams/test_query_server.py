@@ -22,7 +22,7 @@ from streams.queries.store_layout import store_layouts
 from streams.queries.store_query import LocalStores
 from streams.runtime.transitions import Role
 from streams.testing import TopologyTestDriver
-from tests.streams.test_queries import FakeThread, word_count_app
+from tests.unit.streams.test_queries import FakeThread, word_count_app
 
 
 @dataclass

@@ -19,7 +19,7 @@ from streams.runtime.task import StreamTask
 from streams.runtime.tasks import Tasks
 from streams.runtime.transitions import Role
 from tests.conftest import wait_until
-from tests.streams.fakes import SINK, SOURCE, FakeChangelogReader, counting_subs
+from tests.unit.streams.fakes import SINK, SOURCE, FakeChangelogReader, counting_subs
 
 
 def test_the_registry_finds_tasks_by_id_and_partition() -> None:
@@ -168,7 +168,7 @@ async def test_a_member_told_to_shut_down_while_revoking_leaves_after_the_next_r
     """A leaving member told to shut down in the round that revokes its last tasks takes part
     in the round that assigns them elsewhere; it stops only when told again with nothing left
     to revoke (its departure alone may start no round on the broker)."""
-    from tests.streams.fakes import assign, rig
+    from tests.unit.streams.fakes import assign, rig
 
     r = rig(tmp_path)
     try:

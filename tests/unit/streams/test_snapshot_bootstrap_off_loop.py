@@ -20,7 +20,7 @@ from statestore import recovery
 from statestore.errors import StoreLockedError
 from statestore.snapshot import SnapshotRef
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
-from tests.streams.fakes import Rig, assign, rig
+from tests.unit.streams.fakes import Rig, assign, rig
 
 pytestmark = pytest.mark.asyncio
 

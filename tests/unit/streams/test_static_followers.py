@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from streams.quirks.static_followers import StaticFollowers
-from tests.streams.fakes import FakeControl
+from tests.unit.streams.fakes import FakeControl
 
 
 @dataclass

@@ -21,7 +21,7 @@ from streams.group.listener import MAX_REBALANCE_FAILURES
 from streams.runtime.store_handover import ProcessStores
 from streams.runtime.thread import FatalThreadError, ThreadState
 from tests.conftest import wait_until
-from tests.streams.fakes import SINK, SOURCE, Rig, assign, record, rig
+from tests.unit.streams.fakes import SINK, SOURCE, Rig, assign, record, rig
 
 pytestmark = pytest.mark.asyncio
 

@@ -22,7 +22,7 @@ from streams.quirks.synced_round import (
 )
 from streams.runtime.factory import ThreadClients, build_stream_thread
 from tests.conftest import wait_until
-from tests.streams.fakes import (
+from tests.unit.streams.fakes import (
     SOURCE,
     FakeChangelogReader,
     FakeConsumer,

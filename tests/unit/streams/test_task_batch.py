@@ -14,7 +14,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from statestore.errors import StoreWriteError
 from statestore.store import KeyValueStore, StoreSpec
 from streams.runtime.task import RecordError, StreamTask
-from tests.streams.fakes import SOURCE, counting_subs, record
+from tests.unit.streams.fakes import SOURCE, counting_subs, record
 
 
 @pytest.fixture

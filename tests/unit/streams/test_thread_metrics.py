@@ -15,7 +15,7 @@ from assignor import LeaderMemory, Member, MemberAssignment
 from streams.group.control import LeavingMark, LeavingState
 from streams.group.partition_assignor import hold_deadlines, moves_by_cause
 from tests.conftest import wait_until
-from tests.streams.fakes import SOURCE, assign, record, rig
+from tests.unit.streams.fakes import SOURCE, assign, record, rig
 
 LABEL = "unit-instance-thread-0"
 

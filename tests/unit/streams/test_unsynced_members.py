@@ -14,7 +14,7 @@ from assignor import AssignorConfig
 from assignor.protocol import Subscription, decode_assignment, encode_subscription
 from streams.group.partition_assignor import RelayAssignor, TaskLayout
 from streams.quirks.synced_round import unsynced_members
-from tests.streams.fakes import counting_subs
+from tests.unit.streams.fakes import counting_subs
 
 
 def test_members_of_the_leaders_last_round_without_its_generation_are_unsynced() -> None:

@@ -1,7 +1,8 @@
 """A new instance restores the tasks it is about to take before it joins, and they move to it
 in its first round: the plan (the leader's own assignor run on the status records), the
 newcomer's thread warming up and announcing its joining ask, and an owner giving a task up
-for it. The broker scale-out test checks the whole move (tests/streams/test_task_migration.py).
+for it. The broker scale-out test checks the whole move
+(tests/broker/streams/test_task_migration.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from streams.group.warm_up import (
 )
 from streams.runtime.thread import ThreadState
 from tests.conftest import wait_until
-from tests.streams.fakes import SOURCE, assign, partitions_of, rig
+from tests.unit.streams.fakes import SOURCE, assign, partitions_of, rig
 
 NOW = 1_000_000
 TASKS = [Task(f"0_{p}") for p in range(4)] + [Task(f"1_{p}", stateful=False) for p in range(2)]

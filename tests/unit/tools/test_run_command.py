@@ -23,7 +23,7 @@ WORKER = textwrap.dedent("""
     other = App("run-other")
     not_an_app = 42
 """)
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "cli.md"
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from tests.tools.test_web_model import status
+from tests.unit.tools.test_web_model import status
 from tools.web.follower import GroupFollower
 from tools.web.model import GroupModel
 from tools.web.server import Changes, ServeError, make_app, serve

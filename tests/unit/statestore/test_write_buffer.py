@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import logging
 import random
-import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -131,35 +127,6 @@ def test_a_commit_waits_for_every_changelog_record_to_be_acknowledged(tmp_path: 
     store.commit()
     assert read_checkpoint(store.directory, TOPIC, 0).offset == 1  # type: ignore[union-attr]
     store.close()
-
-
-def test_a_process_killed_before_its_commit_leaves_the_last_commit_on_disk(
-    tmp_path: Path,
-) -> None:
-    """The database never holds a write its changelog might not have: writes since the last
-    commit do not reach RocksDB, whatever RocksDB or the OS had buffered when SIGKILL came."""
-    directory = tmp_path / "counts"
-    killed = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(f"""
-            import os, signal
-            from statestore.store import KeyValueStore, StoreSpec
-            store = KeyValueStore(StoreSpec("counts"), {str(directory)!r}, {TOPIC!r}, 0).open()
-            store.put("a", 1)
-            sent = store.drain_changelog()
-            store.acknowledged(len(sent), len(sent))
-            store.commit()
-            store.put("a", 2)
-            store.put("b", 1)
-            store.drain_changelog()  # sent, never acknowledged
-            os.kill(os.getpid(), signal.SIGKILL)
-        """)],
-        check=False,
-    )
-    assert killed.returncode == -signal.SIGKILL
-    reopened = open_store(directory)
-    assert dict(reopened.items()) == {"a": 1}
-    assert reopened.position == 1
-    reopened.close()
 
 
 def test_closing_with_unacknowledged_records_says_so_and_keeps_the_checkpoint(

@@ -3,9 +3,6 @@ topologies that cannot run with messages that say what to change."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from streams.app import App
@@ -88,14 +85,6 @@ def test_a_sub_topology_reading_only_repartition_topics_takes_its_writers_larges
         b = app()
         b.stream("left").merge(b.stream("right")).to("out")
         b.topology.assign_partitions(b.topology.sub_topologies(), {"left": 2, "right": 6}, 4)
-
-
-def test_importing_the_package_stays_light() -> None:
-    code = ("import sys, streams; heavy = [m for m in sys.modules if m.split('.')[0] in "
-            "('aiokafka', 'rocksdict', 'msgpack')]; assert not heavy, heavy; "
-            "from streams import App, TumblingWindows, TopologyTestDriver, Windowed; "
-            "assert App.__module__ == 'streams.app'")
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_store_names_are_unique_and_valid() -> None:

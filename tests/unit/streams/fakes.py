@@ -77,9 +77,12 @@ class FakeConsumer:
         self._batches.put_nowait(batch)
 
     async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Any]]:
+        """The next fed batch, or nothing at once: a fetch that waited out its timeout would
+        only make the test sleep."""
+        await asyncio.sleep(0)
         try:
-            return await asyncio.wait_for(self._batches.get(), timeout_ms / 1000)
-        except TimeoutError:
+            return self._batches.get_nowait()
+        except asyncio.QueueEmpty:
             return {}
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
@@ -153,6 +156,8 @@ class FakeProducer:
         #: Produced and not acknowledged; acknowledged and not reported.
         self._queued: list[tuple[Any, Sent]] = []
         self._ready: list[tuple[Any, Any, Sent, int]] = []
+        #: Calls of :meth:`flush` waiting for acknowledgements now (a commit waiting).
+        self.flushes_waiting = 0
 
     async def start(self) -> None:
         pass
@@ -229,8 +234,12 @@ class FakeProducer:
 
     def flush(self, timeout: float = -1) -> int:
         with self._reports:
-            self._reports.wait_for(lambda: not self._queued,
-                                   None if timeout < 0 else timeout)
+            self.flushes_waiting += 1
+            try:
+                self._reports.wait_for(lambda: not self._queued,
+                                       None if timeout < 0 else timeout)
+            finally:
+                self.flushes_waiting -= 1
         self.poll()
         return len(self)
 
@@ -418,7 +427,8 @@ class FakeChangelogReader:
         return int(store.position)
 
     async def poll(self, timeout_ms: int = 200) -> int:
-        await asyncio.sleep(timeout_ms / 1000)
+        """Nothing to fetch, at once (a real reader would wait up to ``timeout_ms``)."""
+        await asyncio.sleep(0)
         return 0
 
     async def restore(self, stores: list[Any], **kwargs: Any) -> _Stats:

@@ -13,6 +13,7 @@ from streams.group.join_watch import DEPARTED_CHECK_EVERY_S
 from streams.group.member_id import static_id_of
 from streams.kafka.membership import GroupMember
 from streams.quirks.departed_members import departed_static_members
+from tests.conftest import wait_until
 from tests.unit.streams.fakes import rig
 
 UUID = "c28e295f-8ef0-400d-8381-3d8009bcf105"
@@ -47,11 +48,13 @@ async def test_a_member_joining_for_longer_than_a_round_looks_for_departed_membe
 ) -> None:
     r = rig(tmp_path, session_timeout_ms=12_000, heartbeat_interval_ms=1_000)
     looks: list[float] = []
+    finished: list[int] = []
     release = asyncio.Event()
 
     async def remove() -> list[str]:
         looks.append(1)
         await release.wait()
+        finished.append(1)
         return ["s1-thread-0"]
 
     r.thread.join_watch.remove_departed = remove
@@ -66,10 +69,10 @@ async def test_a_member_joining_for_longer_than_a_round_looks_for_departed_membe
     # One look at a time, and not more often than every few seconds.
     assert not r.thread.join_watch.check_departed(now + after + DEPARTED_CHECK_EVERY_S + 1)
     release.set()
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: len(finished) == 1, timeout_s=5, message="the first look's end")
     assert not r.thread.join_watch.check_departed(now + after + 1)
     assert r.thread.join_watch.check_departed(now + after + DEPARTED_CHECK_EVERY_S + 1)
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: len(finished) == 2, timeout_s=5, message="the second look's end")
     r.consumer.rebalancing = False
     assert not r.thread.join_watch.check_departed(now + 100 * after)
     assert len(looks) == 2

@@ -96,13 +96,17 @@ async def test_records_are_processed_and_committed_acks_then_offsets_then_checkp
                          message="three outputs")
         assert [msgpack.unpackb(s.value) for s in r.producer.to(SINK)] == [1, 1, 2]
         commit = asyncio.create_task(r.thread.committer.commit())
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: r.producer.flushes_waiting > 0, timeout_s=5,
+                         message="the commit waiting for the broker's acks")
         assert not commit.done() and "offsets" not in events  # waits for the broker's acks
         r.producer.ack()
         await wait_until(lambda: "offsets" in events, timeout_s=5, message="the offsets")
-        while not commit.done():
-            r.producer.ack()
-            await asyncio.sleep(0.01)
+
+        def acked_and_done() -> bool:
+            r.producer.ack()  # what the commit sent since (the checkpoint's changelog)
+            return commit.done()
+
+        await wait_until(acked_and_done, timeout_s=5, message="the commit")
         await commit
         order = [e for e in events if e in ("ack", "offsets", "checkpoint")]
         assert order.index("ack") < order.index("offsets") < order.index("checkpoint")
@@ -125,10 +129,12 @@ async def test_records_already_processed_are_not_processed_again(tmp_path: Path)
         tp = TopicPartition(SOURCE, 0)
         r.consumer.feed({tp: [record(0, 0, "a"), record(0, 1, "a")]})
         r.consumer.feed({tp: [record(0, 1, "a"), record(0, 2, "a")]})
-        await wait_until(lambda: len(r.producer.to(SINK)) == 3, timeout_s=5,
-                         message="three outputs")
-        await asyncio.sleep(0.2)
-        assert [msgpack.unpackb(s.value) for s in r.producer.to(SINK)] == [1, 2, 3]
+        # A later batch of another key: once its output is out, so would be any duplicate.
+        r.consumer.feed({tp: [record(0, 3, "b")]})
+        await wait_until(lambda: len(r.producer.to(SINK)) >= 4, timeout_s=5,
+                         message="the outputs of both batches and the next")
+        assert [(msgpack.unpackb(s.key), msgpack.unpackb(s.value))
+                for s in r.producer.to(SINK)] == [("a", 1), ("a", 2), ("a", 3), ("b", 1)]
     finally:
         r.thread.stop()
         await asyncio.wait_for(run, 15)
@@ -412,9 +418,10 @@ async def test_a_task_closed_while_its_offsets_are_read_does_not_start(tmp_path:
     """Closing a restoring task cancels its offsets request; the start that waited on it
     sees the task gone instead of failing with the cancellation."""
     r = rig(tmp_path)
-    answer = asyncio.Event()
+    answer, asked = asyncio.Event(), asyncio.Event()
 
     async def committed(partition: TopicPartition) -> int | None:
+        asked.set()
         await answer.wait()
         return None
 
@@ -423,7 +430,7 @@ async def test_a_task_closed_while_its_offsets_are_read_does_not_start(tmp_path:
         await assign(r, ("0_0",), restore=False)
         stores = r.thread.registry.restoring["0_0"]
         starting = asyncio.create_task(r.thread.task_manager.start_restored("0_0", stores))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(asked.wait(), 5)  # the start waits for the offsets
         r.thread.task_manager.close_task("0_0")
         answer.set()
         assert await asyncio.wait_for(starting, 5) is False

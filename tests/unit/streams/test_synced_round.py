@@ -5,12 +5,16 @@ decision, the reports a process keeps, the control topic's encoding, and the thr
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from streams.group.control import ROUND_KEY, decode_round_report, encode_round_report
 from streams.group.join_watch import LOST_SYNC_AFTER_S
+from streams.quirks import hooks
 from streams.quirks.synced_round import (
     KEEP_MEMBERS,
     SYNC_WAIT_LIMIT_S,
@@ -108,6 +112,27 @@ def test_round_reports_round_trip_and_malformed_ones_are_refused() -> None:
         decode_round_report(b"not msgpack at all \xc1")
 
 
+@pytest.fixture
+def looks(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each answer of the member's round waiter when it looks at the reports, in order: a
+    test waits for the waiter's next looks instead of sleeping through them."""
+    answers: list[bool] = []
+
+    def looked(*args: Any, **kwargs: Any) -> bool:
+        answers.append(may_rejoin(*args, **kwargs))
+        return answers[-1]
+
+    monkeypatch.setattr(hooks, "may_rejoin", looked)
+    return answers
+
+
+async def looked_again(looks: list[bool], times: int = 2) -> None:
+    """Wait until the waiter looked ``times`` more times: the last saw what the test did."""
+    seen = len(looks)
+    await wait_until(lambda: len(looks) >= seen + times, timeout_s=5,
+                     message=f"{times} more looks at the round's reports")
+
+
 def reporting_rig(state_dir: Path, reports: RoundReports, member_id: str,
                   **settings: object) -> Rig:
     consumer = FakeConsumer()
@@ -136,19 +161,20 @@ async def test_a_member_reports_its_round_once_it_applied_its_assignment(tmp_pat
         r.thread.task_manager.close_all()
 
 
-async def test_the_follow_up_rebalance_waits_for_the_rounds_assignments(tmp_path: Path) -> None:
+async def test_the_follow_up_rebalance_waits_for_the_rounds_assignments(
+        tmp_path: Path, looks: list[bool]) -> None:
     reports = RoundReports()
     r = reporting_rig(tmp_path, reports, "member-a")
     try:
         reports.record("member-a", 4)
         # It revoked 0_1: the assignor asks it to rejoin at once for the follow-up round.
         await assign(r, ("0_0",), revoked=("0_1",), rejoin_after_ms=0, group_size=3)
-        await asyncio.sleep(0.3)
+        await looked_again(looks)
         assert r.consumer.rejoins == 0  # b and c still wait for their SyncGroup answers
         reports.record("member-b", 4)
         reports.record("member-c", 3)  # c's report of the round before does not count
-        await asyncio.sleep(0.3)
-        assert r.consumer.rejoins == 0
+        await looked_again(looks)
+        assert r.consumer.rejoins == 0 and not any(looks)
         reports.record("member-c", 4)
         await wait_until(lambda: r.consumer.rejoins == 1, timeout_s=5)
     finally:
@@ -156,7 +182,7 @@ async def test_the_follow_up_rebalance_waits_for_the_rounds_assignments(tmp_path
 
 
 async def test_ready_learners_ask_once_synced_and_requests_made_meanwhile_ask_once(
-        tmp_path: Path) -> None:
+        tmp_path: Path, looks: list[bool]) -> None:
     reports = RoundReports()
     r = reporting_rig(tmp_path, reports, "member-a")
     try:
@@ -164,23 +190,25 @@ async def test_ready_learners_ask_once_synced_and_requests_made_meanwhile_ask_on
         reports.record("member-a", 4)
         r.thread.member.learners_ready(["0_2"])
         r.thread.member.request_rejoin_once_synced("follow-up rebalance")
-        await asyncio.sleep(0.3)
+        await looked_again(looks)
         assert r.consumer.rejoins == 0
         # The next round began meanwhile (someone else asked): no request in its middle.
         r.consumer.rebalancing = True
         reports.record("member-b", 4)
-        await asyncio.sleep(0.3)
-        assert r.consumer.rejoins == 0
+        await looked_again(looks)
+        assert r.consumer.rejoins == 0 and not looks[-1]
         # The round ends with generation 5: the wait starts over for its members.
         r.consumer.rebalancing, r.consumer.generation = False, 5
         await assign(r, (), learners=("0_2",), group_size=2)
         reports.record("member-a", 5)
-        await asyncio.sleep(0.3)
+        await looked_again(looks)
         assert r.consumer.rejoins == 0
         reports.record("member-b", 5)
         await wait_until(lambda: r.consumer.rejoins == 1, timeout_s=5)
-        await asyncio.sleep(0.3)
-        assert r.consumer.rejoins == 1  # both reasons, one request
+        # Both reasons, one request: the waiter said yes once and stopped looking.
+        assert looks.count(True) == 1 and looks[-1]
+        assert not r.thread.member.asking  # the waiter is done: no second request comes
+        assert r.consumer.rejoins == 1
     finally:
         r.thread.task_manager.close_all()
 
@@ -191,14 +219,14 @@ async def test_without_reports_a_member_asks_at_once(tmp_path: Path) -> None:
         await assign(r, (), learners=("0_2",), group_size=2)
         r.thread.member.learners_ready(["0_2"])
         assert r.consumer.rejoins == 1
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)  # a report the assignment scheduled would be sent by now
         assert not r.producer.to("unit-control")  # and reports nothing
     finally:
         r.thread.task_manager.close_all()
 
 
 async def test_a_stopping_member_leaves_once_its_round_has_its_assignments(
-        tmp_path: Path) -> None:
+        tmp_path: Path, looks: list[bool]) -> None:
     # A dynamic member's consumer sends LeaveGroup when it stops: that starts a round too.
     reports = RoundReports()
     r = reporting_rig(tmp_path, reports, "member-a")
@@ -212,7 +240,7 @@ async def test_a_stopping_member_leaves_once_its_round_has_its_assignments(
     await assign(r, ("0_0",), group_size=2)
     reports.record("member-a", 4)
     r.thread.stop()
-    await asyncio.sleep(0.5)
+    await looked_again(looks)
     assert not stopped and not run.done()  # member-b still waits for its SyncGroup answer
     reports.record("member-b", 4)
     await asyncio.wait_for(run, 10)
@@ -220,7 +248,10 @@ async def test_a_stopping_member_leaves_once_its_round_has_its_assignments(
 
 
 async def test_a_stopping_member_waits_for_the_others_at_most_the_limit(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The wait's clock moves 50 ms each time it is read: the limit passes without sleeping.
+    ticks = itertools.count()
+    monkeypatch.setattr(hooks, "time", SimpleNamespace(monotonic=lambda: next(ticks) * 0.05))
     reports = RoundReports()
     r = reporting_rig(tmp_path, reports, "member-a")
     r.thread.task_manager.close_all()
@@ -240,7 +271,7 @@ async def test_a_stop_the_world_member_neither_reports_nor_waits(tmp_path: Path)
         await assign(r, (), group_size=3)
         r.thread.member.request_rejoin_once_synced("follow-up rebalance")
         assert r.consumer.rejoins == 1
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)  # a report the assignment scheduled would be sent by now
         assert not r.producer.to("unit-control")
     finally:
         r.thread.task_manager.close_all()

@@ -8,7 +8,9 @@ for it. The broker scale-out test checks the whole move
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import msgpack
@@ -32,6 +34,7 @@ from streams.group.warm_up import (
     join_round_s,
     plan_warm_up,
 )
+from streams.runtime import state_updater
 from streams.runtime.thread import ThreadState
 from tests.conftest import wait_until
 from tests.unit.streams.fakes import SOURCE, assign, partitions_of, rig
@@ -188,18 +191,23 @@ async def test_a_new_thread_restores_its_copies_then_announces_them_then_joins(
 
 @pytest.mark.asyncio
 async def test_a_thread_joins_when_its_copies_will_catch_up_during_the_round(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The restore and the round overlap: the copies read 1,000 records per 20 ms poll, so
     with 150,000 left and a 3 s round the thread joins well before they are caught up, and
-    its first subscription says it expects them ready by the assignment."""
+    its first subscription says it expects them ready by the assignment. The 20 ms pass on
+    the state updater's clock, not for real."""
+    clock = [1_000.0]
+    monkeypatch.setattr(state_updater, "time",
+                        SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
     r = rig(tmp_path, promotion_asks=PromotionAsks(), acceptable_lag=100,
             warm_up_gate=WarmUpGate(WarmUpPlan(9, {0: ("0_1",)}, join_lead_s=3.0),
                                     num_threads=1))
     r.follower.lags = {"1": 300_000}
 
     async def steady_read(timeout_ms: int = 200) -> int:
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0)
+        clock[0] += 0.02
         for store in r.follower.registered:
             store.position += 1_000
         r.follower.lags["1"] = max(0, (r.follower.lags["1"] or 0) - 1_000)

@@ -13,6 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from tests.unit.tools.test_web_model import status
+from tools.web import server
 from tools.web.follower import GroupFollower
 from tools.web.model import GroupModel
 from tools.web.server import Changes, ServeError, make_app, serve
@@ -54,8 +55,10 @@ async def test_the_json_endpoint(client: tuple[TestClient, GroupModel, Changes])
 
 
 async def test_events_push_the_view_when_members_publish(
-    client: tuple[TestClient, GroupModel, Changes],
+    client: tuple[TestClient, GroupModel, Changes], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # A push follows a burst of changes after a pause; the test's burst is one change.
+    monkeypatch.setattr(server, "PUSH_INTERVAL_S", 0.001)
     http, model, changes = client
     response = await http.get("/api/events")
     assert response.headers["Content-Type"] == "text/event-stream"

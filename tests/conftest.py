@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from streams.testing.engines import ENGINES, LoopbackBroker, broker_for
 from streams.testing.loopback import BrokerError, cluster_view
@@ -36,6 +37,11 @@ UNIT_TIER = Path(__file__).resolve().parent / "unit"
 _shared_kafka: LoopbackBroker | None = None
 #: Brokers this process started, by engine: stopped when the session ends.
 _started: dict[str, LoopbackBroker] = {}
+
+# No deadline on a hypothesis example: how long one takes says how busy the machine is, and a
+# test asserts no timing (a test that sets its own deadline keeps it).
+settings.register_profile("relay", deadline=None)
+settings.load_profile("relay")
 
 
 def default_engine() -> str:

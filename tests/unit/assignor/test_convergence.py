@@ -32,6 +32,7 @@ each."""
 from __future__ import annotations
 
 import math
+import os
 import random
 from collections.abc import Callable
 
@@ -58,6 +59,12 @@ from tests.unit.assignor.measures import (
 from tests.unit.assignor.simulation import Group
 
 INSTANCES = [f"i{n}" for n in range(6)]
+
+
+def examples(full: int) -> int:
+    """How many histories a test simulates: all of them in ``make test``, a fifth in ``make
+    test-fast`` (RELAY_TEST_FAST), which keeps the unit tier quick to run while working."""
+    return max(10, full // 5) if os.environ.get("RELAY_TEST_FAST") else full
 
 events = st.lists(
     st.one_of(
@@ -125,7 +132,7 @@ def check_warm(views: list[Member], memory: LeaderMemory, acceptable_lag: int,
                     f"{task} placed on {instance_of[mid]} cold; copies: {lags}")
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     events=events,
     n_tasks=st.integers(1, 12),
@@ -281,7 +288,7 @@ def uneven(seed: int, slowest_ms: int, spread_ms: int) -> Callable[[str, str], i
     return catch_up
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     instances=st.integers(2, 5), threads=st.lists(st.integers(1, 3), min_size=1, max_size=5),
     n_tasks=st.integers(3, 16), stateless_every=st.integers(2, 6),
@@ -329,7 +336,7 @@ def test_each_kind_of_change_moves_at_most_a_tenth_more_than_balance_needs() -> 
     counted on both sides (they must go somewhere)."""
     for change in CHANGES:
         moved = least = 0
-        for seed in range(120):
+        for seed in range(examples(120)):
             rng = random.Random(seed)
             instances = rng.randint(2, 5)
             group = settled_group(

@@ -82,7 +82,11 @@ async def _created(admin: AIOKafkaAdminClient, names: list[str],
     deadline = time.monotonic() + timeout_s
     while True:
         counts = await existing_partition_counts(admin, names, with_leaders=True)
-        if len(counts) == len(names) or time.monotonic() > deadline:
+        # This answer, not another request: on a cluster the next may go to a broker whose
+        # metadata has not caught up yet.
+        if len(counts) == len(names):
+            return counts
+        if time.monotonic() > deadline:
             return await existing_partition_counts(admin, names)
         await asyncio.sleep(0.05)
 

@@ -1,0 +1,94 @@
+"""The static-follower digest protocol behind its one setting (no broker)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from streams.quirks.static_followers import StaticFollowers
+from tests.unit.streams.fakes import FakeControl
+
+
+@dataclass
+class Member:
+    static_id: str | None
+    is_leader: bool = False
+    received_digest: str | None = "d1"
+    rejoins: list[str] = field(default_factory=list)
+
+    def request_rejoin(self, reason: str, broadcast: bool = True, news: bool = True) -> None:
+        self.rejoins.append(reason)
+
+
+def test_a_follower_that_missed_its_assignment_rejoins() -> None:
+    control = FakeControl()
+    protocol = StaticFollowers(enabled=True, control=control)
+    follower, leader = Member("a-thread-0"), Member("b-thread-0", is_leader=True)
+    protocol.add_member(follower)
+    protocol.add_member(leader)
+    protocol.on_fetch_request({"a-thread-0": "d1", "b-thread-0": "other"})
+    assert follower.rejoins == [] and leader.rejoins == []  # holds it; the leader never
+    protocol.on_fetch_request({"a-thread-0": "d2"})
+    assert follower.rejoins == ["missed the leader's last assignment"]
+
+
+def test_the_leader_tells_its_followers_and_followers_ask_the_leader() -> None:
+    control = FakeControl()
+    protocol = StaticFollowers(enabled=True, control=control)
+    leader, follower = Member("b-thread-0", is_leader=True), Member("a-thread-0")
+    protocol.tell_followers(leader, {"a-thread-0": "x", "b-thread-0": "y"})
+    assert control.fetch_requests == [{"a-thread-0": "x"}]
+    protocol.tell_followers(follower, {"a-thread-0": "x"})  # only the leader tells
+    assert len(control.fetch_requests) == 1
+    protocol.ask_leader(follower, "learners ready")
+    protocol.ask_leader(leader, "learners ready")
+    assert control.rebalance_requests == ["a-thread-0: learners ready"]
+    protocol.publish_subscription(follower, b"sub")
+    protocol.on_subscription("a-thread-0", b"sub")
+    assert control.subscriptions == ["a-thread-0"]
+    assert protocol.fresh_subscription("a-thread-0") == b"sub"
+
+
+def test_off_it_sends_nothing_and_ignores_what_it_reads() -> None:
+    control = FakeControl()
+    protocol = StaticFollowers(enabled=False, control=control)
+    follower, leader = Member("a-thread-0"), Member("b-thread-0", is_leader=True)
+    protocol.add_member(follower)
+    protocol.ask_leader(follower, "r")
+    protocol.tell_followers(leader, {"a-thread-0": "x"})
+    protocol.publish_subscription(follower, b"s")
+    protocol.on_subscription("a-thread-0", b"s")
+    protocol.on_fetch_request({"a-thread-0": "d2"})
+    assert control == FakeControl() and follower.rejoins == []
+    assert protocol.fresh_subscription("a-thread-0") is None
+
+
+def test_dynamic_members_take_no_part() -> None:
+    control = FakeControl()
+    protocol = StaticFollowers(enabled=True, control=control)
+    protocol.ask_leader(Member(None), "r")
+    protocol.publish_subscription(Member(None), b"s")
+    assert control == FakeControl()
+
+
+
+def test_a_restarted_static_instance_asks_the_leader_for_a_round_only_where_the_broker_needs_it(
+) -> None:
+    # Tansu hands a restarted static member its cached assignment and starts no round; the
+    # new process, knowing none of it, waited for its join watch (about 16 s) before asking.
+    control = FakeControl()
+    StaticFollowers(enabled=True, control=control).restarted("w2 restarted")
+    assert control.rebalance_requests == ["w2 restarted"]
+    off = FakeControl()
+    StaticFollowers(enabled=False, control=off).restarted("w2 restarted")
+    assert off.rebalance_requests == []
+
+
+def test_a_restart_after_a_crash_looks_again_at_its_old_status_without_waiting_it_out() -> None:
+    from streams.app import DUPLICATE_RECHECK_MIN_S, duplicate_recheck_wait_s
+
+    # A record written 4 s ago comes from a dead process: one short look again suffices.
+    assert duplicate_recheck_wait_s(10_000, 14_000, 3.0) == DUPLICATE_RECHECK_MIN_S
+    # A fresh record may come from a live duplicate: wait until it would have been renewed.
+    assert duplicate_recheck_wait_s(10_000, 10_500, 3.0) == 2.5
+    # A clock ahead of ours never shortens the wait below a publication and a margin.
+    assert duplicate_recheck_wait_s(20_000, 10_000, 3.0) == 3.0

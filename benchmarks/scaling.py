@@ -95,6 +95,7 @@ from benchmarks.scaling_rounds import JoinRounds, measure_join_rounds
 from benchmarks.scaling_workers import FaustPool, PoolSettings, RelayPool, WorkerPool
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
 from streams.group.control import LeavingMark, control_topic_name, encode_mark
+from streams.group.member_id import instance_of
 from streams.group.status_topic import status_topic_name
 
 STRATEGIES = ("relay-learner", "relay-learner-standby", "relay-stop-the-world", "faust")
@@ -312,7 +313,7 @@ class Run:
             return
         name = self.newest_added("hand over")
         pid = self.pool.pid(name)
-        instance = next((m.key.rsplit("-thread-", 1)[0] for m in self.status.live()
+        instance = next((instance_of(m.key) for m in self.status.live()
                          if m.pid == pid), None)
         if instance is None:
             raise StrategyFailed(f"worker {name} (pid {pid}) publishes no status")

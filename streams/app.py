@@ -88,6 +88,9 @@ from streams.runtime.global_tables import GlobalTables
 from streams.runtime.store_handover import ProcessStores
 from streams.runtime.thread import FatalThreadError, StreamThread
 
+# The deprecated path of an app given no bootstrap servers (an embedded broker of its own).
+from streams.testing.broker import EmbeddedBroker
+
 log = logging.getLogger(__name__)
 
 #: The shortest wait before a duplicate static id's status is looked at again: members
@@ -345,9 +348,6 @@ class App:
                           stacklevel=stacklevel + 1)
 
     def _start_embedded_broker(self) -> str:
-        # Imported only when asked for: the runtime does not need it otherwise.
-        from streams.testing.broker import EmbeddedBroker
-
         self._broker = EmbeddedBroker().start()
         # Also logged: a DeprecationWarning is hidden by default outside ``__main__``.
         log.warning("no bootstrap_servers: started an embedded broker at %s (deprecated: %s)",

@@ -77,7 +77,8 @@ def _task_place(handle: asyncio.TimerHandle | None) -> str:
 class Guard:
     """The patches of one test phase, and what they caught."""
 
-    def __init__(self) -> None:
+    def __init__(self, sleep_limit_s: float = SLEEP_LIMIT_S) -> None:
+        self.sleep_limit_s = sleep_limit_s
         self.violations: list[str] = []
         self._saved: list[tuple[Any, str, Any]] = []
 
@@ -146,13 +147,13 @@ class Guard:
         real_select = selectors.DefaultSelector.select
 
         def sleep(seconds: float) -> None:
-            if seconds > SLEEP_LIMIT_S:
+            if seconds > self.sleep_limit_s:
                 self.caught(f"time.sleep({seconds}) at {_project_frames(2)}")
             real_sleep(seconds)
 
         async def async_sleep(delay: float, result: Any = None) -> Any:
             caller = traceback.extract_stack(limit=2)[0]
-            if (delay > SLEEP_LIMIT_S and "/tests/" in caller.filename
+            if (delay > self.sleep_limit_s and "/tests/" in caller.filename
                     and caller.name != "wait_until"):
                 self.caught(f"a fixed asyncio.sleep({delay}) at {_project_frames(2)}")
             return await real_async_sleep(delay, result)
@@ -163,7 +164,7 @@ class Guard:
             started = time.monotonic()
             events = real_select(selector, timeout)  # type: ignore[arg-type]
             waited = time.monotonic() - started
-            if (not events and timeout is not None and min(timeout, waited) > SLEEP_LIMIT_S
+            if (not events and timeout is not None and min(timeout, waited) > self.sleep_limit_s
                     and threading.current_thread() is threading.main_thread()):
                 self.caught(f"the event loop sat idle {waited * 1000:.0f} ms on a timer "
                             f"({_task_place(timer)})")

@@ -47,9 +47,14 @@ async def test_scale_out_learns_first_then_moves(
                          timeout_s=90, message="the first member to run every task")
         traffic.start()
         first_round: set[str] = set()
+        #: The owner's records processed, sampled while the newcomer only learned (its
+        #: learners restoring, no task of its own yet).
+        owner_while_learning: list[float] = []
 
         def after_first_round() -> None:
             thread = new.threads[0] if new.threads else None
+            if thread is not None and thread.learners and not thread.tasks:
+                owner_while_learning.append(records_processed(old))
             if thread is not None and thread.status.rebalances == 1:
                 first_round.update(thread.tasks, thread.restoring)
 
@@ -61,6 +66,11 @@ async def test_scale_out_learns_first_then_moves(
                 timeout_s=180, interval_s=0.02,
                 message="the new member to learn and take over two tasks")
             moved = set(new.threads[0].tasks)
+            # The owner kept processing while the learners restored.
+            assert len(owner_while_learning) >= 2, "no sample while the newcomer learned"
+            assert owner_while_learning[-1] > owner_while_learning[0], (
+                f"the owner processed nothing while its learner restored: "
+                f"{owner_while_learning}")
             # Every task it took over, it learned first: before it joined (it is new to a
             # running group, so it warmed them up), and it got them in its first round.
             assert moved <= watch.learned[id(new)]
@@ -77,6 +87,13 @@ async def test_scale_out_learns_first_then_moves(
             await traffic.stop()
             await exact_counts(bootstrap, sink, traffic.produced)
             await each_knows_the_other_s_learners(bootstrap, app_id, old, new)
+
+
+def records_processed(app: App) -> float:
+    """The input records ``app`` processed, by its metrics (a counter: it never goes back)."""
+    return sum(sample.value for family in app.metrics.registry.collect()
+               if family.name == "relay_records_processed"
+               for sample in family.samples if sample.name == "relay_records_processed_total")
 
 
 async def each_knows_the_other_s_learners(bootstrap: str, app_id: str,

@@ -121,7 +121,7 @@ async def test_drops_and_misrouted_keys_are_on_metrics_and_in_the_status(
 
     def value(name: str, **labels: str) -> float | None:
         return r.thread.metrics.registry.get_sample_value(
-            name, {"thread": r.thread._label, **labels})
+            name, {"thread": r.thread.identity.label, **labels})
 
     try:
         await assign(r, ("0_0", "0_1"))

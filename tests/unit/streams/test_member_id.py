@@ -10,6 +10,7 @@ from streams.group.member_id import (
     instance_of,
     parse_member_id,
     static_id_of,
+    thread_id_in,
     thread_member_id,
 )
 
@@ -36,3 +37,12 @@ def test_the_brokers_id_of_a_static_member_holds_its_member_id() -> None:
     uuid = "0f8fad5b-d9cb-469f-a165-70867728950e"
     assert static_id_of(f"node-a-thread-0-{uuid}") == "node-a-thread-0"
     assert static_id_of(f"app-0-{uuid}") is None
+
+
+def test_a_members_other_names_give_its_thread_member_id() -> None:
+    uuid = "0f8fad5b-d9cb-469f-a165-70867728950e"
+    assert thread_id_in("node-a-thread-0") == "node-a-thread-0"  # its group instance id
+    assert thread_id_in(f"node-a-thread-1-{uuid}") == "node-a-thread-1"  # its broker id
+    assert thread_id_in("shop-node-a-thread-2", "shop") == "node-a-thread-2"  # its client id
+    for other in ("shop-0", f"shop-0-{uuid}", "node-a", ""):
+        assert thread_id_in(other, "shop") is None

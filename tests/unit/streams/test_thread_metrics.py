@@ -5,8 +5,10 @@ and the leader's count of moved tasks by cause."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -14,6 +16,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from assignor import LeaderMemory, Member, MemberAssignment
 from streams.group.control import LeavingMark, LeavingState
 from streams.group.partition_assignor import hold_deadlines, moves_by_cause
+from streams.runtime import state_updater
 from tests.conftest import wait_until
 from tests.unit.streams.fakes import SOURCE, assign, record, rig
 
@@ -113,7 +116,13 @@ async def test_the_thread_records_its_figures_at_the_runtime_hooks(tmp_path: Pat
 
 
 @pytest.mark.asyncio
-async def test_copies_record_their_lag_and_their_catching_up(tmp_path: Path) -> None:
+async def test_copies_record_their_lag_and_their_catching_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The copies' figures are sampled every second of the state updater's clock: here it moves
+    # 10 ms each time it is read, so a second passes without waiting for one.
+    ticks = itertools.count()
+    monkeypatch.setattr(state_updater, "time",
+                        SimpleNamespace(monotonic=lambda: next(ticks) * 0.01, time=time.time))
     r = rig(tmp_path)
     run = asyncio.create_task(r.thread.run([SOURCE]))
     try:

@@ -101,8 +101,11 @@ from benchmarks.faults_check import (
     Exactness,
     compare_latest,
     compare_occurrences,
+    fault_limit_s,
+    gaps,
     longest_stalls,
     rebalances,
+    stalls_per_fault,
 )
 from benchmarks.scaling import mark_leaving
 from benchmarks.scaling_workers import PoolSettings, WorkerPool
@@ -131,6 +134,10 @@ NOT_ON_TANSU = (
 
 # -- worker processes ---------------------------------------------------------------------------
 
+
+#: Output gaps at least this long are listed in the report (``gaps``), for reading against the
+#: workers' logs.
+GAP_REPORTED_S = 3.0
 
 #: Not a Relay setting: tells the pool to give each worker its name as static instance id.
 STATIC_SETTING = "BENCH_STATIC_MEMBERS"
@@ -244,6 +251,8 @@ class StatusTail(Tail):
         self.latest: dict[str, dict[str, Any]] = {}
         #: ``(time, generation)`` of every status record.
         self.generations: list[tuple[float, int]] = []
+        #: Each member's rounds as it measured them (join to assignment applied), once each.
+        self.rounds: dict[tuple[str, float], None] = {}
 
     def handle(self, topic: str, record: Any) -> None:
         key = record.key.decode(errors="replace") if record.key else "?"
@@ -256,6 +265,9 @@ class StatusTail(Tail):
             status = msgpack.unpackb(record.value, raw=False)
             self.latest[key] = status
             self.generations.append((time.time(), int(status["generation"])))
+            if isinstance(status.get("last_round_s"), int | float):
+                self.rounds[(f"{key}/{status.get('incarnation')}/{status.get('rebalances')}",
+                             float(status["last_round_s"]))] = None
 
     def live(self, fresh_s: float = 3.0) -> list[dict[str, Any]]:
         now_ms = time.time() * 1000
@@ -607,7 +619,8 @@ class Bench:
             self.start(worker)
         finally:
             self.held.discard(worker)
-        entry.update(worker=worker, detail=f"SIGKILL pid {pid}, restarted {delay:.1f}s later")
+        entry.update(worker=worker, seconds=round(delay, 1),
+                     detail=f"SIGKILL pid {pid}, restarted {delay:.1f}s later")
 
     async def fault_stop(self, entry: dict[str, Any]) -> None:
         await self.stop_for(self.pick(), 1.5 * self.args.session_timeout_ms / 1000, entry)
@@ -621,7 +634,8 @@ class Bench:
             process.send_signal(signal.SIGCONT)
         finally:
             self.held.discard(worker)
-        entry.update(worker=worker, detail=f"SIGSTOP for {pause:.0f}s, then SIGCONT")
+        entry.update(worker=worker, seconds=round(pause, 1),
+                     detail=f"SIGSTOP for {pause:.0f}s, then SIGCONT")
 
     async def wait_for_member(self, run: AppRun, want: str, timeout_s: float
                               ) -> tuple[dict[str, Any], str] | None:
@@ -1185,6 +1199,15 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
                                      to_s=round(s.to_s + offset, 1), gap_s=round(s.gap_s, 1))
               for t, s in longest_stalls(times, start, end).items()}
     worst = max(stalls.values(), key=lambda s: s.gap_s, default=None)
+    session_s = bench.args.session_timeout_ms / 1000
+    # The limit comes in with the broker's measured join round; each fault's own limit too.
+    join_round_s = limit - stall_limit_s(session_s, 0.0, bench.args.script or [])
+    every_gap = [dataclasses.replace(g, from_s=round(g.from_s + offset, 1),
+                                     to_s=round(g.to_s + offset, 1), gap_s=round(g.gap_s, 1))
+                 for g in gaps(times, start, end, at_least_s=GAP_REPORTED_S)]
+    applied = [(e["at_s"], f"{e['fault']} {e.get('worker', '')}".strip(),
+                fault_limit_s(e["fault"], e.get("seconds"), session_s, join_round_s))
+               for e in bench.timeline if e.get("fault") and e.get("status") == "applied"]
     result = {
         "app_id": run.app_id,
         "sinks": {kind: topic for topic, kind in run.outputs.kind.items()},
@@ -1197,7 +1220,14 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
              for s in stalls.values() if s.gap_s > limit),
             key=lambda s: -s["gap_s"]),
         "stalls": {t: round(s.gap_s, 1) for t, s in sorted(stalls.items())},
+        "stalls_per_fault": [
+            {"at_s": f.at_s, "fault": f.fault, "limit_s": f.limit_s, "over": f.over,
+             **({"task": f.stall.task, "gap_s": f.stall.gap_s, "from_s": f.stall.from_s,
+                 "to_s": f.stall.to_s} if f.stall is not None else {})}
+            for f in stalls_per_fault(every_gap, applied, round(end - bench.t0, 1))],
+        "gaps": [dataclasses.asdict(g) for g in every_gap],
         "rebalances": rebalances(g for t, g in run.status.generations if t >= start),
+        "rounds_s": round_figures([r for _key, r in run.status.rounds]),
         "generations_seen": sorted({g for _, g in run.status.generations}),
         "worker_exits": run.exits,
         "dead_letters": None,
@@ -1216,6 +1246,16 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
         "all_exact": all(o["is_exact"] for o in outs),
         "no_stall_over_limit": not result["stalls_over_limit"]}
     return result
+
+
+def round_figures(rounds: list[float]) -> dict[str, Any]:
+    """The members' rounds as they measured them (join to assignment applied): how long the
+    broker's rounds took in this run."""
+    if not rounds:
+        return {"count": 0}
+    ordered = sorted(rounds)
+    return {"count": len(ordered), "median": round(ordered[len(ordered) // 2], 1),
+            "min": round(ordered[0], 1), "max": round(ordered[-1], 1)}
 
 
 def faults_before(bench: Bench, stall: Any) -> list[str]:
@@ -1328,6 +1368,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               + (", ".join(f"{s['task']} {s['gap_s']:.1f}s at {s['from_s']:.0f}-"
                            f"{s['to_s']:.0f}s" for s in app["stalls_over_limit"][:6])
                  or "none"))
+        rounds = app["rounds_s"]
+        if rounds["count"]:
+            print(f"  rounds as members measured them (join to assignment applied): "
+                  f"{rounds['count']}, median {rounds['median']:.1f} s, "
+                  f"{rounds['min']:.1f} to {rounds['max']:.1f} s")
+        for f in app["stalls_per_fault"]:
+            stall = (f"{f['gap_s']:.1f} s ({f['task']}, {f['from_s']:.0f}-{f['to_s']:.0f}s)"
+                     if "gap_s" in f else "none")
+            print(f"  {f['at_s']:7.1f}s {f['fault']}: longest stall {stall}, limit "
+                  f"{f['limit_s']:.0f} s{' OVER' if f['over'] else ''}")
     print("timeline:")
     print(timeline_text(report))
     if report["error"]:

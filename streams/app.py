@@ -25,7 +25,7 @@ import uuid
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
@@ -63,6 +63,7 @@ from streams.group.member_id import instance_member_ids
 from streams.group.partition_assignor import TaskLayout
 from streams.group.predecessors import (
     MemberFiles,
+    MemberRecord,
     evict_predecessors,
     possible_leaders,
     stale_members,
@@ -78,7 +79,6 @@ from streams.group.warm_up import (
 )
 from streams.metrics import Metrics, MetricsServer, serve_metrics
 from streams.queries.routing import RoutingTable, StatusFollower
-from streams.queries.server import QueryServer, QueryService
 from streams.queries.store_query import LocalStores, StoreQuery, UnknownStoreError
 from streams.quirks.detect import broker_quirks
 from streams.quirks.hooks import RoundHooks, hooks_for
@@ -91,11 +91,31 @@ from streams.runtime.thread import FatalThreadError, StreamThread
 # The deprecated path of an app given no bootstrap servers (an embedded broker of its own).
 from streams.testing.broker import EmbeddedBroker
 
+if TYPE_CHECKING:
+    from streams.queries.server import QueryServer
+
 log = logging.getLogger(__name__)
 
 #: The shortest wait before a duplicate static id's status is looked at again: members
 #: publish every second, so a live one has published again by then.
 DUPLICATE_RECHECK_MIN_S = 1.5
+
+
+def written_by_the_dead(first: dict[str, dict[str, Any]], predecessors: list[MemberRecord],
+                        now_ms: float) -> bool:
+    """Whether the newest status records of this static id were all written by processes
+    this one knows are dead, long enough ago that a live duplicate would have written since.
+
+    A predecessor in the member files ran on this state directory, so on this machine: its
+    records' times are on this clock, and it is dead (its file's lock was free). Each key's
+    newest record being one of its, at least :data:`DUPLICATE_RECHECK_MIN_S` old, means no
+    other process published that key for longer than a publication takes, whatever its own
+    clock says (a newer record would have replaced it): no second look is needed."""
+    dead = {(p.member_id, p.pid) for p in predecessors}
+    return bool(first) and all(
+        (record.get("member_id"), record.get("pid")) in dead
+        and now_ms - int(record.get("updated_ms", 0) or 0) >= DUPLICATE_RECHECK_MIN_S * 1000
+        for record in first.values())
 
 
 def duplicate_recheck_wait_s(updated_ms: int, now_ms: float, recheck_s: float) -> float:
@@ -395,7 +415,7 @@ class App:
                 subs = await self.prepare(admin, hooks)
             finally:
                 await admin.close()
-            restarted = await self._refuse_duplicate_instance()
+            restarted = await self._refuse_duplicate_instance(member_files.predecessors)
             warm_up = await self._plan_warm_up(subs, member_files)
             topics = sorted({t for s in subs for t in s.sources})
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -527,6 +547,11 @@ class App:
         endpoint); returns the status follower that keeps its routing table."""
         if self.config.query_port is None:
             return None
+        # Imported only when serving: the HTTP server's imports are half of the process's
+        # start, which a static member restarting within its session keeps its tasks waiting
+        # for.
+        from streams.queries.server import QueryServer, QueryService
+
         service = QueryService(self.routing, self.local_stores, instance_id=self.instance_id,
                                endpoint=lambda: None if self.query_server is None
                                else self.query_server.url)
@@ -580,7 +605,8 @@ class App:
         except OSError:
             return False
 
-    async def _refuse_duplicate_instance(self, recheck_s: float = 3.0) -> bool:
+    async def _refuse_duplicate_instance(self, predecessors: list[MemberRecord],
+                                         recheck_s: float = 3.0) -> bool:
         """Fail fast when a live process already runs this static id; True when an earlier
         process of this static id left status records (this one is its restart).
 
@@ -589,7 +615,10 @@ class App:
         (published every second) is still being updated; a stale record of a crashed process
         does not count. The second look comes ``recheck_s`` after the record was written,
         and at least a publication and a margin after the first look: a restart after a
-        crash then waits for nothing, as its tasks wait for it.
+        crash then waits for nothing, as its tasks wait for it. No second look at all when
+        the records are those of this state directory's dead predecessor and a publication
+        old (see :func:`written_by_the_dead`): the restart of a crashed static member joins
+        at once.
         """
         gid = self.config.group_instance_id
         if gid is None or self.bootstrap_servers is None:
@@ -600,6 +629,8 @@ class App:
                  if k in mine and v.get("incarnation") != self.incarnation}
         if not first:
             return False
+        if written_by_the_dead(first, predecessors, time.time() * 1000):
+            return True
         newest_ms = max(int(v.get("updated_ms", 0) or 0) for v in first.values())
         await asyncio.sleep(duplicate_recheck_wait_s(newest_ms, time.time() * 1000, recheck_s))
         again = await read_status(self.bootstrap_servers, self.config.application_id)

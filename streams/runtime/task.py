@@ -168,6 +168,9 @@ class StreamTask:
         # Next offset to process per input partition; what is committed.
         self.processed: dict[TopicPartition, int] = {}
         self.records_processed = 0
+        #: When the task started running here (monotonic seconds): its first records say
+        #: how long it took from then to processing.
+        self.started_at = time.monotonic()
         #: Records dropped because they were at or below the processed position.
         self.records_skipped = 0
         self._recorded: dict[TopicPartition, int] = {}
@@ -262,6 +265,9 @@ class StreamTask:
                         self._until_misroute_check = MISROUTE_SAMPLE - 1
                         self._check_partition(record)
         finally:
+            if ran and not self.records_processed:
+                log.info("task %s: first records processed %.2fs after it started", self.task_id,
+                         time.monotonic() - self.started_at)
             self.records_processed += ran
         if ctx.punctuations is not None:
             ctx.punctuations.fire(ctx, PunctuationType.STREAM_TIME, ctx.stream_time_ms)

@@ -11,7 +11,7 @@ MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs
 # Broker tests mostly wait on group rounds: seven workers overlap those waits.
 TEST_WORKERS ?= 7
 
-.PHONY: setup demo test lint docs bench clean
+.PHONY: setup demo test test-fast lint docs bench clean
 
 setup: $(DEV)
 
@@ -38,11 +38,17 @@ lint: $(DEV)
 docs: $(DEV)
 	$(MKDOCS) build --strict
 
+# Both tiers: tests/unit (no broker, no process, no sleep) and tests/broker.
 test: $(DEV)
 	@bash .ci/install-chromium
 	$(PY) -m ruff check .
 	$(MKDOCS) build --strict --quiet
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests/unit tests/broker
+
+# The unit tier alone (see docs/testing.md): no broker starts; the long simulations run
+# fewer examples (RELAY_TEST_FAST), `make test` runs them in full.
+test-fast: $(DEV)
+	RELAY_TEST_FAST=1 $(PY) -m pytest -q -n 2 tests/unit
 
 bench: $(DEV)
 	$(PY) -m benchmarks.restore --records 1000000 --json results/restore.json

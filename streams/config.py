@@ -32,7 +32,7 @@ ENV_PREFIX = "RELAY_"
 #: ``RELAY_`` variables that are not app settings (the embedded broker's binary, the tests'
 #: external broker, the demo's pace): no warning for these.
 OTHER_RELAY_VARIABLES = frozenset({"RELAY_TANSU_BIN", "RELAY_TEST_BOOTSTRAP",
-                                   "RELAY_DEMO_PHASE_SECONDS"})
+                                   "RELAY_TEST_FAST", "RELAY_DEMO_PHASE_SECONDS"})
 PROCESSING_GUARANTEES = ("at_least_once", "exactly_once")
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]+$")
 #: Kafka refuses longer topic names.

@@ -19,8 +19,10 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from streams.testing.engines import ENGINES, LoopbackBroker, broker_for
 from streams.testing.loopback import BrokerError, cluster_view
@@ -29,10 +31,17 @@ ENGINE_ENV = "RELAY_TEST_ENGINE"
 SHARED_KAFKA_ENV = "RELAY_TEST_KAFKA"
 EXTERNAL_ENV = "RELAY_TEST_BOOTSTRAP"
 PER_WORKER_ENV = "RELAY_TEST_KAFKA_PER_WORKER"
+#: Tests that start no broker (tests/unit/conftest.py): a run of only those starts none.
+UNIT_TIER = Path(__file__).resolve().parent / "unit"
 #: The broker a run's shared Kafka was started for (the xdist controller's).
 _shared_kafka: LoopbackBroker | None = None
 #: Brokers this process started, by engine: stopped when the session ends.
 _started: dict[str, LoopbackBroker] = {}
+
+# No deadline on a hypothesis example: how long one takes says how busy the machine is, and a
+# test asserts no timing (a test that sets its own deadline keeps it).
+settings.register_profile("relay", deadline=None)
+settings.load_profile("relay")
 
 
 def default_engine() -> str:
@@ -50,8 +59,15 @@ def _starts_shared_kafka(config: pytest.Config) -> bool:
         return False
     if os.environ.get(PER_WORKER_ENV):  # each worker starts its own, on first use
         return False
+    if config.args and all(_in_unit_tier(arg) for arg in config.args):
+        return False
     marks = getattr(config.option, "markexpr", "") or ""
     return default_engine() == "kafka" and "not broker" not in marks
+
+
+def _in_unit_tier(arg: str) -> bool:
+    path = Path(arg.split("::")[0]).resolve()
+    return path == UNIT_TIER or UNIT_TIER in path.parents
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -92,7 +108,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``pytest -n N --dist loadgroup`` the Spark tests share one worker: one local
-    Spark session (a JVM of its own) per worker would crowd a small machine.
+    Spark session (a JVM of its own) per worker would crowd a small machine. So do the
+    differential tests, for their Kafka Streams oracle.
 
     xdist groups a test by appending ``@<group>`` to its node id, in a hook of its own that
     reads ``xdist_group`` marks. Done here instead, after it: pytest 9 builds node ids from
@@ -100,8 +117,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
-        if item.nodeid.startswith("tests/pipeline/") or "snapshot_restore" in item.nodeid:
+        if item.nodeid.startswith("tests/broker/pipeline/") or "snapshot_restore" in item.nodeid:
             _join_group(item, "spark")
+        elif item.nodeid.startswith("tests/broker/differential/"):
+            # One Kafka Streams oracle (a JVM) for them all.
+            _join_group(item, "kafka-streams-oracle")
 
 
 def _join_group(item: pytest.Item, group: str) -> None:
@@ -192,8 +212,11 @@ async def wait_until(
     interval_s: float = 0.1,
     message: str = "condition",
 ) -> None:
-    """Poll ``condition`` until it holds; fail the test after ``timeout_s``."""
+    """Poll ``condition`` until it holds; fail the test after ``timeout_s``. The first looks
+    come a millisecond apart, then twice as far apart each time up to ``interval_s``: a
+    condition that holds soon is seen at once, without sleeping for real."""
     deadline = time.monotonic() + timeout_s
+    pause_s = min(0.001, interval_s)
     while True:
         result = condition()
         if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
@@ -202,4 +225,5 @@ async def wait_until(
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {message}")
-        await asyncio.sleep(interval_s)
+        await asyncio.sleep(pause_s)
+        pause_s = min(pause_s * 2, interval_s)

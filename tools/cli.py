@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +30,7 @@ from assignor import task_sort_key
 from streams.exit_codes import ExitCode, summary
 from streams.group.control import LeavingMark, control_topic_name, encode_mark
 from streams.group.described import described_members
+from streams.group.member_id import instance_of, thread_id_in
 from streams.group.status_topic import read_status as read_member_status
 from streams.group.status_topic import status_topic_name
 from streams.kafka.membership import MembershipError, describe_group, leave_group
@@ -415,14 +415,12 @@ def static_members(members: Any, app: str, instance: str) -> list[tuple[str, str
     static member ``<group_instance_id>-<uuid>`` and Relay's client ids are
     ``<app>-<group_instance_id>``. Each identifies the threads ``<instance>-thread-<n>``.
     """
-    name = re.escape(instance) if instance else ".+"
-    pattern = re.compile(rf"^(?:{re.escape(app)}-)?({name}-thread-\d+)(?:-|$)")
     found = []
     for member in members:
-        match = (pattern.fullmatch(member.group_instance_id or "")
-                 or pattern.match(member.member_id) or pattern.match(member.client_id))
-        if match:
-            found.append((member.member_id, match.group(1)))
+        static_id = (thread_id_in(member.group_instance_id or "")
+                     or thread_id_in(member.member_id) or thread_id_in(member.client_id, app))
+        if static_id is not None and (not instance or instance_of(static_id) == instance):
+            found.append((member.member_id, static_id))
     return found
 
 

@@ -45,6 +45,17 @@ def static_id_of(broker_member_id: str) -> str | None:
     return match.group(1) if match else None
 
 
+def thread_id_in(text: str, application_id: str = "") -> str | None:
+    """The thread's member id a member's other names start with, if any: its group instance id
+    (the id itself), its id on the broker (``<id>-<uuid>``) or its client id
+    (``<application id>-<id>``)."""
+    if application_id and text.startswith(f"{application_id}-"):
+        text = text[len(application_id) + 1:]
+    if parse_member_id(text) is not None:
+        return text
+    return static_id_of(text)
+
+
 def of_instances(instance_ids: Iterable[str], num_threads: int) -> set[str]:
     """The member ids of every thread of several instances."""
     return {m for i in instance_ids for m in instance_member_ids(i, num_threads)}

@@ -15,7 +15,7 @@ partitions reach their new owner in that second round: KIP-429's two rounds.
 
 This relies on aiokafka internals (``GroupCoordinator._on_join_prepare`` and
 ``_on_join_complete``, ``SubscriptionState``), which is why aiokafka is pinned to 0.14.*;
-``tests/streams/test_cooperative.py`` covers it against the real broker; what the runtime
+``tests/broker/streams/test_cooperative.py`` covers it against the real broker; what the runtime
 reads of the coordinator goes through :mod:`streams.kafka.driver`. The consumer looks the
 coordinator class up by name in ``aiokafka.consumer.consumer``; :func:`install` puts this one
 there. Consumers whose assignors do not opt in behave exactly as before.

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 #: Answers after which leaving cannot wedge the group: formed, or not a member at all.
 SAFE_ANSWERS = frozenset({None, "NOT_A_MEMBER", "UnknownMemberIdError"})
+#: How often a member waiting to leave looks whether the round it took part in is over.
+POLL_S = 0.1
 
 
 class Step(enum.Enum):
@@ -59,11 +61,12 @@ class GroupMember(Protocol):
 
 async def wait_for_formed_group(
     member: GroupMember, timeout_s: float, name: str = "member",
-    clock: Callable[[], float] = time.monotonic, poll_s: float = 0.1,
+    clock: Callable[[], float] = time.monotonic, poll_s: float | None = None,
 ) -> Step:
     """Return once ``member`` may leave: its heartbeat was answered without error, or the
     timeout passed (logged). Meanwhile it takes part in the rounds under way."""
     deadline = clock() + timeout_s
+    poll_s = POLL_S if poll_s is None else poll_s
     while True:
         answer = await member.heartbeat()
         step = next_step(answer, clock(), deadline)

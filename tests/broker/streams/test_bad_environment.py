@@ -1,0 +1,49 @@
+"""Bad environment that needs a process of its own: the CLI run in a subprocess against an
+unreachable broker, a state directory on a read-only file system (a mount in a fresh namespace)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streams.exit_codes import ExitCode
+from tests.unit.streams.test_bad_environment import (
+    WORKER,
+    assert_one_line,
+    closed_port,
+    run_worker,
+)
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare for a read-only mount")
+def test_a_state_dir_on_a_read_only_file_system_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "worker.py").write_text(WORKER)
+    (tmp_path / "ro").mkdir()
+    script = (f"mount -t tmpfs -o ro tmpfs {tmp_path / 'ro'} && "
+              f"RELAY_STATE_DIR={tmp_path / 'ro' / 'state'} "
+              f"RELAY_BOOTSTRAP_SERVERS=127.0.0.1:{closed_port()} "
+              f"{sys.executable} -m streams run worker:app --log-level ERROR")
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c",
+                            f"mount -t tmpfs -o ro tmpfs {tmp_path / 'ro'}"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("no user and mount namespaces here for a read-only mount")
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == ExitCode.CONFIG
+    assert_one_line(done.stderr, "state_dir", "Read-only file system")
+
+
+def test_an_unreachable_or_unresolvable_broker_is_one_line_and_exit_3(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    unreachable = f"127.0.0.1:{closed_port()}"
+    code, output = run_worker(tmp_path, monkeypatch, bootstrap_servers=unreachable)
+    assert code == ExitCode.UNREACHABLE
+    assert_one_line(output, "broker unreachable: bootstrap_servers", unreachable)
+    code, output = run_worker(tmp_path, monkeypatch, bootstrap_servers="relay-no-such.invalid:9092")
+    assert code == ExitCode.UNREACHABLE
+    assert_one_line(output, "bootstrap_servers", "cannot resolve relay-no-such.invalid")

@@ -1,0 +1,543 @@
+"""Fake clients for the stream thread's unit tests: a group consumer, a producer, changelog
+readers, a control channel and (for exactly-once) transactional producers over an in-memory
+transaction log with fencing, that keep what they were asked in memory. Handed to
+:func:`streams.runtime.factory.build_stream_thread`, they let a test drive a real thread (real
+topology, tasks and RocksDB stores) through assignments, records and commits, without a
+broker."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.structs import ConsumerRecord, RecordMetadata, TopicPartition
+
+from assignor import MemberAssignment, parse_task_id
+from assignor.protocol import encode_assignment
+from streams.app import App
+from streams.config import AppConfig
+from streams.dsl.topology import SubTopology
+from streams.group.group_learning import GroupLearning
+from streams.group.predecessors import MemberFiles
+from streams.group.promotion_asks import PromotionAsks
+from streams.group.warm_up import WarmUpGate
+from streams.quirks.hooks import RoundHooks
+from streams.quirks.static_followers import StaticFollowers
+from streams.quirks.synced_round import RoundReports
+from streams.runtime.factory import ThreadClients, build_stream_thread
+from streams.runtime.store_handover import ProcessStores
+from streams.runtime.thread import StreamThread
+from streams.runtime.thread_status import Leaving
+
+SOURCE, SINK = "in", "out"
+
+
+class FakeConsumer:
+    """The :class:`streams.kafka.driver.GroupConsumer` interface, in memory."""
+
+    def __init__(self, events: list[str] | None = None) -> None:
+        self.events = events if events is not None else []
+        self.assigned: set[TopicPartition] = set()
+        self.committed_offsets: dict[TopicPartition, int] = {}
+        self.commits: list[dict[TopicPartition, int]] = []
+        self.seeks: dict[TopicPartition, int] = {}
+        self.paused: set[TopicPartition] = set()
+        self.rejoins = 0
+        self.rebalancing = False
+        self.rebalancing_since: float | None = None
+        self.round_started: float | None = None
+        #: Partition ends (high watermarks) as the last fetch would report them.
+        self.highwaters: dict[TopicPartition, int] = {}
+        self.rejoin_pending = False
+        self.member_id = "member-1"
+        self.generation = 1
+        self.listener: Any = None
+        self._batches: asyncio.Queue[dict[TopicPartition, list[Any]]] = asyncio.Queue()
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def heartbeat(self) -> str | None:
+        """Answered without error: a formed group."""
+        return None
+
+    def subscribe(self, topics: list[str], listener: Any) -> None:
+        self.listener = listener
+
+    def feed(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        self._batches.put_nowait(batch)
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Any]]:
+        """The next fed batch, or nothing at once: a fetch that waited out its timeout would
+        only make the test sleep."""
+        await asyncio.sleep(0)
+        try:
+            return self._batches.get_nowait()
+        except asyncio.QueueEmpty:
+            return {}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks[tp] = offset
+
+    async def seek_to_beginning(self, tp: TopicPartition) -> None:
+        self.seeks[tp] = 0
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.paused.update(tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self.paused.difference_update(tps)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self.highwaters.get(tp)
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return self.committed_offsets.get(tp)
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.events.append("offsets")
+        self.commits.append(dict(offsets))
+        self.committed_offsets.update(offsets)
+
+    def rebalancing_for_s(self, now: float | None = None) -> float:
+        if not self.rebalancing or self.rebalancing_since is None:
+            return 0.0
+        return (time.monotonic() if now is None else now) - self.rebalancing_since
+
+    def request_rejoin(self) -> None:
+        self.rejoins += 1
+
+
+@dataclass
+class Sent:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    partition: int | None
+    headers: Any = None
+
+
+class FakeProducer:
+    """Sends land in ``sent``; acknowledgements come at once, or when the test calls
+    :meth:`ack` (``auto_ack=False``). Like aiokafka's, a send over ``max_request_size`` raises
+    at once; a send to a topic in ``failing`` raises that topic's error, and a topic in
+    ``refusing`` gets that error in its delivery report.
+
+    It speaks aiokafka's interface (``send``: the thread's status and control records) and
+    confluent-kafka's (``produce``, ``poll``, ``flush``: the data producer of
+    :mod:`streams.runtime.delivery`), whose delivery reports are served by ``poll`` and ``flush``,
+    the latter waiting (in a worker thread, as the runtime calls it) for :meth:`ack`."""
+
+    #: aiokafka's default request limit.
+    max_request_size = 1_048_576
+
+    def __init__(self, events: list[str] | None = None, auto_ack: bool = True) -> None:
+        self.events = events if events is not None else []
+        self.auto_ack = auto_ack
+        self.sent: list[Sent] = []
+        self._unacked: list[tuple[asyncio.Future[RecordMetadata], Sent]] = []
+        self._offsets: dict[tuple[str, int], int] = {}
+        self.client = None
+        self.failing: dict[str, Exception] = {}
+        self.refusing: dict[str, Exception] = {}
+        self._reports = threading.Condition()
+        #: Produced and not acknowledged; acknowledged and not reported.
+        self._queued: list[tuple[Any, Sent]] = []
+        self._ready: list[tuple[Any, Any, Sent, int]] = []
+        #: Calls of :meth:`flush` waiting for acknowledgements now (a commit waiting).
+        self.flushes_waiting = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                   partition: int | None = None, timestamp_ms: int | None = None,
+                   headers: Any = None) -> asyncio.Future[RecordMetadata]:
+        if len(key or b"") + len(value or b"") > self.max_request_size:
+            raise MessageSizeTooLargeError(f"the message is over {self.max_request_size} bytes")
+        if topic in self.failing:
+            raise self.failing[topic]
+        record = Sent(topic, key, value, partition, headers)
+        self.sent.append(record)
+        future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        self._unacked.append((future, record))
+        if self.auto_ack:
+            self.ack()
+        return future
+
+    async def send_and_wait(self, topic: str, value: bytes | None = None,
+                            key: bytes | None = None, **kwargs: Any) -> RecordMetadata:
+        return await (await self.send(topic, value=value, key=key, **kwargs))
+
+    def ack(self) -> None:
+        unacked, self._unacked = self._unacked, []
+        with self._reports:
+            queued, self._queued = self._queued, []
+            if unacked or queued:
+                self.events.append("ack")
+            for callback, record in queued:
+                self._ready.append((callback, self.refusing.get(record.topic), record,
+                                    self._next_offset(record)))
+            self._reports.notify_all()
+        for future, record in unacked:
+            partition = record.partition or 0
+            future.set_result(RecordMetadata(
+                topic=record.topic, partition=partition,
+                topic_partition=TopicPartition(record.topic, partition),
+                offset=self._next_offset(record),
+                timestamp=None, timestamp_type=0, log_start_offset=0))
+
+    def _next_offset(self, record: Sent) -> int:
+        partition = record.partition or 0
+        offset = self._offsets.get((record.topic, partition), 0)
+        self._offsets[(record.topic, partition)] = offset + 1
+        return offset
+
+    # -- confluent-kafka's interface -------------------------------------------------------
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                partition: int | None = None, on_delivery: Any = None,
+                timestamp: int | None = None, headers: Any = None) -> None:
+        if len(key or b"") + len(value or b"") > self.max_request_size:
+            raise MessageSizeTooLargeError(f"the message is over {self.max_request_size} bytes")
+        if topic in self.failing:
+            raise self.failing[topic]
+        record = Sent(topic, key, value, partition, headers)
+        self.sent.append(record)
+        with self._reports:
+            self._queued.append((on_delivery, record))
+        if self.auto_ack:
+            self.ack()
+
+    def poll(self, timeout: float = 0) -> int:
+        with self._reports:
+            ready, self._ready = self._ready, []
+        for callback, error, record, offset in ready:
+            if callback is not None:
+                callback(error, _Delivered(record.topic, record.partition or 0, offset))
+        return len(ready)
+
+    def flush(self, timeout: float = -1) -> int:
+        with self._reports:
+            self.flushes_waiting += 1
+            try:
+                self._reports.wait_for(lambda: not self._queued,
+                                       None if timeout < 0 else timeout)
+            finally:
+                self.flushes_waiting -= 1
+        self.poll()
+        return len(self)
+
+    def __len__(self) -> int:
+        with self._reports:
+            return len(self._queued) + len(self._ready)
+
+    def to(self, topic: str) -> list[Sent]:
+        return [s for s in self.sent if s.topic == topic]
+
+
+@dataclass
+class _Delivered:
+    """The message a delivery report carries (confluent-kafka's ``Message``)."""
+
+    _topic: str
+    _partition: int
+    _offset: int
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+
+class FencedError(Exception):
+    """What the fake broker answers a fenced producer."""
+
+
+@dataclass
+class Committed:
+    topic: str
+    partition: int | None
+    key: bytes | None
+    value: bytes | None
+
+
+class TransactionLog:
+    """The fake broker's side of transactions: what each transactional id's latest
+    producer is (fencing), and the records and offsets of committed transactions."""
+
+    def __init__(self, events: list[str] | None = None) -> None:
+        self.events = events if events is not None else []
+        self.epochs: dict[str, int] = {}
+        self.records: list[Committed] = []
+        self.offsets: dict[tuple[str, int], int] = {}
+        self.aborted = 0
+        self._next: dict[tuple[str, int], int] = {}
+        #: Open transactions by transactional id: aborted by the next producer's init.
+        self.open: dict[str, FakeTransactionalProducer] = {}
+
+    def producer(self, tid: str) -> FakeTransactionalProducer:
+        return FakeTransactionalProducer(tid, self)
+
+    def next_offset(self, topic: str, partition: int) -> int:
+        offset = self._next.get((topic, partition), 0)
+        self._next[(topic, partition)] = offset + 1
+        return offset
+
+    def to(self, topic: str) -> list[Committed]:
+        return [r for r in self.records if r.topic == topic]
+
+
+class _Message:
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def offset(self) -> int:
+        return self._offset
+
+
+class FakeTransactionalProducer:
+    """confluent-kafka's transactional producer API over a :class:`TransactionLog`."""
+
+    def __init__(self, tid: str, log: TransactionLog) -> None:
+        self.tid, self.log = tid, log
+        self.epoch = -1
+        self.in_transaction = False
+        self.pending: list[Committed] = []
+        self._callbacks: list[tuple[Any, int]] = []
+        self._offsets: dict[tuple[str, int], int] = {}
+        self.closed = False
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        self.log.events.append(f"init {self.tid}")
+        self.epoch = self.log.epochs.get(self.tid, 0) + 1
+        self.log.epochs[self.tid] = self.epoch
+        earlier = self.log.open.pop(self.tid, None)
+        if earlier is not None:
+            earlier._discard()
+            self.log.aborted += 1
+
+    def _check(self) -> None:
+        if self.log.epochs.get(self.tid) != self.epoch:
+            raise FencedError(f"{self.tid}: producer fenced")
+
+    def begin_transaction(self) -> None:
+        self._check()
+        self.in_transaction = True
+        self.log.open[self.tid] = self
+
+    def produce(self, topic: str, key: bytes | None = None, value: bytes | None = None,
+                partition: int | None = None, on_delivery: Any = None, **kwargs: Any) -> None:
+        assert self.in_transaction, "produce outside a transaction"
+        self._check()  # a fenced producer refuses records
+        self.pending.append(Committed(topic, partition, key, value))
+        self._callbacks.append((on_delivery, self.log.next_offset(topic, partition or 0)))
+
+    def flush(self, timeout: float = -1) -> int:
+        callbacks, self._callbacks = self._callbacks, []
+        for callback, offset in callbacks:
+            if callback is not None:
+                callback(None, _Message(offset))
+        return 0
+
+    def send_offsets_to_transaction(self, offsets: list[Any], metadata: Any,
+                                    timeout: float = -1) -> None:
+        self._check()
+        for tp in offsets:
+            self._offsets[(tp.topic, tp.partition)] = tp.offset
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        self.flush()
+        self._check()
+        self.log.events.append(f"commit {self.tid}")
+        self.log.records += self.pending
+        self.log.offsets.update(self._offsets)
+        self.log.open.pop(self.tid, None)
+        self._discard()
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        self.log.open.pop(self.tid, None)
+        self.log.aborted += 1
+        self._discard()
+
+    def _discard(self) -> None:
+        self.pending, self._offsets, self._callbacks = [], {}, []
+        self.in_transaction = False
+
+    def purge(self) -> None:
+        self._discard()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class _Stats:
+    records: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+class FakeChangelogReader:
+    """Restores at once; copies have the lag the test sets (0 by default)."""
+
+    def __init__(self, events: list[str] | None = None) -> None:
+        self.events = events
+        self.registered: list[Any] = []
+        self.lags: dict[str, int | None] = {}
+        self.stats = _Stats()
+        self.restored: list[str] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def register(self, store: Any) -> None:
+        self.registered.append(store)
+
+    def unregister(self, store: Any) -> None:
+        if store in self.registered:
+            self.registered.remove(store)
+
+    def lag(self, store: Any) -> int | None:
+        return self.lags.get(f"{store.partition}", 0)
+
+    def read_position(self, store: Any) -> int:
+        return int(store.position)
+
+    async def poll(self, timeout_ms: int = 200) -> int:
+        """Nothing to fetch, at once (a real reader would wait up to ``timeout_ms``)."""
+        await asyncio.sleep(0)
+        return 0
+
+    async def restore(self, stores: list[Any], **kwargs: Any) -> _Stats:
+        if self.events is not None:
+            self.events.append("restore " + ",".join(f"{s.name}/{s.partition}" for s in stores))
+        self.restored.extend(f"{s.name}/{s.partition}" for s in stores)
+        return _Stats()
+
+
+@dataclass
+class FakeControl:
+    rebalance_requests: list[str] = field(default_factory=list)
+    subscriptions: list[str] = field(default_factory=list)
+    fetch_requests: list[dict[str, str]] = field(default_factory=list)
+
+    def request_rebalance(self, reason: str) -> None:
+        self.rebalance_requests.append(reason)
+
+    def publish_subscription(self, static_id: str, data: bytes) -> None:
+        self.subscriptions.append(static_id)
+
+    def request_fetch(self, digests: dict[str, str]) -> None:
+        self.fetch_requests.append(digests)
+
+
+@dataclass
+class Rig:
+    """A thread built by the factory with fake clients, and those clients."""
+
+    thread: StreamThread
+    consumer: FakeConsumer
+    producer: FakeProducer
+    restorer: FakeChangelogReader
+    follower: FakeChangelogReader
+    control: FakeControl
+    #: Exactly-once rigs: the fake broker's transactions.
+    transactions: TransactionLog | None = None
+
+
+def counting_subs(partitions: int = 4) -> list[SubTopology]:
+    """The counting app's topology (count per key into ``counts``), sized."""
+    app = App("unit", bootstrap_servers="127.0.0.1:1")
+    app.stream(SOURCE).group_by_key().count(store="counts").to_stream().to(SINK)
+    subs = app.topology.sub_topologies()
+    app.topology.assign_partitions(subs, {SOURCE: partitions}, partitions)
+    return subs
+
+
+def config(state_dir: Path, **settings: Any) -> AppConfig:
+    return AppConfig(application_id="unit", bootstrap_servers="127.0.0.1:1",
+                     state_dir=state_dir, **settings)
+
+
+def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
+        process_stores: ProcessStores | None = None,
+        static_followers: StaticFollowers | None = None,
+        subs: list[SubTopology] | None = None, member_files: MemberFiles | None = None,
+        promotion_asks: PromotionAsks | None = None, round_reports: RoundReports | None = None,
+        leaving: Leaving | None = None, warm_up_gate: WarmUpGate | None = None,
+        group_learning: GroupLearning | None = None, **settings: Any) -> Rig:
+    events = events if events is not None else []
+    transactions = TransactionLog(events)
+    producer = FakeProducer(events)
+    clients = ThreadClients(FakeConsumer(events), producer,
+                            FakeChangelogReader(events), FakeChangelogReader(),
+                            data_producer=producer,
+                            transactional_producer=transactions.producer,
+                            group_metadata=lambda: b"group-metadata")
+    control = FakeControl()
+    thread = build_stream_thread(
+        config(state_dir, **settings), index, subs or counting_subs(), clients=clients,
+        instance_id="unit-instance", control=control, process_stores=process_stores,
+        hooks=embedded_hooks(static_followers, round_reports), member_files=member_files,
+        promotion_asks=promotion_asks, leaving=leaving, warm_up_gate=warm_up_gate,
+        group_learning=group_learning,
+    )
+    return Rig(thread, clients.consumer, clients.producer, clients.restorer,  # type: ignore[arg-type]
+               clients.follower, control, transactions)
+
+
+def embedded_hooks(static_followers: StaticFollowers | None = None,
+                   round_reports: RoundReports | None = None) -> RoundHooks:
+    """The embedded broker's hooks, with the process-wide parts a test hands in (the
+    static-follower protocol, the round reports) and no others."""
+    return RoundHooks(static_followers=static_followers, round_reports=round_reports,
+                      leave_from_formed_group=True, remove_departed=True,
+                      committed_by_markers=True, records_positions=True)
+
+
+def partitions_of(*task_ids: str) -> set[TopicPartition]:
+    return {TopicPartition(SOURCE, parse_task_id(t)[1]) for t in task_ids}
+
+
+async def assign(rig: Rig, active: tuple[str, ...] = (), *, standbys: tuple[str, ...] = (),
+                 learners: tuple[str, ...] = (), restore: bool = True, **extra: Any) -> None:
+    """Deliver an assignment the way the coordinator does (the assignor first, then the
+    listener), and let the restored actives start."""
+    assignment = MemberAssignment(active=active, standbys=standbys, learners=learners, **extra)
+    rig.consumer.assigned = partitions_of(*active)
+    by_topic = sorted({(SOURCE, tuple(sorted(tp.partition for tp in rig.consumer.assigned)))})
+    rig.thread.assignor.on_assignment(ConsumerProtocolMemberAssignment(
+        0, [(t, list(ps)) for t, ps in by_topic if ps], encode_assignment(assignment)))
+    await rig.thread.listener.on_partitions_assigned(rig.consumer.assigned)
+    if restore:
+        await rig.thread.state_updater.restore_pending()
+
+
+def record(partition: int, offset: int, key: str, value: Any = 1,
+           timestamp: int = 1_000) -> ConsumerRecord[bytes, bytes]:
+    k, v = msgpack.packb(key), msgpack.packb(value)
+    return ConsumerRecord(SOURCE, partition, offset, timestamp, 0, k, v, None, len(k), len(v), [])

@@ -1,0 +1,78 @@
+"""Departed static members the broker still keeps: which ones a joining member removes (only
+those silent for longer than a session timeout), and when it looks for them (joining for
+longer than a round, then every few seconds, one look at a time)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from streams.group.join_watch import DEPARTED_CHECK_EVERY_S
+from streams.group.member_id import static_id_of
+from streams.kafka.membership import GroupMember
+from streams.quirks.departed_members import departed_static_members
+from tests.conftest import wait_until
+from tests.unit.streams.fakes import rig
+
+UUID = "c28e295f-8ef0-400d-8381-3d8009bcf105"
+NOW = 1_000_000
+
+
+def member(static: str) -> GroupMember:
+    return GroupMember(f"{static}-{UUID}", f"app-{static}", "/127.0.0.1")
+
+
+def test_static_ids_are_read_from_member_ids() -> None:
+    assert static_id_of(f"node-a-thread-0-{UUID}") == "node-a-thread-0"
+    assert static_id_of(f"app-0-{UUID}") is None          # a dynamic member
+    assert static_id_of("node-a-thread-0") is None
+
+
+def test_only_members_silent_for_longer_than_a_session_timeout_are_departed() -> None:
+    members = [member(s) for s in ("stale-thread-0", "fresh-thread-0", "stopped-thread-0",
+                                   "just-stopped-thread-0", "unknown-thread-0", "me-thread-0")]
+    statuses = {"stale-thread-0": {"updated_ms": NOW - 31_000},
+                "fresh-thread-0": {"updated_ms": NOW - 2_000},
+                "me-thread-0": {"updated_ms": NOW - 99_000}}
+    departures = {"stopped-thread-0": NOW - 30_001, "just-stopped-thread-0": NOW - 5_000}
+    gone = departed_static_members(members, statuses, departures, NOW, 30_000, "me-thread-0")
+    assert gone == [(f"stale-thread-0-{UUID}", "stale-thread-0"),
+                    (f"stopped-thread-0-{UUID}", "stopped-thread-0")]
+
+
+@pytest.mark.asyncio
+async def test_a_member_joining_for_longer_than_a_round_looks_for_departed_members(
+    tmp_path: Path,
+) -> None:
+    r = rig(tmp_path, session_timeout_ms=12_000, heartbeat_interval_ms=1_000)
+    looks: list[float] = []
+    finished: list[int] = []
+    release = asyncio.Event()
+
+    async def remove() -> list[str]:
+        looks.append(1)
+        await release.wait()
+        finished.append(1)
+        return ["s1-thread-0"]
+
+    r.thread.join_watch.remove_departed = remove
+    after = r.thread.join_watch.departed_after_s
+    assert after == 12.0  # about one join round with a 12 s session
+    now = 1_000.0
+    r.consumer.rebalancing, r.consumer.rebalancing_since = True, now
+    assert not r.thread.join_watch.check_departed(now + after - 1)
+    assert r.thread.join_watch.check_departed(now + after)
+    await asyncio.sleep(0)
+    assert looks == [1]
+    # One look at a time, and not more often than every few seconds.
+    assert not r.thread.join_watch.check_departed(now + after + DEPARTED_CHECK_EVERY_S + 1)
+    release.set()
+    await wait_until(lambda: len(finished) == 1, timeout_s=5, message="the first look's end")
+    assert not r.thread.join_watch.check_departed(now + after + 1)
+    assert r.thread.join_watch.check_departed(now + after + DEPARTED_CHECK_EVERY_S + 1)
+    await wait_until(lambda: len(finished) == 2, timeout_s=5, message="the second look's end")
+    r.consumer.rebalancing = False
+    assert not r.thread.join_watch.check_departed(now + 100 * after)
+    assert len(looks) == 2

@@ -161,6 +161,8 @@ def stalls_per_fault(stalls: Iterable[Stall], faults: list[tuple[float, str, flo
     on the faults' clock) that ended after the fault and no later than the next one began
     (or ``end_s``): what that fault cost, with what the faults before it left over."""
     ordered = sorted(faults)
+    if not ordered:
+        return []
     bounds = [*(at for at, _label, _limit in ordered[1:]), end_s]
     result = []
     for (at, label, limit), until in zip(ordered, bounds, strict=True):

@@ -328,16 +328,19 @@ class Input:
     """Steady input: ``rate`` orders and ``rate`` counted records per second, in tenths."""
 
     def __init__(self, bootstrap: str, topics: dict[str, str], apps: tuple[str, ...],
-                 rate: int, users: int, keys: int, rng: random.Random) -> None:
+                 rate: int, users: int, keys: int, rng: random.Random,
+                 idempotent: bool = True) -> None:
         self.bootstrap, self.topics, self.apps = bootstrap, topics, apps
         self.rate, self.users, self.keys, self.rng = rate, users, keys, rng
         self.produced = Produced()
         self.failed_sends = 0
         self._stop = asyncio.Event()
         # Idempotent (so acks=all): an acknowledged record survives a leader's crash, and a
-        # retried send is not written twice, so what was acknowledged is what went in.
+        # retried send is not written twice, so what was acknowledged is what went in. Not
+        # on the embedded broker: Tansu rejects aiokafka's InitProducerId (v0), and its one
+        # node has no leader to lose.
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5,
-                                          enable_idempotence=True)
+                                          acks="all", enable_idempotence=idempotent)
         self._next_order = 0
         self._task: asyncio.Task[None] | None = None
         self.started_at = self.stopped_at = 0.0
@@ -1123,7 +1126,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if bench.disk_error is not None:
                 bench.disk = None
         inp = Input(bootstrap, topics, tuple(bench.apps), args.rate, args.users, args.keys,
-                    random.Random(args.seed + 1))
+                    random.Random(args.seed + 1),
+                    idempotent=not (args.engine == "tansu" and args.bootstrap is None))
         await inp.start()
         for run_ in bench.apps.values():
             run_.outputs.amounts = inp.produced.orders

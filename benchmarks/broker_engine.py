@@ -85,10 +85,11 @@ def rounds_text(rounds: JoinRounds | None) -> str:
 
 
 async def measure_join_round(bootstrap: str, session_timeout_ms: int = 10_000,
-                             rounds: int = PROBE_ROUNDS) -> JoinRounds:
+                             rounds: int = PROBE_ROUNDS, static: bool = False) -> JoinRounds:
     """The broker's join round, from a probe group of two plain consumers (every member
-    rejoins at once; from the first JoinGroup to the last SyncGroup answer)."""
-    return await measure_join_rounds(bootstrap, rounds, session_timeout_ms)
+    rejoins at once; from the first JoinGroup to the last SyncGroup answer); ``static``:
+    members with group instance ids, whose rounds take longer on Tansu."""
+    return await measure_join_rounds(bootstrap, rounds, session_timeout_ms, static=static)
 
 
 def engine_label(report: dict[str, Any]) -> str:

@@ -1056,7 +1056,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     committed = report["processing_guarantee"]["effective"] == "exactly_once"
     session_s = args.session_timeout_ms / 1000
     report["broker"] = describe(args.engine, args.kafka_nodes, args.bootstrap)
-    rounds = await measure_join_round(bootstrap, args.session_timeout_ms)
+    # The rounds the workers' members take: static ones with --static.
+    rounds = await measure_join_round(bootstrap, args.session_timeout_ms, static=args.static)
     report["join_round"] = rounds_dict(rounds)
     print(engine_label(report), flush=True)
     if rounds.median_s is not None:

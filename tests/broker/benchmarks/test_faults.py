@@ -39,3 +39,14 @@ def test_a_short_run_with_a_kill_reports_every_figure(bootstrap: str, tmp_path: 
     assert app["longest_stall"]["gap_s"] == max(app["stalls"].values())
     assert app["rebalances"] >= 1
     assert set(app["verdict"]) == {"nothing_under", "all_exact", "no_stall_over_limit"}
+
+
+@pytest.mark.broker
+@pytest.mark.tansu
+def test_the_join_round_probe_measures_static_members_when_asked(bootstrap: str) -> None:
+    # The static soak's limit took the round of dynamic members: on Tansu those take about
+    # 5 s, static ones about 8 to 9 s.
+    from benchmarks.scaling_rounds import measure_join_rounds
+
+    rounds = asyncio.run(measure_join_rounds(bootstrap, 1, 10_000, static=True))
+    assert rounds.error is None and len(rounds.samples_s) == 1

@@ -11,8 +11,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from tests.conftest import on_tansu
 from tests.broker.streams.harness import counting_app, counting_topics
+from tests.conftest import on_tansu
 
 pytestmark = pytest.mark.broker
 

@@ -219,5 +219,9 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if nextitem is None:
+        # The run's last test: its teardown also ends the session's fixtures, which broker
+        # tests of the same run may have set up (a Spark session, say).
+        return (yield)
     return (yield from _guarded())

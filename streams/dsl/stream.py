@@ -43,6 +43,7 @@ from streams.dsl.processors import (
 )
 from streams.dsl.sessions import SessionAggregateNode, SessionWindows
 from streams.dsl.sliding import SlidingAggregateNode, SlidingWindows
+from streams.dsl.suppress import suppress_node
 from streams.dsl.tables import (
     LEFT,
     RIGHT,
@@ -537,9 +538,8 @@ class Table(DeprecatedTableOperations):
         window of a windowed table once stream time passes its end plus grace;
         ``time_limit_ms`` / ``max_records`` emit a key's latest update once it has waited
         that long or the buffer holds more keys. The buffer is a store with a changelog."""
-        from streams.dsl.suppress import suppress_table
-
-        return suppress_table(self, until_window_closes, time_limit_ms, max_records, store)
+        node = suppress_node(self, until_window_closes, time_limit_ms, max_records, store)
+        return Table(Stream(self._topology, node), None, windows=self.windows)
 
 
 class GroupedTable:

@@ -142,11 +142,10 @@ class _BufferState:
     count: int
 
 
-def suppress_table(table: Table, until_window_closes: bool, time_limit_ms: int | None,
-                   max_records: int | None, store: str | None) -> Table:
-    """Build ``table.suppress(...)`` (see :meth:`streams.dsl.stream.Table.suppress`)."""
-    from streams.dsl.stream import Stream, Table
-
+def suppress_node(table: Table, until_window_closes: bool, time_limit_ms: int | None,
+                  max_records: int | None, store: str | None) -> SuppressNode:
+    """The node of ``table.suppress(...)`` (see :meth:`streams.dsl.stream.Table.suppress`),
+    its buffer store declared and the node added under the table's."""
     topology = table._topology
     if until_window_closes:
         if time_limit_ms is not None or max_records is not None:
@@ -176,4 +175,4 @@ def suppress_table(table: Table, until_window_closes: bool, time_limit_ms: int |
     node = SuppressNode(name, store, final=until_window_closes, close_after_ms=close_after,
                         max_records=max_records)
     table._node.add_child(node)
-    return Table(Stream(topology, node), None, windows=table.windows)
+    return node

@@ -1,5 +1,5 @@
 """The unit tier's guard: a test under tests/unit fails if it opens a socket to anything but a
-server of its own process, starts a process, or sleeps for real.
+server of its own process (or looks a host name up), starts a process, or sleeps for real.
 
 Which tier a test goes to: a test that needs a broker (the ``bootstrap`` fixture, the embedded
 broker), another process (a worker, the CLI in a subprocess, a JVM, Spark, a browser) or the
@@ -18,6 +18,7 @@ a condition (``wait_until`` in tests/conftest.py) instead.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import multiprocessing.util
 import os
 import selectors
@@ -46,6 +47,15 @@ class UnitTierViolation(RuntimeError):
 class NotAFake(ConnectionRefusedError):
     """A connection the guard refused: the code under test sees a refused connection, and the
     test fails at its end."""
+
+
+def _numeric(host: str) -> bool:
+    """Whether ``host`` is an address, which needs no name server."""
+    try:
+        ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    return True
 
 
 def _project_frames(skip: int) -> str:
@@ -100,7 +110,7 @@ class Guard:
         self._guard_sleeps()
 
     def _guard_sockets(self) -> None:
-        real_bind = socket.socket.bind
+        real_bind, real_getaddrinfo = socket.socket.bind, socket.getaddrinfo
         real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
 
         def bind(sock: socket.socket, address: Any) -> None:
@@ -118,6 +128,14 @@ class Guard:
                         f"{_project_frames(3)}")
             raise NotAFake(f"unit tier: no connection to {address}")
 
+        def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+            name = host.decode() if isinstance(host, bytes) else host
+            if name is not None and name != "localhost" and not _numeric(name):
+                self.caught(f"a look-up of {name!r} (a name server, not a fake) at "
+                            f"{_project_frames(2)}")
+                raise NotAFake(f"unit tier: no name look-up of {name!r}")
+            return real_getaddrinfo(host, *args, **kwargs)
+
         def connect(sock: socket.socket, address: Any) -> None:
             check(sock, address)
             return real_connect(sock, address)
@@ -127,6 +145,7 @@ class Guard:
             return real_connect_ex(sock, address)
 
         self._patch(socket.socket, "bind", bind)
+        self._patch(socket, "getaddrinfo", getaddrinfo)
         self._patch(socket.socket, "connect", connect)
         self._patch(socket.socket, "connect_ex", connect_ex)
 
@@ -200,5 +219,9 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if nextitem is None:
+        # The run's last test: its teardown also ends the session's fixtures, which broker
+        # tests of the same run may have set up (a Spark session, say).
+        return (yield)
     return (yield from _guarded())

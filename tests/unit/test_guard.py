@@ -68,3 +68,11 @@ async def test_an_event_loop_idle_on_a_timer_is_caught() -> None:
         loop.call_later(0.005, fired.set)  # a timer, as a poll interval or a timeout sets one
         await fired.wait()
         assert any("idle" in v for v in guard.violations), guard.violations
+
+
+def test_a_host_name_look_up_is_refused_and_caught() -> None:
+    with guarded() as guard:
+        assert socket.getaddrinfo("127.0.0.1", 9092)  # an address needs no name server
+        with pytest.raises(NotAFake):
+            socket.getaddrinfo("broker.example", 9092)
+        assert len(guard.violations) == 1 and "broker.example" in guard.violations[0]

@@ -6,6 +6,7 @@ Imports under ``if TYPE_CHECKING:`` are for the type checker only and do not cou
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 STREAMS = Path(__file__).resolve().parents[3] / "streams"
@@ -44,6 +45,7 @@ def imported(tree: ast.AST) -> list[str]:
     return [name for name in found if name.split(".")[0] == "streams"]
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     """Each module of streams/ and the modules of streams/ it imports."""
     modules = module_names()

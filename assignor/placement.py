@@ -26,7 +26,7 @@ Order of work (the learner design, with the cooperative and deferred-imbalance d
 
 Balanced means: per kind (stateful, stateless), the tasks per thread of any two instances
 that stay differ by at most ``imbalance_tolerance`` (one by default); within an instance, the
-threads' counts of each kind differ by at most one.
+threads' counts differ by at most one, per kind and in total.
 
 Load is kept in heaps so that a round grows near-linearly with tasks and members. Everything
 iterates in sorted order: the same input gives the same output.
@@ -244,6 +244,7 @@ def assign(
     order = {task: n for n, task in enumerate(stateful)}
 
     valid, errors = _drop_duplicates(members)
+    rebuilt = memory is None
     if memory is None:
         memory = memory_from_notes(valid)
     instances = _instances(valid, config)
@@ -251,6 +252,8 @@ def assign(
     formed_at = memory.formed_at_ms if memory.formed_at_ms is not None else now_ms
 
     owner, conflicts = _current_owners(valid, stateful, memory)
+    if not rebuilt:
+        _revoke_stale_claims(owner, conflicts, instances, by_key, memory, config, now_ms)
     if config.initial_delay_ms and not owner and now_ms - formed_at < config.initial_delay_ms:
         wait = formed_at + config.initial_delay_ms - now_ms
         notes = build_notes(formed_at, formed_at, valid, {}, {}, {})
@@ -386,6 +389,36 @@ def _current_owners(
             if other is not keep:
                 conflicts[other.member_id].add(task)
     return owner, conflicts
+
+
+def _revoke_stale_claims(
+    owner: dict[str, Member],
+    conflicts: dict[str, set[str]],
+    instances: dict[str, _Instance],
+    by_key: dict[MemberKey, Member],
+    memory: LeaderMemory,
+    config: AssignorConfig,
+    now_ms: int,
+) -> None:
+    """A task the leader remembers on a vanished member, held for it, that another member
+    claims: the claimant is back from a pause (SIGSTOP past its session) and runs what it
+    ran before the task moved on. Its claim is revoked and the task held, as it would be had
+    the claimant stayed away. (A memory rebuilt from the notes is not trusted that far.)"""
+    if not config.lost_task_delay_ms:
+        return
+    for task, key in memory.owners.items():
+        claimant = owner.get(task)
+        if claimant is None or claimant.key == key or key in by_key:
+            continue
+        inst = instances.get(key[0])
+        if inst is not None and inst.leaving:
+            continue
+        held = memory.lost.get(task)
+        since = held[1] if held is not None and held[0] == key else now_ms
+        if now_ms >= since + config.lost_task_delay_ms:
+            continue
+        del owner[task]
+        conflicts[claimant.member_id].add(task)
 
 
 def _copies(members: list[Member], kind: str) -> dict[str, dict[str, int]]:
@@ -725,7 +758,8 @@ def _place_standbys(
 ) -> None:
     """``num_standbys`` copies of each stateful task on distinct open instances other than the
     ones that run or learn it, existing copies first. A held task keeps every copy it has
-    (learners become standbys) so that it can come back warm."""
+    (learners become standbys) so that it can come back warm, and its member's sibling
+    threads may hold one (it runs nowhere while held)."""
     count: dict[str, int] = defaultdict(int)
     heap = [(0.0, 0, i) for i in open_ids]
     cap = {i: instances[i].capacity for i in open_ids}
@@ -740,7 +774,8 @@ def _place_standbys(
         held = plan.held.get(task)
         excluded: set[str | None] = set()
         if held is not None:
-            excluded.add(held[0][0])
+            # Its member's instance counts while a sibling thread is there: when the delay
+            # ends the task goes to that thread, and its copy keeps the local state current.
             existing = {**learner_lags.get(task, {}), **standby_lags.get(task, {})}
             want = max(config.num_standbys, len(existing))
         else:

@@ -5,7 +5,7 @@ them, and every output checked against an independent computation from the input
 [--faults kill stop …] [--processing-guarantee G]``
 
 Apps (:mod:`benchmarks.faults_apps`), each on ``--workers`` processes of ``--threads``
-threads, against a fresh embedded broker (or ``--bootstrap``): ``orders`` (a repartition by
+threads, against a fresh broker of ``--engine`` (or ``--bootstrap``): ``orders`` (a repartition by
 user, a running total, 1-minute windowed counts, a stream-table join with ``users``) and
 ``counts`` (a count per key). After a warm-up (every task produced an output), a fault every
 30 to 60 s (``--fault-interval``) until the input stops, random kills between the others:
@@ -24,8 +24,15 @@ user, a running total, 1-minute windowed counts, a stream-table join with ``user
   corrupted (an SST file truncated to half, garbage in RocksDB's ``CURRENT``), restarted;
 - ``disk-full``: the state directory of one worker (a tmpfs of ``--disk-mb``, mounted at
   the start; root only) filled for 20 s and freed; a worker that exits is restarted then;
-- ``broker-restart``: not run (the embedded broker's memory engine loses every topic; the
-  report says so).
+- ``broker-kill``, ``broker-stop``, ``broker-rolling`` (``--engine kafka``, 3 nodes; see
+  :mod:`benchmarks.faults_broker`): SIGKILL of the broker that coordinates the groups and
+  leads the most input and changelog partitions, restarted 10 to 20 s later; SIGSTOP of a
+  broker for 1.5 times the longer of its session and the workers'; every broker restarted
+  in turn. Not run on the embedded broker (the report says why).
+
+``--engine kafka|tansu`` (default tansu) starts that broker; on Apache Kafka the fault suite
+runs on ``--kafka-nodes`` (default 3) nodes. Before the apps start, a probe group measures
+the broker's join round, and the stall limit is the session timeout plus that round.
 
 ``--static`` gives each worker a static instance id (its name, so ``orders-w2``'s threads join
 as ``orders-w2-thread-<n>``), as a deployment with static membership does. ``--script`` replaces
@@ -55,6 +62,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import random
 import signal
@@ -71,12 +79,33 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
+from benchmarks.broker_engine import (
+    add_engine_arguments,
+    describe,
+    engine_label,
+    measure_join_round,
+    rounds_dict,
+    start_broker,
+)
+from benchmarks.faults_broker import (
+    BROKER_SESSION_S,
+    BrokerFaultUnavailable,
+    Roles,
+    kill_leader,
+    require_cluster,
+    roles_now,
+    rolling_restart,
+    stop_node,
+)
 from benchmarks.faults_check import (
     Exactness,
     compare_latest,
     compare_occurrences,
+    fault_limit_s,
+    gaps,
     longest_stalls,
     rebalances,
+    stalls_per_fault,
 )
 from benchmarks.scaling import mark_leaving
 from benchmarks.scaling_workers import PoolSettings, WorkerPool
@@ -85,21 +114,30 @@ from streams.config import AppConfig
 from streams.group.control import control_topic_name
 from streams.group.status_topic import status_topic_name
 from streams.kafka.driver import read_committed_by_markers
+from streams.testing.apache_kafka import KafkaCluster
 
+BROKER_FAULTS = ("broker-kill", "broker-stop", "broker-rolling")
 ALL_FAULTS = ("kill", "stop", "kill-restoring", "kill-handover", "kill-leaving", "corrupt-sst",
-              "corrupt-current", "disk-full", "broker-restart")
+              "corrupt-current", "disk-full", *BROKER_FAULTS)
 #: The order the faults other than plain kills come in (kills go between them).
-SPECIAL_ORDER = ("stop", "corrupt-sst", "kill-restoring", "disk-full", "kill-handover",
-                 "corrupt-current", "kill-leaving", "broker-restart")
+SPECIAL_ORDER = ("broker-kill", "stop", "corrupt-sst", "broker-stop", "kill-restoring",
+                 "disk-full", "broker-rolling", "kill-handover", "corrupt-current",
+                 "kill-leaving")
 APPS = ("orders", "counts")
-NOT_RUN = {"broker-restart": (
-    "not run: the embedded broker's memory engine loses every topic, offset and group on "
-    "restart, so the apps could not go on; Tansu's s3:// engine survives one only with an "
-    "S3-compatible server (moto_server) that this project does not depend on")}
+#: Why the broker faults do not run on the embedded broker.
+NOT_ON_TANSU = (
+    "not run: needs --engine kafka (a 3-node cluster this benchmark starts); the embedded "
+    "broker is one process whose memory engine loses every topic, offset and group on "
+    "restart, and Tansu's s3:// engine survives one only with an S3-compatible server that "
+    "this project does not depend on")
 
 
 # -- worker processes ---------------------------------------------------------------------------
 
+
+#: Output gaps at least this long are listed in the report (``gaps``), for reading against the
+#: workers' logs.
+GAP_REPORTED_S = 3.0
 
 #: Not a Relay setting: tells the pool to give each worker its name as static instance id.
 STATIC_SETTING = "BENCH_STATIC_MEMBERS"
@@ -213,6 +251,8 @@ class StatusTail(Tail):
         self.latest: dict[str, dict[str, Any]] = {}
         #: ``(time, generation)`` of every status record.
         self.generations: list[tuple[float, int]] = []
+        #: Each member's rounds as it measured them (join to assignment applied), once each.
+        self.rounds: dict[tuple[str, float], None] = {}
 
     def handle(self, topic: str, record: Any) -> None:
         key = record.key.decode(errors="replace") if record.key else "?"
@@ -225,6 +265,9 @@ class StatusTail(Tail):
             status = msgpack.unpackb(record.value, raw=False)
             self.latest[key] = status
             self.generations.append((time.time(), int(status["generation"])))
+            if isinstance(status.get("last_round_s"), int | float):
+                self.rounds[(f"{key}/{status.get('incarnation')}/{status.get('rebalances')}",
+                             float(status["last_round_s"]))] = None
 
     def live(self, fresh_s: float = 3.0) -> list[dict[str, Any]]:
         now_ms = time.time() * 1000
@@ -291,7 +334,10 @@ class Input:
         self.produced = Produced()
         self.failed_sends = 0
         self._stop = asyncio.Event()
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+        # Idempotent (so acks=all): an acknowledged record survives a leader's crash, and a
+        # retried send is not written twice, so what was acknowledged is what went in.
+        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5,
+                                          enable_idempotence=True)
         self._next_order = 0
         self._task: asyncio.Task[None] | None = None
         self.started_at = self.stopped_at = 0.0
@@ -379,10 +425,21 @@ class AppRun:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, bootstrap: str, run_dir: Path) -> None:
+    def __init__(self, args: argparse.Namespace, bootstrap: str, run_dir: Path,
+                 cluster: KafkaCluster | None = None) -> None:
         self.args = args
         self.bootstrap = bootstrap
         self.run_dir = run_dir
+        #: The Apache Kafka cluster this run started (the broker faults hit its nodes).
+        self.cluster = cluster
+        #: Faults that cannot run here, with why.
+        self.not_run: dict[str, str] = {}
+        try:
+            require_cluster(cluster)
+        except BrokerFaultUnavailable as exc:
+            reason = NOT_ON_TANSU if args.engine == "tansu" and not args.bootstrap else (
+                f"not run: {exc}")
+            self.not_run = dict.fromkeys(BROKER_FAULTS, reason)
         self.rng = random.Random(args.seed)
         self.t0 = time.time()
         self.apps: dict[str, AppRun] = {}
@@ -392,6 +449,8 @@ class Bench:
         self.disk: Path | None = None
         self.disk_error: str | None = None
         self.disk_worker: str | None = None
+        #: The apps' topics by role (``orders``, ``users``, ``counts_in``).
+        self.topics: dict[str, str] = {}
 
     def now(self) -> float:
         return round(time.time() - self.t0, 1)
@@ -500,10 +559,11 @@ class Bench:
         (kills only once those are done). A fault that cannot run here is noted at once
         and takes no slot."""
         chosen = [f for f in self.args.faults if f in ALL_FAULTS]
-        specials = [f for f in SPECIAL_ORDER if f in chosen and f not in NOT_RUN]
+        specials = [f for f in SPECIAL_ORDER if f in chosen and f not in self.not_run]
         for fault in SPECIAL_ORDER:
-            if fault in chosen and fault in NOT_RUN:
-                self.note({"fault": fault, "status": "not run", "detail": NOT_RUN[fault]})
+            if fault in chosen and fault in self.not_run:
+                self.note({"fault": fault, "status": "not run",
+                           "detail": self.not_run[fault]})
         if "kill" not in chosen:
             return specials
         plan: list[str] = []
@@ -559,7 +619,8 @@ class Bench:
             self.start(worker)
         finally:
             self.held.discard(worker)
-        entry.update(worker=worker, detail=f"SIGKILL pid {pid}, restarted {delay:.1f}s later")
+        entry.update(worker=worker, seconds=round(delay, 1),
+                     detail=f"SIGKILL pid {pid}, restarted {delay:.1f}s later")
 
     async def fault_stop(self, entry: dict[str, Any]) -> None:
         await self.stop_for(self.pick(), 1.5 * self.args.session_timeout_ms / 1000, entry)
@@ -573,7 +634,8 @@ class Bench:
             process.send_signal(signal.SIGCONT)
         finally:
             self.held.discard(worker)
-        entry.update(worker=worker, detail=f"SIGSTOP for {pause:.0f}s, then SIGCONT")
+        entry.update(worker=worker, seconds=round(pause, 1),
+                     detail=f"SIGSTOP for {pause:.0f}s, then SIGCONT")
 
     async def wait_for_member(self, run: AppRun, want: str, timeout_s: float
                               ) -> tuple[dict[str, Any], str] | None:
@@ -748,6 +810,34 @@ class Bench:
 
     async def fault_corrupt_current(self, entry: dict[str, Any]) -> None:
         await self._corrupt(entry, "current")
+
+    # -- broker faults (benchmarks.faults_broker) ------------------------------------------------
+
+    async def broker_roles(self) -> Roles:
+        inputs = [t for name, t in self.topics.items() if name != "users"]
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            names = await admin.list_topics()
+        finally:
+            await admin.close()
+        return await roles_now(self.bootstrap, inputs,
+                               [run.app_id for run in self.apps.values()], names)
+
+    async def fault_broker_kill(self, entry: dict[str, Any]) -> None:
+        cluster = require_cluster(self.cluster)
+        roles = await self.broker_roles()
+        entry["detail"] = await kill_leader(cluster, self.bootstrap, roles,
+                                            self.rng.uniform(10, 20))
+
+    async def fault_broker_stop(self, entry: dict[str, Any]) -> None:
+        cluster = require_cluster(self.cluster)
+        node = self.rng.choice(cluster.nodes).node_id
+        pause = 1.5 * max(BROKER_SESSION_S, self.args.session_timeout_ms / 1000)
+        entry["detail"] = await stop_node(cluster, self.bootstrap, node, pause)
+
+    async def fault_broker_rolling(self, entry: dict[str, Any]) -> None:
+        entry["detail"] = await rolling_restart(require_cluster(self.cluster), self.bootstrap)
 
     async def fault_disk_full(self, entry: dict[str, Any]) -> None:
         if self.disk is None or self.disk_worker is None:
@@ -944,9 +1034,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     broker = None
     bootstrap = args.bootstrap
     if bootstrap is None:
-        from streams.testing.broker import EmbeddedBroker
-
-        broker = EmbeddedBroker().start()
+        broker = start_broker(args.engine, args.kafka_nodes)
         bootstrap = broker.bootstrap_servers
     guarantee = args.processing_guarantee
     report: dict[str, Any] = {
@@ -964,10 +1052,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     # transaction markers (see streams.kafka.driver.read_committed_by_markers).
     committed = report["processing_guarantee"]["effective"] == "exactly_once"
     session_s = args.session_timeout_ms / 1000
-    join_round_s = session_s / 2 + 3
+    report["broker"] = describe(args.engine, args.kafka_nodes, args.bootstrap)
+    rounds = await measure_join_round(bootstrap, args.session_timeout_ms)
+    report["join_round"] = rounds_dict(rounds)
+    print(engine_label(report), flush=True)
+    if rounds.median_s is not None:
+        join_round_s = rounds.median_s
+        note = (f"measured before the apps started: median of {len(rounds.samples_s)} rounds "
+                f"of a probe group of {rounds.members}")
+    else:  # Tansu's forming-group tick paces its rounds; a fallback only
+        join_round_s = session_s / 2 + 3
+        note = f"estimated as session/2 + 3 s: the probe failed ({rounds.error})"
     report["limits"] = {"session_timeout_s": session_s, "join_round_s": join_round_s,
-                        "join_round_note": "estimated as session/2 + 3 s (Tansu's forming "
-                                           "group tick), not measured in this run",
+                        "join_round_note": note,
                         "stall_limit_s": stall_limit_s(session_s, join_round_s,
                                                        args.script or [])}
     P = args.partitions
@@ -996,7 +1093,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         relay_env["RELAY_PROCESSING_GUARANTEE"] = guarantee
     if args.static:
         relay_env[STATIC_SETTING] = "1"
-    bench = Bench(args, bootstrap, run_dir)
+    bench = Bench(args, bootstrap, run_dir,
+                  broker if isinstance(broker, KafkaCluster) else None)
+    bench.topics = topics
     inp: Input | None = None
     warm: float | None = None
     background: list[asyncio.Task[Any]] = []
@@ -1073,7 +1172,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         end = inp.stopped_at if inp is not None and inp.stopped_at else time.time()
         for run_ in bench.apps.values():
             report["apps"][run_.name] = await app_report(
-                bench, run_, inp.produced if inp else Produced(), warm or bench.t0, end)
+                bench, run_, inp.produced if inp else Produced(), warm or bench.t0, end,
+                report["limits"]["stall_limit_s"])
         for run_ in bench.apps.values():
             run_.pool.kill_all()
             await run_.status.stop()
@@ -1090,7 +1190,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float,
-                     end: float) -> dict[str, Any]:
+                     end: float, limit: float) -> dict[str, Any]:
     times = {task: run.outputs.times.get(task, []) for task in run.expected_tasks}
     times.update(run.outputs.times)
     # Spans on the timeline's clock (seconds since the run started).
@@ -1100,7 +1200,14 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
               for t, s in longest_stalls(times, start, end).items()}
     worst = max(stalls.values(), key=lambda s: s.gap_s, default=None)
     session_s = bench.args.session_timeout_ms / 1000
-    limit = stall_limit_s(session_s, session_s / 2 + 3, bench.args.script or [])
+    # The limit comes in with the broker's measured join round; each fault's own limit too.
+    join_round_s = limit - stall_limit_s(session_s, 0.0, bench.args.script or [])
+    every_gap = [dataclasses.replace(g, from_s=round(g.from_s + offset, 1),
+                                     to_s=round(g.to_s + offset, 1), gap_s=round(g.gap_s, 1))
+                 for g in gaps(times, start, end, at_least_s=GAP_REPORTED_S)]
+    applied = [(e["at_s"], f"{e['fault']} {e.get('worker', '')}".strip(),
+                fault_limit_s(e["fault"], e.get("seconds"), session_s, join_round_s))
+               for e in bench.timeline if e.get("fault") and e.get("status") == "applied"]
     result = {
         "app_id": run.app_id,
         "sinks": {kind: topic for topic, kind in run.outputs.kind.items()},
@@ -1113,7 +1220,14 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
              for s in stalls.values() if s.gap_s > limit),
             key=lambda s: -s["gap_s"]),
         "stalls": {t: round(s.gap_s, 1) for t, s in sorted(stalls.items())},
+        "stalls_per_fault": [
+            {"at_s": f.at_s, "fault": f.fault, "limit_s": f.limit_s, "over": f.over,
+             **({"task": f.stall.task, "gap_s": f.stall.gap_s, "from_s": f.stall.from_s,
+                 "to_s": f.stall.to_s} if f.stall is not None else {})}
+            for f in stalls_per_fault(every_gap, applied, round(end - bench.t0, 1))],
+        "gaps": [dataclasses.asdict(g) for g in every_gap],
         "rebalances": rebalances(g for t, g in run.status.generations if t >= start),
+        "rounds_s": round_figures([r for _key, r in run.status.rounds]),
         "generations_seen": sorted({g for _, g in run.status.generations}),
         "worker_exits": run.exits,
         "dead_letters": None,
@@ -1132,6 +1246,16 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
         "all_exact": all(o["is_exact"] for o in outs),
         "no_stall_over_limit": not result["stalls_over_limit"]}
     return result
+
+
+def round_figures(rounds: list[float]) -> dict[str, Any]:
+    """The members' rounds as they measured them (join to assignment applied): how long the
+    broker's rounds took in this run."""
+    if not rounds:
+        return {"count": 0}
+    ordered = sorted(rounds)
+    return {"count": len(ordered), "median": round(ordered[len(ordered) // 2], 1),
+            "min": round(ordered[0], 1), "max": round(ordered[-1], 1)}
 
 
 def faults_before(bench: Bench, stall: Any) -> list[str]:
@@ -1196,7 +1320,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--drain", type=float, default=180.0)
     p.add_argument("--disk-mb", type=int, default=256)
     p.add_argument("--bootstrap", default=None, help="a running broker (default: a fresh "
-                                                     "embedded one)")
+                                                     "one of --engine)")
+    add_engine_arguments(p, kafka_nodes=3)
     p.add_argument("--static", action="store_true",
                    help="static membership: each worker's name is its instance id")
     p.add_argument("--script", nargs="+", type=parse_script_entry, default=None,
@@ -1210,16 +1335,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    report = asyncio.run(run(args))
+    # The benchmark's own clients (input, tails, probes) retry through broker faults and
+    # count what failed; their connection errors would bury the timeline. The workers'
+    # logs keep their own.
+    quiet = logging.getLogger("aiokafka")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        report = asyncio.run(run(args))
+    finally:
+        quiet.setLevel(level)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2, default=str))
     print()
     print(table(report))
     print()
     limits = report["limits"]
+    print(engine_label(report))
     print(f"stall limit: session {limits['session_timeout_s']:.0f} s + one join round "
-          f"{limits['join_round_s']:.0f} s (+ a restart within the session) = "
-          f"{limits['stall_limit_s']:.0f} s; processing "
+          f"{limits['join_round_s']:.2f} s (+ a restart within the session) = "
+          f"{limits['stall_limit_s']:.1f} s; processing "
           f"guarantee: {report['processing_guarantee']['effective']}"
           + ("" if not report["processing_guarantee"]["requested"]
              or report["processing_guarantee"]["supported_by_this_build"]
@@ -1233,6 +1368,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               + (", ".join(f"{s['task']} {s['gap_s']:.1f}s at {s['from_s']:.0f}-"
                            f"{s['to_s']:.0f}s" for s in app["stalls_over_limit"][:6])
                  or "none"))
+        rounds = app["rounds_s"]
+        if rounds["count"]:
+            print(f"  rounds as members measured them (join to assignment applied): "
+                  f"{rounds['count']}, median {rounds['median']:.1f} s, "
+                  f"{rounds['min']:.1f} to {rounds['max']:.1f} s")
+        for f in app["stalls_per_fault"]:
+            stall = (f"{f['gap_s']:.1f} s ({f['task']}, {f['from_s']:.0f}-{f['to_s']:.0f}s)"
+                     if "gap_s" in f else "none")
+            print(f"  {f['at_s']:7.1f}s {f['fault']}: longest stall {stall}, limit "
+                  f"{f['limit_s']:.0f} s{' OVER' if f['over'] else ''}")
     print("timeline:")
     print(timeline_text(report))
     if report["error"]:

@@ -117,3 +117,54 @@ def longest_stalls(times: Mapping[str, Iterable[float]], start: float,
 def rebalances(generations: Iterable[int]) -> int:
     """Rebalances seen: the distinct generations the members published, less the first."""
     return max(0, len(set(generations)) - 1)
+
+
+def gaps(times: Mapping[str, Iterable[float]], start: float, end: float,
+         at_least_s: float) -> list[Stall]:
+    """Every gap of at least ``at_least_s`` within ``[start, end]`` in any task's outputs,
+    in time order; spans relative to ``start``."""
+    found: list[Stall] = []
+    for task, task_times in times.items():
+        inside = sorted(t for t in task_times if start <= t <= end)
+        for a, b in itertools.pairwise([start, *inside, end]):
+            if b - a >= at_least_s:
+                found.append(Stall(task, b - a, a - start, b - start))
+    return sorted(found, key=lambda s: (s.from_s, s.task))
+
+
+@dataclass(frozen=True)
+class FaultStall:
+    """The longest stall that ended while one fault was the latest, and that fault's limit."""
+
+    at_s: float
+    fault: str
+    limit_s: float
+    stall: Stall | None
+
+    @property
+    def over(self) -> bool:
+        return self.stall is not None and self.stall.gap_s > self.limit_s
+
+
+def fault_limit_s(kind: str, seconds: float | None, session_s: float,
+                  join_round_s: float) -> float:
+    """A fault's stall limit: session timeout + one join round, + the restart delay of a
+    kill whose worker comes back within its session (its static member never left the group,
+    so its tasks wait for it). ``seconds`` is None for a fault of unknown length."""
+    within = kind == "kill" and seconds is not None and seconds < session_s
+    return session_s + join_round_s + (seconds if within and seconds is not None else 0.0)
+
+
+def stalls_per_fault(stalls: Iterable[Stall], faults: list[tuple[float, str, float]],
+                     end_s: float) -> list[FaultStall]:
+    """Per fault ``(at_s, label, limit_s)``, in time order: the longest of ``stalls`` (spans
+    on the faults' clock) that ended after the fault and no later than the next one began
+    (or ``end_s``): what that fault cost, with what the faults before it left over."""
+    ordered = sorted(faults)
+    bounds = [*(at for at, _label, _limit in ordered[1:]), end_s]
+    result = []
+    for (at, label, limit), until in zip(ordered, bounds, strict=True):
+        inside = [s for s in stalls if at < s.to_s <= until]
+        worst = max(inside, key=lambda s: s.gap_s, default=None)
+        result.append(FaultStall(at, label, limit, worst))
+    return result

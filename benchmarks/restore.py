@@ -36,12 +36,19 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks import snapshot_restore
+from benchmarks.broker_engine import (
+    add_engine_arguments,
+    describe,
+    engine_label,
+    measure_join_round,
+    rounds_dict,
+    start_broker,
+)
 from statestore.bulk_send import BoundedSender
 from statestore.restore import ChangelogReader
 from statestore.serdes import MsgPackSerde, OrderedKeySerde
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
-from streams.testing.broker import EmbeddedBroker
 
 console = Console()
 
@@ -146,9 +153,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     broker = None
     bootstrap = args.bootstrap
     if bootstrap is None:
-        broker = EmbeddedBroker().start()
+        broker = start_broker(args.engine, args.kafka_nodes)
         bootstrap = broker.bootstrap_servers
+    engine: dict[str, Any] = {"broker": describe(args.engine, args.kafka_nodes, args.bootstrap)}
+    raw_runs: list[Run] = []
+    relay_runs: list[Run] = []
+    errors: list[str] = []
+    snapshot = profile_text = None
     try:
+        engine["join_round"] = rounds_dict(await measure_join_round(bootstrap))
+        console.print(engine_label(engine))
         app = f"restore-bench-{uuid.uuid4().hex[:12]}"
         topic = changelog_topic_name(app, "bench")
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
@@ -159,12 +173,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         console.print(f"filling {topic}: {args.records:,} records over {keys:,} keys …")
         expected, fill_rate, total_bytes = await fill(
             bootstrap, topic, args.records, keys, args.value_size, args.delete_ratio, args.seed)
-        raw_runs, relay_runs = [], []
         for attempt in range(args.repeat):
-            raw_runs.append(await raw_consume(bootstrap, topic))
-            relay_runs.append(await relay_restore(
-                bootstrap, app, expected if attempt == 0 else None))
-        profile_text = None
+            # One side failing keeps the other's figures (and its own error).
+            try:
+                raw_runs.append(await raw_consume(bootstrap, topic))
+            except Exception as exc:
+                errors.append(f"aiokafka alone, run {attempt + 1}: {type(exc).__name__}: {exc}")
+            try:
+                relay_runs.append(await relay_restore(
+                    bootstrap, app, expected if attempt == 0 else None))
+            except (Exception, SystemExit) as exc:
+                errors.append(f"Relay restore, run {attempt + 1}: {type(exc).__name__}: {exc}")
         if args.profile:
             profile = cProfile.Profile()
             await relay_restore(bootstrap, app, None, profile)
@@ -179,21 +198,27 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             broker.stop()
 
     def summary(runs: list[Run]) -> dict[str, float]:
-        rates = [r.rate for r in runs]
+        rates = [r.rate for r in runs] or [0.0]
         return {"best_records_per_s": max(rates), "median_records_per_s":
-                statistics.median(rates), "best_seconds": min(r.seconds for r in runs)}
+                statistics.median(rates),
+                "best_seconds": min((r.seconds for r in runs), default=0.0)}
+
+    def ratio(key: str) -> float | None:
+        return relay[key] / raw[key] if raw[key] and relay[key] else None
 
     raw, relay = summary(raw_runs), summary(relay_runs)
     mb = total_bytes / args.records / 1e6
     result = {
+        **engine, "errors": errors,
         "records": args.records, "keys": keys, "value_size": args.value_size,
         "delete_ratio": args.delete_ratio, "final_keys": len(expected),
         "changelog_mb": total_bytes / 1e6, "fill_records_per_s": fill_rate,
         "aiokafka_raw": raw, "relay_restore": relay,
-        "ratio_best": relay["best_records_per_s"] / raw["best_records_per_s"],
-        "ratio_median": relay["median_records_per_s"] / raw["median_records_per_s"],
-        "verified": True, "runs": {"raw": [asdict(r) for r in raw_runs],
-                                   "relay": [asdict(r) for r in relay_runs]},
+        "ratio_best": ratio("best_records_per_s"),
+        "ratio_median": ratio("median_records_per_s"),
+        "verified": bool(relay_runs) and not any("Relay" in e for e in errors),
+        "runs": {"raw": [asdict(r) for r in raw_runs],
+                 "relay": [asdict(r) for r in relay_runs]},
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         # The machine's 1-minute load before and after: other work skews both rates.
         "load_average": {"before": load_before[0], "after": os.getloadavg()[0],
@@ -212,11 +237,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                       f"{data['median_records_per_s']:,.0f}",
                       f"{data['best_records_per_s'] * mb:,.1f}")
     console.print(table)
-    console.print(f"ratio Relay / aiokafka: best {result['ratio_best']:.2f}, median "
-                  f"{result['ratio_median']:.2f}; fill {fill_rate:,.0f} records/s; store "
-                  f"verified ({len(expected):,} keys); peak RSS {result['peak_rss_mb']:.0f} MB; "
+    shown = ("-" if result["ratio_best"] is None or result["ratio_median"] is None else
+             f"best {result['ratio_best']:.2f}, median {result['ratio_median']:.2f}")
+    console.print(f"{engine_label(result)}; ratio Relay / aiokafka: {shown}; fill "
+                  f"{fill_rate:,.0f} records/s; store "
+                  f"{'verified' if result['verified'] else 'NOT verified'} "
+                  f"({len(expected):,} keys); peak RSS {result['peak_rss_mb']:.0f} MB; "
                   f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after "
                   f"on {os.cpu_count()} CPUs")
+    for error in errors:
+        console.print(f"FAILED: {error}")
     if profile_text:
         console.print(profile_text)
     if snapshot:
@@ -235,7 +265,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--profile", action="store_true", help="profile one extra restore")
     parser.add_argument("--snapshot", action="store_true",
                         help="also restore from a snapshot (built with Spark) plus tail")
-    parser.add_argument("--bootstrap", default=None)
+    parser.add_argument("--bootstrap", default=None,
+                        help="a running broker (default: a fresh one of --engine)")
+    add_engine_arguments(parser)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.records < 1 or args.value_size < 4 or not 0 <= args.delete_ratio < 1:

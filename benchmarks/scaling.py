@@ -1,10 +1,11 @@
 """``python -m benchmarks.scaling``: what scaling a stateful app costs, per strategy.
 
 The same stateful app (per key a running count and the last payload; one output per record)
-runs as worker processes on an embedded broker while a producer writes at a steady rate, and
-the group changes: scale out by one instance, scale in by one (SIGTERM), scale out again, hand
-an instance's work over before it leaves (``relay mark-leaving``), and a rolling restart of
-every instance. Strategies:
+runs as worker processes on a broker (``--engine``: the embedded Tansu, the default, or
+Apache Kafka) while a producer writes at a steady rate, and the group changes: scale out by
+one instance, scale in by one (SIGTERM), scale out again, hand an instance's work over
+before it leaves (``relay mark-leaving``), and a rolling restart of every instance.
+Strategies:
 
 - ``relay-learner``: Relay with learners and cooperative rebalancing;
 - ``relay-learner-standby``: the same with one standby copy per task (``num_standbys=1``): a
@@ -60,6 +61,12 @@ import msgpack
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
+from benchmarks.broker_engine import (
+    add_engine_arguments,
+    describe,
+    engine_label,
+    start_broker,
+)
 from benchmarks.scaling_analysis import (
     Phase,
     in_rounds,
@@ -90,7 +97,6 @@ from statestore.topics import COMPACTED, TopicSpec, ensure_topics
 from streams.group.control import LeavingMark, control_topic_name, encode_mark
 from streams.group.member_id import instance_of
 from streams.group.status_topic import status_topic_name
-from streams.testing.broker import EmbeddedBroker
 
 STRATEGIES = ("relay-learner", "relay-learner-standby", "relay-stop-the-world", "faust")
 #: Standby copies per task of each strategy.
@@ -533,7 +539,7 @@ def summarize_phases(result: dict[str, Any], phases: list[Phase], outputs: Outpu
 
 async def probe_join_rounds(args: argparse.Namespace) -> JoinRounds:
     """The broker's join round, on a broker like the strategies' (or the given one)."""
-    broker = None if args.bootstrap else EmbeddedBroker().start()
+    broker = None if args.bootstrap else start_broker(args.engine, args.kafka_nodes)
     try:
         bootstrap = args.bootstrap or broker.bootstrap_servers  # type: ignore[union-attr]
         return await measure_join_rounds(bootstrap, args.join_rounds, args.session_timeout_ms)
@@ -557,7 +563,8 @@ async def run_all(args: argparse.Namespace, sizes: list[Sizes],
             print(f"strategy {name}, {size.state_mb:g} MB of changelog per task", flush=True)
             broker = None
             try:
-                broker = None if args.bootstrap else EmbeddedBroker().start()
+                broker = (None if args.bootstrap
+                          else start_broker(args.engine, args.kafka_nodes))
                 bootstrap = args.bootstrap or broker.bootstrap_servers  # type: ignore[union-attr]
                 results.append(await run_strategy(name, args, size, bootstrap, run_dir))
             except Exception as exc:  # the broker itself: the run goes on without it
@@ -593,7 +600,8 @@ def _with_rounds(seconds: float | None, rounds: float | None) -> str:
 
 def summary_table(rounds: JoinRounds, results: list[dict[str, Any]]) -> list[str]:
     """A Markdown table of every phase; gaps and balance times also in join rounds (r)."""
-    lines = [f"join round: median {_seconds(rounds.median_s)} "
+    median = "-" if rounds.median_s is None else f"{rounds.median_s:.2f} s"
+    lines = [f"join round: median {median} "
              f"(samples {', '.join(f'{s:.2f}' for s in rounds.samples_s) or 'none'})",
              "",
              "| state/task | change | strategy | gap, moved task | gap, unmoved tasks "
@@ -680,7 +688,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also write every output (task, pid, time, input sequence "
                              "number) beside the JSON, one gzipped CSV per strategy and size")
     parser.add_argument("--bootstrap", default=None,
-                        help="an existing broker (default: a fresh embedded one per strategy)")
+                        help="an existing broker (default: a fresh one of --engine per "
+                             "strategy)")
+    add_engine_arguments(parser)
     parser.add_argument("--json", type=Path, default=Path("results/scaling.json"),
                         help="where to write the figures; the plots go beside it (.png, "
                              "-gaps.png)")
@@ -700,6 +710,7 @@ def write_json(args: argparse.Namespace, sizes: list[Sizes], rounds: JoinRounds 
     args.json.write_text(json.dumps({
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "sizes": [{**asdict(s), "records_per_task": s.records_per_task} for s in sizes],
+        "broker": describe(args.engine, args.kafka_nodes, args.bootstrap),
         "join_round": None if rounds is None else {**asdict(rounds),
                                                     "median_s": rounds.median_s},
         "wall_seconds": time.time() - started, "plot": str(args.json.with_suffix(".png")),
@@ -736,6 +747,8 @@ def main(argv: list[str] | None = None) -> None:
         traceback.print_exc()
     print("\n".join(summary_lines(results)))
     print()
+    print(engine_label({"broker": describe(args.engine, args.kafka_nodes, args.bootstrap),
+                        "join_round": {"median_s": rounds.median_s}}))
     print("\n".join(summary_table(rounds, results)))
     print(f"\nwrote {args.json}, {png} and {gap_plot_path(args.json)} in "
           f"{time.time() - started:.0f}s")

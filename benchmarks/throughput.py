@@ -2,16 +2,25 @@
 against its Python peers and against the client libraries' ceilings.
 
 The workload: ``--records`` records (default 1,000,000) prefilled over 4 partitions and
-10,000 keys on a fresh embedded broker; per key a count kept in a RocksDB store with a
-changelog and one output per input; one process, one thread, commits every second. Each
-strategy runs once, as a process of its own (so its CPU time and peak RSS are its own), in
-a fresh consumer group with fresh output and internal topics, over the same input:
+10,000 keys on a fresh broker of ``--engine`` (``tansu``, the default, or ``kafka``); per key
+a count kept in a RocksDB store with a changelog and one output per input; one process, one
+thread, commits every second. The report names the broker and its join round, measured on
+it before the strategies (:mod:`benchmarks.broker_engine`). Each strategy runs once, as a
+process of its own (so its CPU time and peak RSS are its own), in a fresh consumer group
+with fresh output and internal topics, over the same input:
 
 - ``relay-alo-100ms``, ``relay-alo-1s``, ``relay-eos-100ms``, ``relay-eos-1s``: Relay
   at-least-once and exactly-once (``processing_guarantee="exactly_once"``) with commit
   intervals of 100 ms and 1 s, built and configured only through its public API (``App``,
   the DSL, settings), so the figures are those of whichever runtime is installed;
-- ``faust``: faust-streaming running the equivalent app (:mod:`benchmarks.throughput_faust_app`);
+- ``kafka-streams``, ``kafka-streams-eos``: Kafka Streams 4.4 running the same app in Java
+  (``benchmarks/peers/kafka-streams``, built by Maven on first use): a count per key in its
+  RocksDB store with a changelog, caching off so that every update goes out, one stream
+  thread, commits every second, at-least-once and ``exactly_once_v2``, its JVM heap
+  :data:`KAFKA_STREAMS_HEAP`; it connects to the broker the benchmark uses. It does not run
+  on Tansu (its consumer never joins the group: Tansu drops its connections to the group
+  coordinator), which its row says after ``BENCH_JOIN_TIMEOUT_S`` (120 s) rather than at the
+  ``--timeout``; it is measured against Apache Kafka (``--bootstrap``);
 - ``quix``: Quix Streams running the equivalent app (a stateful ``apply``);
 - ceilings: ``aiokafka-consume`` and ``confluent-consume`` (consume and commit, nothing
   else), ``aiokafka-passthrough`` and ``confluent-passthrough`` (every record produced
@@ -27,8 +36,9 @@ ceiling consumed), and whether the final counts are exact: the output topic is r
 (read-committed) and, for the stateful apps, the last count per key must equal the number of
 input records with that key and there must be one output per input; for a passthrough every
 key must have as many outputs as inputs; a consume-only ceiling must have consumed every
-record. Then the ratios: Relay at-least-once over the best Python peer and over the fastest
-passthrough, exactly-once over at-least-once.
+record. Then the ratios: Relay at-least-once over the best Python peer, over Kafka Streams
+and over the fastest passthrough, exactly-once over at-least-once and over Kafka Streams
+exactly-once.
 
 A record is done when the app has handed its output to the client library's producer (the
 ceilings' producers deliver in the background and flush before each commit and at the end,
@@ -79,11 +89,19 @@ import msgpack
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from benchmarks.broker_engine import (
+    add_engine_arguments,
+    describe,
+    engine_label,
+    measure_join_round,
+    rounds_dict,
+    start_broker,
+)
 from benchmarks.input_fill import fill, true_counts
+from benchmarks.peers import kafka_streams
 from benchmarks.scaling_workers import REPO_ROOT, die_with_the_benchmark
 from benchmarks.throughput_report import Sample, figures, plot, ratio_lines, ratios, table
 from statestore.topics import TopicSpec, ensure_topics, partition_count
-from streams.testing.broker import EmbeddedBroker
 
 
 @dataclass(frozen=True)
@@ -97,6 +115,9 @@ class Strategy:
     guarantee: str = "at_least_once"
 
     def command(self) -> list[str]:
+        if self.app == "kafka-streams":
+            # Built by Maven on first use; a missing Java or Maven fails this strategy alone.
+            return kafka_streams.java_command("CountingApp", heap=KAFKA_STREAMS_HEAP)
         if self.app == "faust":
             return [sys.executable, "-m", "faust", "-A", "benchmarks.throughput_faust_app",
                     "worker", "--without-web", "--loglevel", "warn"]
@@ -108,6 +129,8 @@ STRATEGIES = (
     Strategy("relay-alo-1s", "stateful", "relay", 1000),
     Strategy("relay-eos-100ms", "stateful", "relay", 100, "exactly_once"),
     Strategy("relay-eos-1s", "stateful", "relay", 1000, "exactly_once"),
+    Strategy("kafka-streams", "stateful", "kafka-streams", 1000),
+    Strategy("kafka-streams-eos", "stateful", "kafka-streams", 1000, "exactly_once"),
     Strategy("faust", "stateful", "faust"),
     Strategy("quix", "stateful", "quix"),
     Strategy("aiokafka-consume", "consume", "aiokafka-consume"),
@@ -119,6 +142,11 @@ BY_NAME = {s.name: s for s in STRATEGIES}
 #: The input topic's settings, stated so that the broker describes them (see above).
 INPUT_CONFIG = {"retention.ms": "-1"}
 PEERS = ("faust", "quix")
+#: The Java peer, compared with Relay at-least-once and exactly-once at the same commit
+#: interval.
+JAVA_PEERS = {"at_least_once": "kafka-streams", "exactly_once": "kafka-streams-eos"}
+#: The Kafka Streams app's JVM heap: its store lives in RocksDB, off the heap.
+KAFKA_STREAMS_HEAP = "512m"
 PASSTHROUGHS = ("aiokafka-passthrough", "confluent-passthrough")
 #: How long a worker may take to flush, commit and exit after SIGTERM.
 STOP_TIMEOUT_S = 60.0
@@ -361,7 +389,7 @@ def report(args: argparse.Namespace, results: list[Result], extra: dict[str, Any
         "machine": {"cpus": os.cpu_count(), "load_now": os.getloadavg()},
         "versions": versions(),
         "plot": str(args.json.with_suffix(".png")),
-        "ratios": ratios(data, PEERS, PASSTHROUGHS),
+        "ratios": ratios(data, PEERS, PASSTHROUGHS, JAVA_PEERS),
         "results": data,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -369,12 +397,15 @@ def report(args: argparse.Namespace, results: list[Result], extra: dict[str, Any
 
 
 async def run_all(args: argparse.Namespace) -> tuple[list[Result], dict[str, Any]]:
-    broker = None if args.bootstrap else EmbeddedBroker().start()
+    broker = None if args.bootstrap else start_broker(args.engine, args.kafka_nodes)
     bootstrap = args.bootstrap or broker.bootstrap_servers  # type: ignore[union-attr]
     run_dir = Path(tempfile.mkdtemp(prefix="throughput-run-"))
-    extra: dict[str, Any] = {"run_dir": str(run_dir), "load_at_start": os.getloadavg()}
+    extra: dict[str, Any] = {"run_dir": str(run_dir), "load_at_start": os.getloadavg(),
+                             "broker": describe(args.engine, args.kafka_nodes, args.bootstrap)}
     results: list[Result] = []
     try:
+        extra["join_round"] = rounds_dict(await measure_join_round(bootstrap))
+        print(engine_label(extra), flush=True)
         source = f"throughput-in-{uuid.uuid4().hex[:8]}"
         print(f"filling {source}: {args.records:,} records over {args.keys:,} keys, "
               f"{args.partitions} partitions; worker logs in {run_dir}", flush=True)
@@ -411,7 +442,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds a strategy may take to get through the input")
     parser.add_argument("--bootstrap", default=None,
-                        help="an existing broker (default: a fresh embedded one)")
+                        help="an existing broker (default: a fresh one of --engine)")
+    add_engine_arguments(parser)
     parser.add_argument("--json", type=Path, default=Path("results/throughput.json"),
                         help="where to write the figures; the plot goes beside it (.png)")
     args = parser.parse_args(argv)
@@ -439,6 +471,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("\n".join(table(data["results"])))
     print()
     print("\n".join(ratio_lines(data["ratios"])))
+    print(engine_label(data))
     print(f"\nload average at start {extra['load_at_start'][0]:.1f}, at end "
           f"{extra['load_at_end'][0]:.1f}; wrote {args.json} and {png} in "
           f"{extra['wall_seconds']:.0f}s")

@@ -66,10 +66,13 @@ def figures(samples: list[Sample], records: int, started: float) -> Figures:
 
 
 def ratios(results: list[dict[str, Any]], peers: tuple[str, ...],
-           passthroughs: tuple[str, ...]) -> list[dict[str, Any]]:
+           passthroughs: tuple[str, ...], java_peers: dict[str, str] | None = None,
+           java_interval: str = "1s") -> list[dict[str, Any]]:
     """Relay at-least-once over the best Python peer and over the fastest passthrough, and
-    exactly-once over at-least-once, at each commit interval that ran; by steady and by
-    start-to-end throughput (each denominator the best by that figure)."""
+    exactly-once over at-least-once, at each commit interval that ran; Relay over Kafka
+    Streams (``java_peers``: its strategy per processing guarantee) at the commit interval it
+    ran with; by steady and by start-to-end throughput (each denominator the best by that
+    figure)."""
     by_name = {r["strategy"]: r for r in results}
 
     def best(names: tuple[str, ...], figure: str) -> tuple[str | None, float | None]:
@@ -85,6 +88,9 @@ def ratios(results: list[dict[str, Any]], peers: tuple[str, ...],
         alo, eos = f"relay-alo-{interval}", f"relay-eos-{interval}"
         pairs = [(alo, peers, "best Python peer"), (alo, passthroughs, "fastest passthrough"),
                  (eos, (alo,), "Relay at-least-once")]
+        if java_peers and interval == java_interval:
+            pairs += [(alo, (java_peers["at_least_once"],), "Kafka Streams"),
+                      (eos, (java_peers["exactly_once"],), "Kafka Streams exactly-once")]
         for numerator, denominators, label in pairs:
             if numerator not in by_name:
                 continue

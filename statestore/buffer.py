@@ -9,6 +9,7 @@ abort. So the database never holds a write the changelog might not have.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterator
 
 #: A buffered value; None is a delete.
@@ -64,8 +65,18 @@ class WriteBuffer:
         return [(key, self.entries[key]) for key in chosen]
 
     def _keys(self) -> list[bytes]:
-        if len(self._sorted) != len(self.entries):
-            self._sorted = sorted(self.entries)
+        known = len(self._sorted)
+        if known != len(self.entries):
+            if 0 < len(self.entries) - known <= known // 8:
+                # Keys only arrive (the dict keeps their order): a few new ones since the
+                # last scan are inserted, where sorting them all again cost a scan per
+                # record O(n log n). A new list, so that an iteration under way keeps its own.
+                keys = self._sorted.copy()
+                for key in itertools.islice(self.entries, known, None):
+                    bisect.insort(keys, key)
+                self._sorted = keys
+            else:
+                self._sorted = sorted(self.entries)
         return self._sorted
 
 

@@ -18,6 +18,11 @@ log = logging.getLogger(__name__)
 
 TOPIC_ALREADY_EXISTS = 36
 COMPACTED = {"cleanup.policy": "compact"}
+#: A repartition topic keeps its records until the tasks reading it are past them, however
+#: old their timestamps: they carry their source records' timestamps, which a broker's time
+#: retention (7 days by default on Apache Kafka) would otherwise delete, unread, when an app
+#: processes older data. Kafka Streams creates its repartition topics the same way.
+REPARTITION = {"cleanup.policy": "delete", "retention.ms": "-1"}
 #: Kafka's usual replication; a smaller cluster gets one replica per broker.
 MAX_REPLICATION = 3
 #: How long a created topic may take to reach the metadata of the broker that answers.
@@ -77,7 +82,11 @@ async def _created(admin: AIOKafkaAdminClient, names: list[str],
     deadline = time.monotonic() + timeout_s
     while True:
         counts = await existing_partition_counts(admin, names, with_leaders=True)
-        if len(counts) == len(names) or time.monotonic() > deadline:
+        # This answer, not another request: on a cluster the next may go to a broker whose
+        # metadata has not caught up yet.
+        if len(counts) == len(names):
+            return counts
+        if time.monotonic() > deadline:
             return await existing_partition_counts(admin, names)
         await asyncio.sleep(0.05)
 

@@ -15,6 +15,11 @@ _EXPORTS = {
     "AppConfig": "streams.config",
     "ConfigError": "streams.config",
     "GroupedStream": "streams.dsl.stream",
+    "GroupedTable": "streams.dsl.stream",
+    "JoinWindows": "streams.dsl.joins",
+    "PunctuationType": "streams.dsl.punctuation",
+    "SessionWindows": "streams.dsl.sessions",
+    "SlidingWindows": "streams.dsl.sliding",
     "Stream": "streams.dsl.stream",
     "Table": "streams.dsl.stream",
     "WindowedStream": "streams.dsl.stream",
@@ -34,8 +39,13 @@ __all__ = [
     "AppConfig",
     "ConfigError",
     "GroupedStream",
+    "GroupedTable",
     "HoppingWindows",
+    "JoinWindows",
+    "PunctuationType",
     "RecordError",
+    "SessionWindows",
+    "SlidingWindows",
     "Stream",
     "Table",
     "TopicDecl",
@@ -65,7 +75,11 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what editors and type checkers see
     from streams.app import App
     from streams.config import AppConfig, ConfigError
-    from streams.dsl.stream import GroupedStream, Stream, Table, WindowedStream
+    from streams.dsl.joins import JoinWindows
+    from streams.dsl.punctuation import PunctuationType
+    from streams.dsl.sessions import SessionWindows
+    from streams.dsl.sliding import SlidingWindows
+    from streams.dsl.stream import GroupedStream, GroupedTable, Stream, Table, WindowedStream
     from streams.dsl.topology import TopicDecl, TopologyError
     from streams.dsl.windows import HoppingWindows, TumblingWindows, Windowed, WindowedSerde
     from streams.kafka.committed_reader import read_committed

@@ -23,8 +23,9 @@ import socket
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
@@ -32,8 +33,16 @@ from aiokafka.errors import KafkaConnectionError
 
 from statestore.serdes import Serde
 from statestore.store import changelog_topic_name
-from statestore.topics import COMPACTED, TopicSpec, ensure_topics, existing_partition_counts
+from statestore.topics import (
+    COMPACTED,
+    REPARTITION,
+    TopicSpec,
+    ensure_topics,
+    existing_partition_counts,
+)
 from streams.config import AppConfig
+from streams.dsl.describe import TopologyDescription, describe
+from streams.dsl.global_tables import GlobalTable
 from streams.dsl.stream import Stream, Table, stream_from_topic, table_from_topic
 from streams.dsl.topology import SubTopology, TopicDecl, Topology, TopologyError
 from streams.environment import (
@@ -54,6 +63,7 @@ from streams.group.member_id import instance_member_ids
 from streams.group.partition_assignor import TaskLayout
 from streams.group.predecessors import (
     MemberFiles,
+    MemberRecord,
     evict_predecessors,
     possible_leaders,
     stale_members,
@@ -69,23 +79,43 @@ from streams.group.warm_up import (
 )
 from streams.metrics import Metrics, MetricsServer, serve_metrics
 from streams.queries.routing import RoutingTable, StatusFollower
-from streams.queries.server import QueryServer, QueryService
 from streams.queries.store_query import LocalStores, StoreQuery, UnknownStoreError
 from streams.quirks.detect import broker_quirks
 from streams.quirks.hooks import RoundHooks, hooks_for
 from streams.quirks.task_positions import TaskPositions, positions_topic_name
 from streams.runtime.factory import build_stream_thread
+from streams.runtime.global_tables import GlobalTables
 from streams.runtime.store_handover import ProcessStores
 from streams.runtime.thread import FatalThreadError, StreamThread
 
 # The deprecated path of an app given no bootstrap servers (an embedded broker of its own).
 from streams.testing.broker import EmbeddedBroker
 
+if TYPE_CHECKING:
+    from streams.queries.server import QueryServer
+
 log = logging.getLogger(__name__)
 
 #: The shortest wait before a duplicate static id's status is looked at again: members
 #: publish every second, so a live one has published again by then.
 DUPLICATE_RECHECK_MIN_S = 1.5
+
+
+def written_by_the_dead(first: dict[str, dict[str, Any]], predecessors: list[MemberRecord],
+                        now_ms: float) -> bool:
+    """Whether the newest status records of this static id were all written by processes
+    this one knows are dead, long enough ago that a live duplicate would have written since.
+
+    A predecessor in the member files ran on this state directory, so on this machine: its
+    records' times are on this clock, and it is dead (its file's lock was free). Each key's
+    newest record being one of its, at least :data:`DUPLICATE_RECHECK_MIN_S` old, means no
+    other process published that key for longer than a publication takes, whatever its own
+    clock says (a newer record would have replaced it): no second look is needed."""
+    dead = {(p.member_id, p.pid) for p in predecessors}
+    return bool(first) and all(
+        (record.get("member_id"), record.get("pid")) in dead
+        and now_ms - int(record.get("updated_ms", 0) or 0) >= DUPLICATE_RECHECK_MIN_S * 1000
+        for record in first.values())
 
 
 def duplicate_recheck_wait_s(updated_ms: int, now_ms: float, recheck_s: float) -> float:
@@ -176,11 +206,14 @@ class App:
             query_advertised_host=query_advertised_host,
         )
         self.topology = Topology(self.config.application_id)
+        #: The app's global tables (``global_table``), held whole by every instance.
+        self.global_tables: list[GlobalTable] = []
         self.threads: list[StreamThread] = []
         #: Whether this instance is marked as leaving (read by its threads).
         self.leaving = LeavingState()
         self.bootstrap_servers: str | None = self.config.bootstrap_servers
         self._stop: asyncio.Event | None = None
+        self._global_tables: GlobalTables | None = None
         self._broker: Any = None
         self._warned_embedded = False
         #: The process's identity in the group: its group instance id when static, else a
@@ -223,9 +256,12 @@ class App:
         topic: str | TopicDecl,
         key_serde: str | Serde | None = None,
         value_serde: str | Serde | None = None,
+        timestamp: Callable[[Any, Any, int], int] | None = None,
     ) -> Stream:
-        """A stream of ``topic``'s records; serdes default to the topic's, else msgpack."""
-        return stream_from_topic(self.topology, topic, key_serde, value_serde)
+        """A stream of ``topic``'s records; serdes default to the topic's, else msgpack.
+        ``timestamp(key, value, record_timestamp_ms) -> ms``: the timestamp windows, joins
+        and outputs go by (the record's own by default)."""
+        return stream_from_topic(self.topology, topic, key_serde, value_serde, timestamp)
 
     def table(
         self,
@@ -236,6 +272,31 @@ class App:
     ) -> Table:
         """The latest value per key of ``topic``, kept in ``store``."""
         return table_from_topic(self.topology, topic, store, key_serde, value_serde)
+
+    def global_table(
+        self,
+        topic: str | TopicDecl,
+        store: str,
+        key_serde: str | Serde | None = None,
+        value_serde: str | Serde | None = None,
+    ) -> GlobalTable:
+        """Every partition of ``topic`` in ``store``, held whole by every instance: restored
+        from the topic at start (it has no changelog) and kept up to date while the app runs.
+        Join a stream with it by ``stream.join(table, key_selector, joiner)``."""
+        name = topic.name if isinstance(topic, TopicDecl) else topic
+        keys, values = self.topology.serdes_for(name, key_serde, value_serde)
+        if any(t.store == store for t in self.global_tables) or store in self.topology.stores:
+            raise TopologyError(f"store {store!r} is declared twice; store names are unique")
+        table = GlobalTable(name, store, keys, values)
+        self.global_tables.append(table)
+        return table
+
+    def describe(self) -> TopologyDescription:
+        """The topology as Kafka Streams' ``Topology.describe()`` shows it: sub-topologies,
+        their sources, processors with their stores, and sinks; then the internal topics.
+        ``print(app.describe())``."""
+        return describe(self.topology, tuple(f"{t.store} (topic: {t.topic})"
+                                             for t in self.global_tables))
 
     def store(self, name: str) -> StoreQuery:
         """Interactive queries of store ``name`` held by this process: ``get(key)``,
@@ -263,7 +324,7 @@ class App:
                                     self.topology.topics_to_create().items()])
         counts = await existing_partition_counts(admin, external)
         repartition = self.topology.assign_partitions(subs, counts, self.config.default_partitions)
-        specs = [TopicSpec(topic, n) for topic, n in sorted(repartition.items())]
+        specs = [TopicSpec(topic, n, REPARTITION) for topic, n in sorted(repartition.items())]
         for sub in subs:
             for store in sub.stores:
                 specs.append(
@@ -354,10 +415,11 @@ class App:
                 subs = await self.prepare(admin, hooks)
             finally:
                 await admin.close()
-            restarted = await self._refuse_duplicate_instance()
+            restarted = await self._refuse_duplicate_instance(member_files.predecessors)
             warm_up = await self._plan_warm_up(subs, member_files)
             topics = sorted({t for s in subs for t in s.sources})
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
+            global_tables = await self._restore_global_tables(bootstrap)
             # Which ready learners members ask rounds to promote (streams.group.promotion_asks).
             promotion_asks = PromotionAsks()
             listener = control_listener
@@ -386,6 +448,7 @@ class App:
             # Before any task starts: a query port in use stops the app here, cleanly.
             follower = await self._serve_queries(bootstrap)
             extras.append(asyncio.create_task(listener.run(self._stop)))
+            extras.append(asyncio.create_task(global_tables.follow(self._stop)))
             if follower is not None:
                 extras.append(asyncio.create_task(follower.run(self._stop)))
             runs = [asyncio.create_task(t.run(topics)) for t in self.threads]
@@ -420,6 +483,9 @@ class App:
             if error is not None:
                 raise error
         finally:
+            if self._global_tables is not None:
+                await self._global_tables.close()
+                self._global_tables = None
             if member_files is not None:
                 member_files.release()
             if self.query_server is not None:
@@ -431,6 +497,25 @@ class App:
             if self._broker is not None:
                 self._broker.stop()
                 self._broker = None
+
+    async def _restore_global_tables(self, bootstrap: str) -> GlobalTables:
+        """Open and restore the global tables before any task runs."""
+        self._global_tables = GlobalTables(self.global_tables)
+        if self.global_tables:
+            admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+            await admin.start()
+            try:
+                counts = await existing_partition_counts(
+                    admin, {t.topic for t in self.global_tables})
+            finally:
+                await admin.close()
+            missing = sorted({t.topic for t in self.global_tables} - set(counts))
+            if missing:
+                raise TopologyError(f"global table topics {missing} do not exist; create them "
+                                    f"first")
+            self._global_tables.open(self.config.state_dir, self.config.application_id)
+            await self._global_tables.restore(bootstrap, counts)
+        return self._global_tables
 
     async def _remove_predecessors(self, bootstrap: str, files: MemberFiles,
                                    hooks: RoundHooks) -> None:
@@ -462,6 +547,11 @@ class App:
         endpoint); returns the status follower that keeps its routing table."""
         if self.config.query_port is None:
             return None
+        # Imported only when serving: the HTTP server's imports are half of the process's
+        # start, which a static member restarting within its session keeps its tasks waiting
+        # for.
+        from streams.queries.server import QueryServer, QueryService
+
         service = QueryService(self.routing, self.local_stores, instance_id=self.instance_id,
                                endpoint=lambda: None if self.query_server is None
                                else self.query_server.url)
@@ -515,7 +605,8 @@ class App:
         except OSError:
             return False
 
-    async def _refuse_duplicate_instance(self, recheck_s: float = 3.0) -> bool:
+    async def _refuse_duplicate_instance(self, predecessors: list[MemberRecord],
+                                         recheck_s: float = 3.0) -> bool:
         """Fail fast when a live process already runs this static id; True when an earlier
         process of this static id left status records (this one is its restart).
 
@@ -524,7 +615,10 @@ class App:
         (published every second) is still being updated; a stale record of a crashed process
         does not count. The second look comes ``recheck_s`` after the record was written,
         and at least a publication and a margin after the first look: a restart after a
-        crash then waits for nothing, as its tasks wait for it.
+        crash then waits for nothing, as its tasks wait for it. No second look at all when
+        the records are those of this state directory's dead predecessor and a publication
+        old (see :func:`written_by_the_dead`): the restart of a crashed static member joins
+        at once.
         """
         gid = self.config.group_instance_id
         if gid is None or self.bootstrap_servers is None:
@@ -535,6 +629,8 @@ class App:
                  if k in mine and v.get("incarnation") != self.incarnation}
         if not first:
             return False
+        if written_by_the_dead(first, predecessors, time.time() * 1000):
+            return True
         newest_ms = max(int(v.get("updated_ms", 0) or 0) for v in first.values())
         await asyncio.sleep(duplicate_recheck_wait_s(newest_ms, time.time() * 1000, recheck_s))
         again = await read_status(self.bootstrap_servers, self.config.application_id)

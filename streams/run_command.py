@@ -54,6 +54,8 @@ def load_app(target: str) -> App:
     module_name, attribute = parse_target(target)
     if "." not in sys.path:
         sys.path.insert(0, ".")  # the app's module, from where the command runs
+    # The finder of "." caches what it listed there, for whatever directory was current then.
+    importlib.invalidate_caches()
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

@@ -108,7 +108,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``pytest -n N --dist loadgroup`` the Spark tests share one worker: one local
-    Spark session (a JVM of its own) per worker would crowd a small machine.
+    Spark session (a JVM of its own) per worker would crowd a small machine. So do the
+    differential tests, for their Kafka Streams oracle.
 
     xdist groups a test by appending ``@<group>`` to its node id, in a hook of its own that
     reads ``xdist_group`` marks. Done here instead, after it: pytest 9 builds node ids from
@@ -118,6 +119,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.nodeid.startswith("tests/broker/pipeline/") or "snapshot_restore" in item.nodeid:
             _join_group(item, "spark")
+        elif item.nodeid.startswith("tests/broker/differential/"):
+            # One Kafka Streams oracle (a JVM) for them all.
+            _join_group(item, "kafka-streams-oracle")
 
 
 def _join_group(item: pytest.Item, group: str) -> None:

@@ -9,6 +9,7 @@ Nodes are built once per topology and shared by its tasks; everything that belon
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 from statestore.record_size import MAX_RECORD_BYTES, check_record_size
 from statestore.serdes import MsgPackSerde, Serde
 from statestore.store import KeyValueStore
+from streams.dsl.punctuation import Punctuations, PunctuationType, Schedule
 from streams.dsl.windows import HoppingWindows, Windowed, windowed_key_serde
 
 log = logging.getLogger(__name__)
@@ -26,9 +28,16 @@ class MissingKeyError(ValueError):
     a repartition): a bad record, dead-lettered like the others."""
 
 
-def _require_key(node: Node, key: Any, why: str) -> None:
-    if key is None:
-        raise MissingKeyError(f"{node.name}: the record has no key, and {why} needs one")
+def _has_key(node: Node, ctx: ProcessorContext, key: Any, why: str) -> bool:
+    """False, and the record noted as bad, when ``key`` is None. The step then drops it and
+    the rest of the record's processing goes on (its other outputs, as in Kafka Streams); the
+    task dead-letters the input record once that is done."""
+    if key is not None:
+        return True
+    if ctx.missing_key is None:
+        ctx.missing_key = MissingKeyError(
+            f"{node.name}: the record has no key, and {why} needs one")
+    return False
 
 
 #: The reason a processor drops a record whose window had closed.
@@ -41,6 +50,7 @@ class Output:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int
+    headers: Any = ()
 
 
 class ProcessorContext:
@@ -55,6 +65,10 @@ class ProcessorContext:
         self.offset = -1
         self.timestamp_ms = 0
         self.stream_time_ms = -1
+        #: Per windowed aggregation (by node name), the largest timestamp of the records that
+        #: reached it: what closes its windows. Records dropped before it (by a filter, say)
+        #: do not move it, as in Kafka Streams.
+        self.observed_ms: dict[str, int] = {}
         #: Late records dropped since the runtime last took the figure (it resets it).
         self.late_records_dropped = 0
         #: Records the task's processors dropped, by reason, since the task opened.
@@ -62,6 +76,17 @@ class ProcessorContext:
         #: Windows (node, start) a late record was dropped for: each is logged once.
         self._late_windows: set[tuple[str, int]] = set()
         self.custom: dict[str, Processor] = {}
+        #: The headers of the record being processed: forwarded with what it leads to.
+        self.headers: Any = ()
+        #: The task's punctuation schedules, once a processor scheduled one.
+        self.punctuations: Punctuations | None = None
+        #: What a node keeps in memory for this task (derived from its stores: rebuilt
+        #: after a restart), by node name.
+        self.node_state: dict[str, Any] = {}
+        #: Wall-clock time in ms (the test driver sets its own).
+        self.wall_clock: Callable[[], int] = _wall_clock_ms
+        #: Set when a step dropped the current record for want of a key.
+        self.missing_key: MissingKeyError | None = None
 
     def drop_late(self, node: str, store: str, start: int, end: int, grace_ms: int) -> None:
         """Count a record dropped because its window ``[start, end)`` had closed, and log the
@@ -98,7 +123,11 @@ class ProcessorContext:
         if len(key or b"") + len(value or b"") > MAX_RECORD_BYTES:
             # Refused now, as the current record's error, not by the producer when shipped.
             check_record_size(topic, key, value)
-        self.outputs.append(Output(topic, key, value, self.timestamp_ms))
+        self.outputs.append(Output(topic, key, value, self.timestamp_ms, self.headers))
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class Node:
@@ -221,8 +250,8 @@ class SinkNode(Node):
         self.requires_key = requires_key
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        if self.requires_key:
-            _require_key(self, key, "repartitioning by key")
+        if self.requires_key and not _has_key(self, ctx, key, "repartitioning by key"):
+            return
         key_serde = windowed_key_serde(self.key_serde) if isinstance(key, Windowed) else (
             self.key_serde)
         raw_key = None if key is None else key_serde.dumps(key)
@@ -231,7 +260,8 @@ class SinkNode(Node):
 
 
 class AggregateNode(Node):
-    """Aggregates by key into a store and forwards each updated aggregate."""
+    """Aggregates by key into a store and forwards each updated aggregate. Records with a
+    None value are skipped (a windowed aggregation takes them: Kafka Streams does both)."""
 
     def __init__(
         self,
@@ -246,7 +276,11 @@ class AggregateNode(Node):
         self.aggregator = aggregator
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "an aggregation")
+        if not _has_key(self, ctx, key, "an aggregation"):
+            return
+        if value is None:
+            # A tombstone has nothing to aggregate: skipped, as Kafka Streams does.
+            return
         store = ctx.store(self.store)
         current = store.get(key)
         if current is None:
@@ -266,7 +300,10 @@ class ReduceNode(Node):
         self.reducer = reducer
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "a reduce")
+        if not _has_key(self, ctx, key, "a reduce"):
+            return
+        if value is None:
+            return
         store = ctx.store(self.store)
         current = store.get(key)
         updated = value if current is None else self.reducer(current, value)
@@ -280,9 +317,9 @@ class ReduceNode(Node):
 class WindowAggregateNode(Node):
     """Aggregates by (key, window) into a store keyed ``(key, window_start)``.
 
-    Stream time is the largest timestamp the task has seen. A record whose window closed
-    (end + grace <= stream time) is dropped and counted; windows older than the retention are
-    purged as stream time advances.
+    Its stream time is the largest timestamp among the records that reached it (not those a
+    step before it dropped). A record whose window closed (end + grace <= stream time) is
+    dropped and counted; windows older than the retention are purged as stream time advances.
     """
 
     def __init__(
@@ -300,10 +337,12 @@ class WindowAggregateNode(Node):
         self.aggregator = aggregator
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "a windowed aggregation")
+        if not _has_key(self, ctx, key, "a windowed aggregation"):
+            return
         store = ctx.store(self.store)
         timestamp = ctx.timestamp_ms
-        stream_time = max(ctx.stream_time_ms, timestamp)
+        stream_time = max(ctx.observed_ms.get(self.name, -1), timestamp)
+        ctx.observed_ms[self.name] = stream_time
         for start, end in self.windows.windows_for(timestamp):
             if end + self.windows.grace_ms <= stream_time:
                 ctx.drop_late(self.name, self.store, start, end, self.windows.grace_ms)
@@ -320,7 +359,7 @@ class WindowAggregateNode(Node):
 
     def purge(self, ctx: ProcessorContext) -> int:
         """Delete windows past retention; returns how many."""
-        horizon = ctx.stream_time_ms - self.windows.retention_ms
+        horizon = ctx.observed_ms.get(self.name, -1) - self.windows.retention_ms
         if horizon <= 0:
             return 0
         ctx.forget_late_windows(self.name, horizon - self.windows.size_ms)
@@ -339,7 +378,8 @@ class TableNode(Node):
         self.store = store
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        _require_key(self, key, "a table")
+        if not _has_key(self, ctx, key, "a table"):
+            return
         ctx.store(self.store).put(key, value)  # put(None) deletes
         self.forward(ctx, key, value)
 
@@ -359,9 +399,12 @@ class StreamTableJoinNode(Node):
         self.left = left
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        if value is None:
+            # A tombstone joins nothing, inner or left: dropped, as Kafka Streams does.
+            return
         # A left join has an answer without a key (no table value); an inner join has none.
-        if not self.left:
-            _require_key(self, key, "an inner join")
+        if not self.left and not _has_key(self, ctx, key, "an inner join"):
+            return
         other = None if key is None else ctx.store(self.table_store).get(key)
         if other is None and not self.left:
             return
@@ -390,8 +433,38 @@ class CustomContext:
             raise KeyError(f"processor {self._node.name} did not declare store {name!r}")
         return self._ctx.store(name)
 
-    def forward(self, key: Any, value: Any) -> None:
-        self._node.forward(self._ctx, key, value)
+    def forward(self, key: Any, value: Any, headers: Any = None) -> None:
+        """Send a record to the next steps; ``headers`` (a list of ``(str, bytes)``) replace
+        the current record's for it."""
+        if headers is None:
+            self._node.forward(self._ctx, key, value)
+            return
+        ctx = self._ctx
+        previous, ctx.headers = ctx.headers, tuple(headers)
+        try:
+            self._node.forward(ctx, key, value)
+        finally:
+            ctx.headers = previous
+
+    def schedule(self, interval_ms: int, type: PunctuationType,
+                 callback: Callable[[int], None]) -> Schedule:
+        """Call ``callback(time_ms)`` every ``interval_ms`` of stream time or wall-clock time
+        (see :mod:`streams.dsl.punctuation`); returns the schedule (``cancel()`` stops it)."""
+        ctx = self._ctx
+        if ctx.punctuations is None:
+            ctx.punctuations = Punctuations()
+        return ctx.punctuations.add(self._node.name, interval_ms, type, callback,
+                                    ctx.wall_clock())
+
+    @property
+    def headers(self) -> tuple[tuple[str, bytes], ...]:
+        """The headers of the record being processed, ``(key, value bytes)`` pairs."""
+        return tuple(self._ctx.headers or ())
+
+    @property
+    def stream_time_ms(self) -> int:
+        """The task's stream time: the largest timestamp it has processed."""
+        return max(self._ctx.stream_time_ms, self._ctx.timestamp_ms)
 
     @property
     def timestamp_ms(self) -> int:
@@ -426,10 +499,17 @@ class CustomProcessorNode(Node):
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         processor = ctx.custom.get(self.name)
         if processor is None:
+            processor = self.instance(ctx)
+        processor.process(key, value)
+
+    def instance(self, ctx: ProcessorContext) -> Processor:
+        """The task's instance of the processor, made and initialized on first use."""
+        processor = ctx.custom.get(self.name)
+        if processor is None:
             processor = self.factory()
             processor.init(CustomContext(self, ctx))
             ctx.custom[self.name] = processor
-        processor.process(key, value)
+        return processor
 
     def store_names(self) -> list[str]:
         return list(self.stores)

@@ -11,8 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from statestore.serdes import Serde, serde_from_name
+from statestore.serdes import MsgPackSerde, Serde, serde_from_name
 from streams.dsl.deprecated import DeprecatedTableOperations
+from streams.dsl.fk_joins import (
+    ForeignKeyJoin,
+    ResponseNode,
+    RightUpdateNode,
+    SubscribeNode,
+    SubscriptionNode,
+)
+from streams.dsl.joins import JoinWindows, StreamJoin, StreamJoinNode
+from streams.dsl.metadata import HeadersPeekNode, TimestampExtractorNode, wants_headers
 from streams.dsl.processors import (
     AggregateNode,
     BranchNode,
@@ -31,6 +40,19 @@ from streams.dsl.processors import (
     StreamTableJoinNode,
     TableNode,
     WindowAggregateNode,
+)
+from streams.dsl.sessions import SessionAggregateNode, SessionWindows
+from streams.dsl.sliding import SlidingAggregateNode, SlidingWindows
+from streams.dsl.suppress import suppress_node
+from streams.dsl.tables import (
+    LEFT,
+    RIGHT,
+    TableAggregateNode,
+    TableFilterNode,
+    TableGroupByNode,
+    TableJoinNode,
+    TableJoinSide,
+    TableMapValuesNode,
 )
 from streams.dsl.topology import TopicDecl, Topology, TopologyError
 from streams.dsl.windows import HoppingWindows
@@ -94,7 +116,11 @@ class Stream:
             MapNode(self._name("select-key"), lambda k, v: (fn(k, v), v)), key_changed=True
         )
 
-    def peek(self, fn: Callable[[Any, Any], None]) -> Stream:
+    def peek(self, fn: Callable[..., None]) -> Stream:
+        """``fn(key, value)``, or ``fn(key, value, headers)`` to read the record's headers,
+        for its side effect; the record goes on unchanged."""
+        if wants_headers(fn):
+            return self._then(HeadersPeekNode(self._name("peek"), fn))
         return self._then(PeekNode(self._name("peek"), fn))
 
     def branch(self, *predicates: Callable[[Any, Any], bool]) -> list[Stream]:
@@ -153,26 +179,90 @@ class Stream:
         source = self._repartitioned("process") if names and self._key_changed else self
         return source._then(CustomProcessorNode(self._name("processor"), factory, names))
 
+    def to_table(self, store: str | None = None) -> Table:
+        """The stream read as a table: the latest value per key, in ``store`` (named after the
+        node when not given); a None value deletes its key."""
+        source = self._repartitioned("to-table") if self._key_changed else self
+        name = self._name("to-table")
+        store = store or f"{name}-store"
+        self._topology.declare_store(StoreDecl(store))
+        return Table(source._then(TableNode(name, store)), store)
+
     # -- joins and grouping ---------------------------------------------------------------
 
-    def join(self, table: Table, joiner: Callable[[Any, Any], Any]) -> Stream:
-        """Inner stream-table join on the key: each record with the table's current value."""
-        return self._join(table, joiner, left=False)
+    def join(self, other: Table | Stream | Any, joiner: Callable[..., Any],
+             windows: JoinWindows | Callable[..., Any] | None = None) -> Stream:
+        """Inner join on the key. With a table, ``join(table, joiner)``: each record with the
+        table's current value. With a stream, ``join(stream, joiner, JoinWindows(...))``:
+        each pair of records within the window. With a global table,
+        ``join(global_table, key_selector, joiner)``: ``key_selector(key, value)`` picks the
+        row. ``joiner(value, other_value)``."""
+        return self._dispatch_join(other, joiner, windows, "inner")
 
-    def left_join(self, table: Table, joiner: Callable[[Any, Any], Any]) -> Stream:
-        return self._join(table, joiner, left=True)
+    def left_join(self, other: Table | Stream | Any, joiner: Callable[..., Any],
+                  windows: JoinWindows | Callable[..., Any] | None = None) -> Stream:
+        """Like ``join``, and a record without a partner gives ``joiner(value, None)`` (with a
+        stream, once its window closed)."""
+        return self._dispatch_join(other, joiner, windows, "left")
+
+    def outer_join(self, other: Stream, joiner: Callable[[Any, Any], Any],
+                   windows: JoinWindows) -> Stream:
+        """Stream-stream outer join: unmatched records of either side are emitted joined with
+        None once their window closed."""
+        if not isinstance(other, Stream):
+            raise TopologyError("outer_join takes a stream (a table outer join is "
+                                "Table.outer_join)")
+        return self._dispatch_join(other, joiner, windows, "outer")
+
+    def _dispatch_join(self, other: Any, fn: Callable[..., Any], extra: Any,
+                       kind: str) -> Stream:
+        if isinstance(other, Table):
+            return self._join(other, fn, left=kind == "left")
+        if isinstance(other, Stream):
+            if not isinstance(extra, JoinWindows):
+                raise TopologyError("a stream-stream join needs JoinWindows(before_ms, "
+                                    "after_ms, grace_ms) as its third argument")
+            return self._stream_join(other, fn, extra, kind)
+        join_global = getattr(other, "join_stream", None)
+        if join_global is not None:
+            if not callable(extra):
+                raise TopologyError("a global table join is join(global_table, key_selector, "
+                                    "joiner)")
+            return join_global(self, fn, extra, kind == "left")  # type: ignore[no-any-return]
+        raise TopologyError(f"cannot join a stream with {type(other).__name__}")
+
+    def _stream_join(self, other: Stream, joiner: Callable[[Any, Any], Any],
+                     windows: JoinWindows, kind: str) -> Stream:
+        topology = self._topology
+        name = self._name(f"stream-{kind}-join")
+        left = self._repartitioned("join-left") if self._key_changed else self
+        right = other._repartitioned("join-right") if other._key_changed else other
+        stores = (f"{name}-left", f"{name}-right")
+        outer_store = None if kind == "inner" else f"{name}-outer"
+        for store in (*stores, *([outer_store] if outer_store else [])):
+            topology.declare_store(StoreDecl(store))
+        shared = StreamJoin(windows, joiner, stores, outer_store,
+                            (kind != "inner", kind == "outer"))
+        left_node = left._then(StreamJoinNode(f"{name}-this", shared, LEFT))
+        right_node = right._then(StreamJoinNode(f"{name}-other", shared, RIGHT))
+        merged = Node(f"{name}-merge")
+        left_node._node.add_child(merged)
+        right_node._node.add_child(merged)
+        return Stream(topology, merged)
 
     def _join(self, table: Table, joiner: Callable[[Any, Any], Any], left: bool) -> Stream:
         # Both sides must put a key in the same partition: the stream's repartition topic
-        # encodes keys as the table's topic does (a mismatch left is refused at start).
+        # encodes keys as the table's topic does (a mismatch left is refused at start). A left
+        # join answers records without a key too: they cross the repartition topic.
         if self._key_changed:
-            source = self._repartitioned("join", key_serde=table.key_serde)
+            source = self._repartitioned("join", key_serde=table.key_serde,
+                                         requires_key=not left)
         else:
             source = self
             if self._open_repartition is not None and table.key_serde is not None:
                 self._topology.set_repartition_key_serde(self._open_repartition,
                                                          table.key_serde)
-        node = StreamTableJoinNode(self._name("join"), table.store, joiner, left)
+        node = StreamTableJoinNode(self._name("join"), table._materialized(), joiner, left)
         result = source._then(node)
         self._topology.co_located.append((node, table._node))
         return result
@@ -195,6 +285,7 @@ class Stream:
     def _repartitioned(
         self, purpose: str, partitions: int | None = None,
         key_serde: str | Serde | None = None, value_serde: str | Serde | None = None,
+        requires_key: bool = True,
     ) -> Stream:
         """Write to an internal repartition topic and read it back in a new sub-topology."""
         app = self._topology.application_id
@@ -202,7 +293,7 @@ class Stream:
         topic = f"{app}-{name}"
         keys = serde_from_name(key_serde or "msgpack")
         values = serde_from_name(value_serde or "msgpack")
-        sink = SinkNode(f"{name}-sink", topic, keys, values, requires_key=True)
+        sink = SinkNode(f"{name}-sink", topic, keys, values, requires_key=requires_key)
         self._node.add_child(sink)
         self._topology.repartition_topics.add(topic)
         if partitions is not None:
@@ -249,7 +340,10 @@ class GroupedStream:
         return Table(stream._then(ReduceNode(stream._name("reduce"), store, reducer)), store,
                      stream._key_serde)
 
-    def windowed_by(self, windows: HoppingWindows) -> WindowedStream:
+    def windowed_by(
+        self, windows: HoppingWindows | SessionWindows | SlidingWindows
+    ) -> WindowedStream:
+        """Cut the grouped stream into time windows (tumbling, hopping, sliding) or sessions."""
         return WindowedStream(self, windows)
 
 
@@ -258,7 +352,8 @@ class WindowedStream:
     tables keyed by ``Windowed(key, start, end)``, kept in a store keyed
     ``(key, window_start)``."""
 
-    def __init__(self, grouped: GroupedStream, windows: HoppingWindows) -> None:
+    def __init__(self, grouped: GroupedStream,
+                 windows: HoppingWindows | SessionWindows | SlidingWindows) -> None:
         self._grouped = grouped
         self._windows = windows
 
@@ -267,15 +362,32 @@ class WindowedStream:
         initializer: Callable[[], Any],
         aggregator: Callable[[Any, Any, Any], Any],
         store: str,
+        merger: Callable[[Any, Any, Any], Any] | None = None,
     ) -> Table:
+        """``aggregator(key, value, aggregate)`` per window; session windows also need
+        ``merger(key, aggregate_a, aggregate_b)`` to merge two sessions a record bridges."""
+        windows = self._windows
+        if isinstance(windows, SessionWindows) and merger is None:
+            raise TopologyError("a session-windowed aggregate needs merger=fn(key, a, b): "
+                                "a record that bridges two sessions merges their aggregates")
         stream = self._grouped._prepared(store)
-        node = WindowAggregateNode(
-            stream._name("window-aggregate"), store, self._windows, initializer, aggregator
-        )
-        return Table(stream._then(node), store, stream._key_serde)
+        node: Node
+        if isinstance(windows, SessionWindows):
+            assert merger is not None
+            node = SessionAggregateNode(stream._name("session-aggregate"), store, windows,
+                                        initializer, aggregator, merger)
+        elif isinstance(windows, SlidingWindows):
+            node = SlidingAggregateNode(stream._name("sliding-aggregate"), store, windows,
+                                        initializer, aggregator)
+        else:
+            node = WindowAggregateNode(
+                stream._name("window-aggregate"), store, windows, initializer, aggregator
+            )
+        return Table(stream._then(node), store, stream._key_serde, windows=windows)
 
     def count(self, store: str) -> Table:
-        return self.aggregate(lambda: 0, lambda _k, _v, n: n + 1, store)
+        return self.aggregate(lambda: 0, lambda _k, _v, n: n + 1, store,
+                              merger=lambda _k, a, b: a + b)
 
     def reduce(self, reducer: Callable[[Any, Any], Any], store: str) -> Table:
         sentinel: dict[str, Any] = {}
@@ -283,23 +395,196 @@ class WindowedStream:
         def reduce_or_first(_key: Any, value: Any, current: Any) -> Any:
             return value if current is sentinel else reducer(current, value)
 
-        return self.aggregate(lambda: sentinel, reduce_or_first, store)
+        def merge(_key: Any, a: Any, b: Any) -> Any:
+            if a is sentinel:
+                return b
+            return a if b is sentinel else reducer(a, b)
+
+        return self.aggregate(lambda: sentinel, reduce_or_first, store, merger=merge)
 
 
 class Table(DeprecatedTableOperations):
-    """The latest value per key, kept in a store; its updates can be read as a stream.
+    """The latest value per key, kept in a store (or, for a filtered or mapped table, derived
+    from its parent's updates); its updates can be read as a stream. A None value is a
+    tombstone: the key leaves the table.
 
     ``key_serde``: how the topic that partitions the table encodes its keys (a stream joined
     with it must encode them alike)."""
 
-    def __init__(self, stream: Stream, store: str, key_serde: Serde | None = None) -> None:
+    def __init__(self, stream: Stream, store: str | None, key_serde: Serde | None = None,
+                 windows: Any = None) -> None:
         self._stream = stream
         self._node = stream._node
+        self._topology = stream._topology
         self.store = store
         self.key_serde = key_serde
+        #: The windows of a windowed aggregation's table (what suppression waits for).
+        self.windows = windows
 
     def to_stream(self) -> Stream:
         return self._stream._like(self._node, key_changed=False)
+
+    def _then(self, node: Node, store: str | None = None) -> Table:
+        self._node.add_child(node)
+        table = Table(Stream(self._topology, node), store)
+        table.key_serde = self.key_serde
+        return table
+
+    def _materialized(self) -> str:
+        """The store holding this table's rows, added (named after the node) if it has none:
+        a stream-table join reads it."""
+        if self.store is None:
+            store = f"{self._node.name}-store"
+            if store not in self._topology.stores:
+                self._topology.declare_store(StoreDecl(store))
+                self._node.add_child(TableNode(f"{self._node.name}-materialize", store))
+            self.store = store
+        return self.store
+
+    def _maybe_stored(self, table: Table, store: str | None) -> Table:
+        if store is None:
+            return table
+        self._topology.declare_store(StoreDecl(store))
+        return table._then(TableNode(self._topology.node_name("table-materialize"), store),
+                           store)
+
+    def filter(self, predicate: Callable[[Any, Any], bool], store: str | None = None) -> Table:
+        """The rows for which ``predicate(key, value)`` holds; a row that stops passing is
+        deleted (a tombstone). ``store``: keep the result in a store of that name."""
+        node = TableFilterNode(self._topology.node_name("table-filter"), predicate, True)
+        return self._maybe_stored(self._then(node), store)
+
+    def filter_not(self, predicate: Callable[[Any, Any], bool],
+                   store: str | None = None) -> Table:
+        node = TableFilterNode(self._topology.node_name("table-filter-not"), predicate, False)
+        return self._maybe_stored(self._then(node), store)
+
+    def map_values(self, fn: Callable[[Any], Any], store: str | None = None) -> Table:
+        node = TableMapValuesNode(self._topology.node_name("table-map-values"), fn)
+        return self._maybe_stored(self._then(node), store)
+
+    def join(self, other: Table, joiner: Callable[[Any, Any], Any],
+             store: str | None = None, *,
+             foreign_key: Callable[[Any], Any] | None = None) -> Table:
+        """Inner table-table join on the key, co-partitioned: ``joiner(left, right)`` for
+        every key both hold, updated as either side changes. With ``foreign_key(value)``:
+        the right row whose key the left row names (KIP-213), keyed by the left key; the
+        tables need not be co-partitioned."""
+        if foreign_key is not None:
+            return self._foreign_key_join(other, foreign_key, joiner, False, store)
+        return self._table_join(other, joiner, "inner", store)
+
+    def left_join(self, other: Table, joiner: Callable[[Any, Any], Any],
+                  store: str | None = None, *,
+                  foreign_key: Callable[[Any], Any] | None = None) -> Table:
+        if foreign_key is not None:
+            return self._foreign_key_join(other, foreign_key, joiner, True, store)
+        return self._table_join(other, joiner, "left", store)
+
+    def _foreign_key_join(self, other: Table, foreign_key: Callable[[Any], Any],
+                          joiner: Callable[[Any, Any], Any], left: bool,
+                          store: str | None) -> Table:
+        topology = self._topology
+        name = topology.node_name("fk-join")
+        join = ForeignKeyJoin(foreign_key, joiner, left, f"{name}-rows",
+                              f"{name}-subscriptions", other._materialized())
+        topology.declare_store(StoreDecl(join.rows_store))
+        topology.declare_store(StoreDecl(join.subscriptions_store))
+        subscribe = SubscribeNode(f"{name}-subscribe", join)
+        self._node.add_child(subscribe)
+        # Keyed as the right table's topic is, so that a foreign key reaches its row's task.
+        subscriptions = Stream(topology, subscribe)._repartitioned(
+            f"{name}-subscription", key_serde=other.key_serde or MsgPackSerde())
+        answer = subscriptions._then(SubscriptionNode(f"{name}-answer", join))
+        right_update = RightUpdateNode(f"{name}-right-update", join)
+        other._node.add_child(right_update)
+        answers = Node(f"{name}-answers")
+        answer._node.add_child(answers)
+        right_update.add_child(answers)
+        responses = Stream(topology, answers)._repartitioned(
+            f"{name}-response", key_serde=self.key_serde or MsgPackSerde())
+        result = Table(responses._then(ResponseNode(f"{name}-result", join)), None)
+        result.key_serde = self.key_serde
+        return self._maybe_stored(result, store)
+
+    def outer_join(self, other: Table, joiner: Callable[[Any, Any], Any],
+                   store: str | None = None) -> Table:
+        return self._table_join(other, joiner, "outer", store)
+
+    def _table_join(self, other: Table, joiner: Callable[[Any, Any], Any], kind: str,
+                    store: str | None) -> Table:
+        topology = self._topology
+        name = topology.node_name(f"table-{kind}-join")
+        rows = f"{name}-rows"
+        topology.declare_store(StoreDecl(rows))
+        shared = TableJoinSide(rows, joiner, kind)
+        left = TableJoinNode(f"{name}-left", shared, LEFT)
+        right = TableJoinNode(f"{name}-right", shared, RIGHT)
+        self._node.add_child(left)
+        other._node.add_child(right)
+        merged = Node(f"{name}-merge")
+        left.add_child(merged)
+        right.add_child(merged)
+        return self._maybe_stored(Table(Stream(topology, merged), None), store)
+
+    def group_by(self, selector: Callable[[Any, Any], tuple[Any, Any]]) -> GroupedTable:
+        """Re-group the table: ``selector(key, value) -> (new_key, new_value)``; then
+        ``count``, ``reduce`` or ``aggregate`` with an adder and a subtractor."""
+        return GroupedTable(self, selector)
+
+    def suppress(self, *, until_window_closes: bool = False, time_limit_ms: int | None = None,
+                 max_records: int | None = None, store: str | None = None) -> Table:
+        """Hold the table's updates back: ``until_window_closes`` emits one final result per
+        window of a windowed table once stream time passes its end plus grace;
+        ``time_limit_ms`` / ``max_records`` emit a key's latest update once it has waited
+        that long or the buffer holds more keys. The buffer is a store with a changelog."""
+        node = suppress_node(self, until_window_closes, time_limit_ms, max_records, store)
+        return Table(Stream(self._topology, node), None, windows=self.windows)
+
+
+class GroupedTable:
+    """A table re-grouped by ``selector``, ready for an aggregation with a subtractor."""
+
+    def __init__(self, table: Table,
+                 selector: Callable[[Any, Any], tuple[Any, Any]]) -> None:
+        self._table = table
+        self._selector = selector
+
+    def aggregate(
+        self,
+        initializer: Callable[[], Any],
+        adder: Callable[[Any, Any, Any], Any],
+        subtractor: Callable[[Any, Any, Any], Any],
+        store: str,
+    ) -> Table:
+        """``adder(key, value, aggregate)`` adds a row to its group, ``subtractor(key, value,
+        aggregate)`` takes it out when it changes or leaves the group."""
+        return self._aggregated(initializer, adder, subtractor, store)
+
+    def count(self, store: str) -> Table:
+        return self._aggregated(lambda: 0, lambda _k, _v, n: n + 1, lambda _k, _v, n: n - 1,
+                                store)
+
+    def reduce(self, adder: Callable[[Any, Any], Any], subtractor: Callable[[Any, Any], Any],
+               store: str) -> Table:
+        """``adder(aggregate, value)``, ``subtractor(aggregate, value)``."""
+        return self._aggregated(None, lambda _k, v, agg: adder(agg, v),
+                                lambda _k, v, agg: subtractor(agg, v), store)
+
+    def _aggregated(self, initializer: Callable[[], Any] | None,
+                    adder: Callable[[Any, Any, Any], Any],
+                    subtractor: Callable[[Any, Any, Any], Any], store: str) -> Table:
+        table = self._table
+        topology = table._topology
+        prior = f"{store}-prior"
+        topology.declare_store(StoreDecl(prior))
+        topology.declare_store(StoreDecl(store))
+        regroup = TableGroupByNode(topology.node_name("table-group-by"), prior, self._selector)
+        table._node.add_child(regroup)
+        stream = Stream(topology, regroup)._repartitioned(store)
+        node = TableAggregateNode(stream._name("table-aggregate"), store, initializer, adder,
+                                  subtractor)
+        return Table(stream._then(node), store)
 
 
 def topic_name(topic: str | TopicDecl) -> str:
@@ -309,11 +594,16 @@ def topic_name(topic: str | TopicDecl) -> str:
 def stream_from_topic(
     topology: Topology, topic: str | TopicDecl,
     key_serde: str | Serde | None = None, value_serde: str | Serde | None = None,
+    timestamp: Callable[[Any, Any, int], int] | None = None,
 ) -> Stream:
     name = topic_name(topic)
     keys, values = topology.serdes_for(name, key_serde, value_serde)
     source = SourceNode(topology.node_name("source"), name, keys, values)
     topology.add_source(source)
+    if timestamp is not None:
+        extractor = TimestampExtractorNode(topology.node_name("timestamp-extractor"), timestamp)
+        source.add_child(extractor)
+        return Stream(topology, extractor, key_serde=keys)
     return Stream(topology, source, key_serde=keys)
 
 

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 #: A status record older than this says nothing of its member now (records come each second).
 FRESH_WITHIN_MS = 5_000
+#: A member whose latest status record is this old has missed three publications: it is
+#: frozen (a pause, a stopped process) or gone.
+SILENT_AFTER_MS = 3_000
 
 
 @dataclass(frozen=True)
@@ -134,15 +137,31 @@ class GroupLearning:
         self._members.pop(member, None)
         self._lows.pop(member, None)
 
+    def silent(self, me: str, generation: int, now_ms: int,
+               session_timeout_ms: int) -> list[str]:
+        """The other members of the round of ``generation`` (as their latest records say)
+        that have published nothing for :data:`SILENT_AFTER_MS`, but for less than a session
+        timeout and a publication: the broker may still count them in, so a round asked for
+        now would include them (or wait for them), and their session's end starts another
+        one without them anyway. Starts following the status topic on first use."""
+        self._follow()
+        return sorted(member for member, learning in self._members.items()
+                      if member != me and learning.generation == generation
+                      and SILENT_AFTER_MS <= now_ms - learning.updated_ms
+                      <= session_timeout_ms + 1_000)
+
+    def _follow(self) -> None:
+        if not self._following:
+            self._following = True
+            if self.start_following is not None:
+                self.start_following()
+
     def catching_up(self, me: str, generation: int, group_size: int,
                     now_ms: int) -> dict[str, float] | None:
         """The other members' learners that are not ready, for member ``me`` of the round of
         ``generation`` that had ``group_size`` members -> when each last reached a new low;
         None while the records do not cover every other member of that round."""
-        if not self._following:
-            self._following = True
-            if self.start_following is not None:
-                self.start_following()
+        self._follow()
         peers = {member: learning for member, learning in self._members.items()
                  if member != me and learning.generation == generation
                  and now_ms - learning.updated_ms <= FRESH_WITHIN_MS}

@@ -146,6 +146,7 @@ class RebalanceListener(ConsumerRebalanceListener):
         return self.lifecycle.shutdown_requested and self.member.static_id is not None
 
     def _round_applied(self, tell_followers: bool) -> None:
+        self.hooks.assignment_applied(self.member)
         if not self.config.cooperative:
             # Stop-the-world members neither report their rounds nor wait for the others'.
             if tell_followers:

@@ -18,6 +18,7 @@ import time
 from assignor import MemberAssignment
 from assignor.protocol import Subscription, encode_subscription, with_echo
 from streams.config import AppConfig
+from streams.group.group_learning import GroupLearning
 from streams.group.learner_handover import PromotionAnnouncer
 from streams.group.learner_readiness import being_promoted
 from streams.group.partition_assignor import RelayAssignor
@@ -39,7 +40,8 @@ class GroupMember:
     def __init__(self, config: AppConfig, identity: ThreadIdentity, consumer: GroupConsumer,
                  assignor: RelayAssignor, registry: Tasks, state_updater: StateUpdater,
                  reporter: StatusReporter, lifecycle: Lifecycle, hooks: RoundHooks,
-                 leaving: Leaving, announcer: PromotionAnnouncer) -> None:
+                 leaving: Leaving, announcer: PromotionAnnouncer,
+                 group_learning: GroupLearning | None = None) -> None:
         self.config = config
         self.identity = identity
         self.static_id = identity.static_id
@@ -52,6 +54,8 @@ class GroupMember:
         self.hooks = hooks
         self.leaving = leaving
         self.announcer = announcer
+        #: The other members' status records: who has gone silent (None: not known).
+        self.group_learning = group_learning
         self._pending_assignment: MemberAssignment | None = None
         #: The last assignment received, whose leader notes the subscription echoes.
         self._last_assignment: MemberAssignment | None = None
@@ -75,6 +79,10 @@ class GroupMember:
     @property
     def received_digest(self) -> str | None:
         return self.assignor.received_digest
+
+    @property
+    def in_round(self) -> bool:
+        return self.consumer.rebalancing
 
     @property
     def static_digests(self) -> dict[str, str]:
@@ -183,9 +191,16 @@ class GroupMember:
 
     async def _rejoin_once_synced(self) -> None:
         asked = time.monotonic()
-        view = await self.hooks.until_round_synced(self, self.lifecycle.stopped)
-        if view is None:
-            return  # leaving rebalances the group anyway
+        while True:
+            view = await self.hooks.until_round_synced(self, self.lifecycle.stopped)
+            if view is None:
+                return  # leaving rebalances the group anyway
+            started = self.consumer.round_started
+            await self.until_no_member_silent()
+            if self.consumer.round_started == started and not self.consumer.rebalancing:
+                break
+            # A round began meanwhile (the silent member's session ended): its members
+            # get their assignments before this member asks.
         await self.announce_promotion()
         deferred, self._deferred_rejoins = self._deferred_rejoins, []
         synced = self.hooks.members_synced(view.generation)
@@ -193,6 +208,29 @@ class GroupMember:
             f"{'; '.join(r for r, _ in deferred)} (after {time.monotonic() - asked:.2f}s: "
             f"{synced} of {view.group_size} members have their assignment of generation "
             f"{view.generation})", news=any(n for _, n in deferred))
+
+    async def until_no_member_silent(self, poll_s: float = 0.2) -> None:
+        """Before asking for a round: wait while another member of this member's round has
+        gone silent (no status for seconds) but may still be in the group (a frozen process
+        whose session has not ended yet). A round asked for then would include it, or wait
+        for it, and its session's end starts another one without it: the tasks it held
+        waited a round more (seen after a SIGSTOP in the static soak). Bounded by the
+        session timeout; the round its session's end starts serves this member's news."""
+        learning = self.group_learning
+        if learning is None:
+            return
+        deadline = time.monotonic() + self.config.session_timeout_ms / 1000 + 1
+        told = False
+        while not self.lifecycle.stopped.is_set() and time.monotonic() < deadline:
+            silent = learning.silent(self.identity.label, self.generation,
+                                     int(time.time() * 1000), self.config.session_timeout_ms)
+            if not silent:
+                return
+            if not told:
+                log.info("%s: %s silent; asking for a round once the broker has ended its "
+                         "session or it is back", self.name, ", ".join(silent))
+                told = True
+            await asyncio.sleep(poll_s)
 
     async def announce_promotion(self) -> None:
         """Tell the owners of the ready learners this member is about to ask the round to

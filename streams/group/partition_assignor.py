@@ -191,6 +191,10 @@ class RelayAssignor(AbstractPartitionAssignor):
         #: Whether this member computed the last assignment (was the group's leader).
         self.is_leader = False
         self._assigned_this_round = False
+        #: The members, assignments and memory of the round this leader assigned, until it
+        #: receives its own assignment of it.
+        self._staged: tuple[list[Member], dict[str, MemberAssignment], LeaderMemory] | None = (
+            None)
         #: Per static member of the last round this leader assigned, the digest of the
         #: assignment it computed for it. Some brokers let a static follower skip the rejoin
         #: (and keep the generation), so the leader tells them what they should hold, and a
@@ -217,6 +221,10 @@ class RelayAssignor(AbstractPartitionAssignor):
         assert self._subscription is not None, "the assignor serves no member"
         subscription = self._subscription()
         self.sent_rejoin_token = subscription.rejoin_token
+        # A new join: a round this member assigned without receiving its own assignment of
+        # it never took effect.
+        self._assigned_this_round = False
+        self._staged = None
         return ConsumerProtocolMemberMetadata(0, sorted(topics),
                                               encode_subscription(subscription))
 
@@ -248,13 +256,15 @@ class RelayAssignor(AbstractPartitionAssignor):
         self._last_round = sorted(members)
         log.debug("leader sees %s", [
             (m.member_id[:24], sorted(m.active), m.leaving, dict(m.learners)) for m in decoded])
-        previous_memory = self.memory
-        assignments, self.memory = assign(
+        assignments, memory = assign(
             self._layout.tasks(), decoded, self._config, self._clock_ms(), self.memory,
             use_learners=self.cooperative,
         )
         self._assigned_this_round = True
-        self._record_round(decoded, assignments, previous_memory)
+        # Kept only once the round synced (on_assignment): a round whose SyncGroup the
+        # broker answers with a rebalance (a member joined meanwhile) placed nothing, and
+        # its plan would pass for the tasks' previous owners in the round that follows.
+        self._staged = (decoded, assignments, memory)
         result: dict[str, ConsumerProtocolMemberAssignment] = {}
         self.static_digests = {}
         learning = sum(len(a.learners) for a in assignments.values())
@@ -326,6 +336,11 @@ class RelayAssignor(AbstractPartitionAssignor):
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:  # type: ignore[override]
         self.is_leader, self._assigned_this_round = self._assigned_this_round, False
+        staged, self._staged = self._staged, None
+        if self.is_leader and staged is not None:
+            members, assignments, memory = staged
+            previous_memory, self.memory = self.memory, memory
+            self._record_round(members, assignments, previous_memory)
         if not self.is_leader:
             # Another member leads now: should this one lead again later, it rebuilds the
             # memory from the notes members echo, not from what it knew rounds ago.

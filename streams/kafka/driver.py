@@ -75,7 +75,17 @@ class GroupConsumer:
         self._consumer.subscribe(topics, listener=listener)
 
     async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Any]]:
-        return await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        """Fetched records, up to ``max_records``, each partition's in offset order. Taken
+        in turns across partitions: aiokafka hands out its fetched records partition by
+        partition in the order they were fetched, so a task given a partition after a
+        rebalance waited until every partition fetched before it was drained (a moved task
+        processed its first record seconds after it started, behind the backlogs of the
+        other tasks moved with it)."""
+        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        buffered = getattr(getattr(self._consumer, "_fetcher", None), "_records", None)
+        if isinstance(buffered, dict):
+            to_the_back(buffered, batches)
+        return batches
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._consumer.seek(tp, offset)
@@ -271,6 +281,14 @@ def install_read_committed_records() -> None:
     """Make aiokafka's fetcher build :class:`ReadCommittedRecords` (idempotent)."""
     if fetcher_module.PartitionRecords is not ReadCommittedRecords:
         fetcher_module.PartitionRecords = ReadCommittedRecords  # type: ignore[misc]
+
+
+def to_the_back(buffered: dict[TopicPartition, Any], taken: Iterable[TopicPartition]) -> None:
+    """Move the partitions records were just taken from to the back of the fetcher's buffer
+    (a dict in hand-out order), so that the next call starts with the others."""
+    for tp in list(taken):
+        if tp in buffered:
+            buffered[tp] = buffered.pop(tp)
 
 
 def _retrieve_outcome(future: Any) -> None:

@@ -102,6 +102,12 @@ class RoundHooks:
         if self.static_followers is not None:
             self.static_followers.restarted(reason)
 
+    def assignment_applied(self, member: StaticMember) -> None:
+        """cached-static-rejoin: a follower compares the assignment it just applied with the
+        leader's digest that arrived while it waited for it."""
+        if self.static_followers is not None:
+            self.static_followers.assignment_applied(member)
+
     def publish_subscription(self, member: StaticMember, data: bytes) -> None:
         """cached-static-rejoin: the leader reads a static member's latest subscription."""
         if self.static_followers is not None:

@@ -24,13 +24,27 @@ needed; the messages would be harmless there, but the quirk is off there.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from streams.kafka.driver import GroupConsumer
 
 log = logging.getLogger(__name__)
+
+#: How long a follower whose new assignment differs from a leader's digest that arrived while
+#: it waited for it waits for a newer digest before it asks for a round (the leader's digest
+#: of the follower's round follows the leader's SyncGroup answer, within about a second).
+DIGEST_GRACE_S = 3.0
+
+Schedule = Callable[[float, Callable[[], None]], object]
+
+
+def _call_later(delay_s: float, callback: Callable[[], None]) -> object:
+    return asyncio.get_running_loop().call_later(delay_s, callback)
+
 
 class ControlSender(Protocol):
     def request_rebalance(self, reason: str) -> None: ...
@@ -47,17 +61,30 @@ class StaticMember(Protocol):
     @property
     def received_digest(self) -> str | None: ...
 
+    @property
+    def in_round(self) -> bool:
+        """Joined a round whose assignment it has not received yet."""
+        ...
+
     def request_rejoin(self, reason: str, broadcast: bool = True, news: bool = True) -> None: ...
 
 
 class StaticFollowers:
     """The protocol for every stream thread of one process (they share the control topic)."""
 
-    def __init__(self, enabled: bool, control: ControlSender | None = None) -> None:
+    def __init__(self, enabled: bool, control: ControlSender | None = None,
+                 schedule: Schedule | None = None) -> None:
         self.enabled = enabled
         self._control = control
+        self._schedule: Schedule = schedule or _call_later
         self._members: list[StaticMember] = []
         self._subscriptions: dict[str, bytes] = {}
+        #: The leader's latest digest for each member of this process that was in a round
+        #: when it arrived: checked once that round's assignment is in.
+        self._awaited: dict[str, str] = {}
+        #: Digests that differed from the assignment their follower then applied, while
+        #: the leader's digest of that round may still be on its way.
+        self._late: dict[str, str] = {}
 
     def add_member(self, member: StaticMember) -> None:
         self._members.append(member)
@@ -116,11 +143,56 @@ class StaticFollowers:
         self._subscriptions[static_id] = data
 
     def on_fetch_request(self, digests: dict[str, str]) -> None:
+        """The leader's digests, each checked against the assignment its follower holds,
+        but not while that follower waits for a round's assignment: the broker may answer
+        the leader's SyncGroup before the followers' (seconds before, on Tansu), so the
+        digest of the round a follower is in often came before the follower's own
+        assignment, and comparing it with the one before asked for a round nobody needed.
+        Such a digest is checked once the follower has its assignment (see
+        :meth:`assignment_applied`)."""
         if not self.enabled:
             return
         for member in self._members:
-            if member.static_id in digests and not member.is_leader:
-                rejoin_if_assignment_missed(member, digests[member.static_id])  # type: ignore[index]
+            static_id = member.static_id
+            if static_id is None or static_id not in digests or member.is_leader:
+                continue
+            digest = digests[static_id]
+            # A newer digest replaces any awaited one, and any one in its grace.
+            self._late.pop(static_id, None)
+            if member.in_round:
+                if digest == member.received_digest:
+                    self._awaited.pop(static_id, None)
+                else:
+                    self._awaited[static_id] = digest
+            else:
+                self._awaited.pop(static_id, None)
+                rejoin_if_assignment_missed(member, digest)
+
+    def assignment_applied(self, member: StaticMember) -> None:
+        """A follower applied a round's assignment: compare it with the leader's digest that
+        arrived while it waited for it, if one did. That digest may be of the round before
+        (the leader's SyncGroup may be answered after the followers'), in which case the
+        leader's digest of this round is on its way: a mismatch is acted on only if no newer
+        digest came within :data:`DIGEST_GRACE_S`."""
+        static_id = member.static_id
+        if static_id is None:
+            return
+        digest = self._awaited.pop(static_id, None)
+        if (digest is None or not self.enabled or member.is_leader
+                or digest == member.received_digest):
+            return
+        self._late[static_id] = digest
+        self._schedule(DIGEST_GRACE_S, functools.partial(self._grace_over, member, digest))
+
+    def _grace_over(self, member: StaticMember, digest: str) -> None:
+        static_id = member.static_id
+        if static_id is None or self._late.get(static_id) != digest:
+            return  # a newer digest came, and was checked
+        del self._late[static_id]
+        if member.in_round:
+            self._awaited[static_id] = digest  # checked against that round's assignment
+            return
+        rejoin_if_assignment_missed(member, digest)
 
 
 def rejoin_if_assignment_missed(member: StaticMember, digest: str) -> bool:

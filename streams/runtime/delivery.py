@@ -62,13 +62,19 @@ def new_data_producer(bootstrap_servers: str, client_id: str = "") -> Any:
 
 def hand_outputs(produce: Callable[..., None], outputs: list[Any], start: int,
                  on_delivery: Callable[[Any, Any], None]) -> int:
-    """Hand ``outputs[start:]`` (each with ``topic``, ``key``, ``value``, ``timestamp_ms``) to
+    """Hand ``outputs[start:]`` (each with ``topic``, ``key``, ``value``, ``timestamp_ms``,
+    ``headers``) to
     a confluent-kafka ``produce`` until its queue is full; returns the index of the first
     one not handed (the caller waits for room and calls again)."""
     index = start
     try:
         for output in outputs[start:]:
-            if output.timestamp_ms:
+            headers = getattr(output, "headers", None)
+            if headers:
+                produce(output.topic, value=output.value, key=output.key,
+                        timestamp=output.timestamp_ms, headers=list(headers),
+                        on_delivery=on_delivery)
+            elif output.timestamp_ms:
                 produce(output.topic, value=output.value, key=output.key,
                         timestamp=output.timestamp_ms, on_delivery=on_delivery)
             else:

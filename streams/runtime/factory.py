@@ -160,7 +160,7 @@ def build_stream_thread(
     announcer = PromotionAnnouncer(promotion_asks, producer,
                                    control_topic_name(config.application_id), label, name)
     member = GroupMember(config, identity, consumer, assignor, tasks, updater, reporter,
-                         lifecycle, hooks, leaving, announcer)
+                         lifecycle, hooks, leaving, announcer, group_learning=group_learning)
     assignor.serve(member)
     hooks.add_member(member)
     snapshots = (SnapshotSettings(config.snapshot_dir, bootstrap_servers or "")

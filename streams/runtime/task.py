@@ -19,6 +19,7 @@ closed before a restart stay closed after it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,15 @@ from statestore.recovery import open_task_store
 from statestore.snapshot import SnapshotSettings
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from streams.dsl.processors import (
+    CustomProcessorNode,
     MissingKeyError,
     ProcessorContext,
     SourceNode,
     WindowAggregateNode,
     walk_nodes,
 )
+from streams.dsl.punctuation import POSITION_PREFIX as PUNCTUATION_PREFIX
+from streams.dsl.punctuation import Punctuations, PunctuationType
 from streams.dsl.topology import SubTopology
 from streams.runtime.partition_group import PartitionGroup
 
@@ -101,6 +105,9 @@ def drop_reason(error: RecordError) -> str:
 #: The entry of a store's input position that holds the task's stream time (topic entries
 #: are ``"topic:partition"``, and a topic name cannot hold ``:``).
 STREAM_TIME_ENTRY = "stream-time"
+#: The prefix of the entries holding each windowed aggregation's own stream time,
+#: ``"stream-time@<node name>"``.
+NODE_STREAM_TIME_PREFIX = f"{STREAM_TIME_ENTRY}@"
 
 
 def task_counts(tasks: Iterable[StreamTask]) -> list[tuple[str, dict[str, int], int]]:
@@ -161,14 +168,20 @@ class StreamTask:
         # Next offset to process per input partition; what is committed.
         self.processed: dict[TopicPartition, int] = {}
         self.records_processed = 0
+        #: When the task started running here (monotonic seconds): its first records say
+        #: how long it took from then to processing.
+        self.started_at = time.monotonic()
         #: Records dropped because they were at or below the processed position.
         self.records_skipped = 0
         self._recorded: dict[TopicPartition, int] = {}
         self._recorded_stream_time = -1
         #: The key of each input partition in ``processed``, made once.
         self._partition_keys: dict[tuple[str, int], TopicPartition] = {}
-        self._window_nodes = [n for n in walk_nodes(sub.sources.values())
-                             if isinstance(n, WindowAggregateNode)]
+        # Every node whose store holds windows to drop past retention.
+        nodes = walk_nodes(sub.sources.values())
+        self._window_nodes = [n for n in nodes
+                              if isinstance(n, WindowAggregateNode) or hasattr(n, "purge")]
+        self._custom_nodes = [n for n in nodes if isinstance(n, CustomProcessorNode)]
         #: Sampled input records whose key hashes to another partition than they came from.
         self.misrouted = 0
         #: Stateful tasks check keys against partitions (a wrong partitioner upstream);
@@ -226,16 +239,23 @@ class StreamTask:
                 timestamp = record.timestamp
                 ctx.topic, ctx.partition, ctx.offset = topic, partition, offset
                 ctx.timestamp_ms = timestamp
+                ctx.headers = record.headers
                 try:
                     source.process(ctx, key, value)
+                    if ctx.missing_key is not None:
+                        raise ctx.missing_key
                 except MACHINE_ERRORS:
+                    ctx.missing_key = None
                     raise
                 except Exception as exc:
+                    ctx.missing_key = None
                     processed[tp] = offset + 1  # type: ignore[index]
                     if timestamp > ctx.stream_time_ms:
                         ctx.stream_time_ms = timestamp
                     raise RecordError("process", record, exc, index) from exc
                 processed[tp] = offset + 1  # type: ignore[index]
+                # The record's timestamp, or what the source's timestamp extractor made of it.
+                timestamp = ctx.timestamp_ms
                 if timestamp > ctx.stream_time_ms:
                     ctx.stream_time_ms = timestamp
                 ran += 1
@@ -245,9 +265,28 @@ class StreamTask:
                         self._until_misroute_check = MISROUTE_SAMPLE - 1
                         self._check_partition(record)
         finally:
+            if ran and not self.records_processed:
+                log.info("task %s: first records processed %.2fs after it started", self.task_id,
+                         time.monotonic() - self.started_at)
             self.records_processed += ran
+        if ctx.punctuations is not None:
+            ctx.punctuations.fire(ctx, PunctuationType.STREAM_TIME, ctx.stream_time_ms)
         return ran
 
+    def punctuate(self, now_ms: int | None = None) -> int:
+        """Fire the wall-clock punctuations due at ``now_ms`` (the clock by default); the
+        stream thread's loop calls it. Custom processors are set up first, so that they
+        schedule theirs before any record reaches them. Returns how many fired."""
+        ctx = self.context
+        if not self._custom_nodes:
+            return 0
+        if len(ctx.custom) < len(self._custom_nodes):
+            for node in self._custom_nodes:
+                node.instance(ctx)
+        if ctx.punctuations is None:
+            return 0
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        return ctx.punctuations.fire(ctx, PunctuationType.WALL_CLOCK_TIME, now)
     def _check_partition(self, record: ConsumerRecord) -> None:
         if record.key is None:
             return
@@ -285,6 +324,10 @@ class StreamTask:
         position = {f"{tp.topic}:{tp.partition}": offset for tp, offset in self.processed.items()}
         if stream_time >= 0:
             position[STREAM_TIME_ENTRY] = stream_time
+        if self.context.punctuations is not None:
+            position.update(self.context.punctuations.positions())
+        for node, observed in self.context.observed_ms.items():
+            position[NODE_STREAM_TIME_PREFIX + node] = observed
         for store in self.stores.values():
             store.write_input_position(position)
         self._recorded = dict(self.processed)
@@ -295,11 +338,20 @@ class StreamTask:
         also takes the stream time back from the state."""
         merged: dict[TopicPartition, int] = {}
         stream_times: list[int] = []
+        punctuations: dict[str, int] = {}
+        observed: dict[str, list[int]] = {}
         for i, store in enumerate(self.stores.values()):
             positions = {}
             for name, offset in store.read_input_position().items():
                 if name == STREAM_TIME_ENTRY:
                     stream_times.append(offset)
+                    continue
+                if name.startswith(PUNCTUATION_PREFIX):
+                    entry = name[len(PUNCTUATION_PREFIX):]
+                    punctuations[entry] = min(offset, punctuations.get(entry, offset))
+                    continue
+                if name.startswith(NODE_STREAM_TIME_PREFIX):
+                    observed.setdefault(name[len(NODE_STREAM_TIME_PREFIX):], []).append(offset)
                     continue
                 topic, _, partition = name.rpartition(":")
                 positions[TopicPartition(topic, int(partition))] = offset
@@ -308,9 +360,19 @@ class StreamTask:
             else:
                 merged = {tp: min(o, positions[tp]) for tp, o in merged.items() if tp in positions}
         self._recorded = dict(merged)
+        if punctuations:
+            if self.context.punctuations is None:
+                self.context.punctuations = Punctuations()
+            self.context.punctuations.restored.update(punctuations)
         if stream_times:
             # Like the offsets, the stream time of the state that is furthest behind.
             self.context.stream_time_ms = max(self.context.stream_time_ms, min(stream_times))
+        for node in self._window_nodes:
+            # State written before windowed aggregations kept their own time has the task's.
+            times = observed.get(node.name) or (stream_times if stream_times else [-1])
+            if min(times) >= 0:
+                self.context.observed_ms[node.name] = max(
+                    self.context.observed_ms.get(node.name, -1), min(times))
         self._recorded_stream_time = self.context.stream_time_ms
         return merged
 
@@ -318,6 +380,12 @@ class StreamTask:
     def stream_time_ms(self) -> int:
         """The largest record timestamp this task has processed (-1 before any)."""
         return self.context.stream_time_ms
+
+    def advance_window_stream_time(self, to_ms: int) -> None:
+        """Move every windowed aggregation's stream time to at least ``to_ms``."""
+        observed = self.context.observed_ms
+        for node in self._window_nodes:
+            observed[node.name] = max(observed.get(node.name, -1), to_ms)
 
     def purge_expired_windows(self) -> int:
         return sum(node.purge(self.context) for node in self._window_nodes)
@@ -330,3 +398,10 @@ class StreamTask:
         for store in self.stores.values():
             store.close()
 
+
+
+def punctuate_all(tasks: Iterable[StreamTask]) -> None:
+    """Fire the due wall-clock punctuations of ``tasks`` (the stream thread's loop)."""
+    now_ms = int(time.time() * 1000)
+    for task in tasks:
+        task.punctuate(now_ms)

@@ -43,7 +43,7 @@ from streams.runtime.lifecycle import FatalThreadError, Lifecycle, ThreadState
 from streams.runtime.record_collector import RecordCollector
 from streams.runtime.routing import route_by_task
 from streams.runtime.state_updater import StateUpdater
-from streams.runtime.task import RecordError, StreamTask
+from streams.runtime.task import RecordError, StreamTask, punctuate_all
 from streams.runtime.task_manager import TaskManager
 from streams.runtime.tasks import Tasks
 from streams.runtime.thread_status import StatusReporter, ThreadIdentity, ThreadStatus
@@ -189,6 +189,7 @@ class StreamThread:
                 if self.listener.awaiting_assignment:
                     continue
                 await self.process(batches)
+                punctuate_all(self.registry.active.values())
                 await self.collector.ship_outputs(self.registry.active.values())
                 if time.monotonic() - last_commit >= self.config.commit_interval_ms / 1000:
                     await self.committer.commit()

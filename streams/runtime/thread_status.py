@@ -150,6 +150,8 @@ class StatusReporter:
             # The shortest of the last few: a round that waited for a crashed member's session
             # to expire says nothing of how long a join takes.
             "round_s": round(min(self.recent_rounds), 3) if self.recent_rounds else None,
+            #: The last round alone (how long the broker's rounds take, for benchmarks).
+            "last_round_s": round(self.recent_rounds[-1], 3) if self.recent_rounds else None,
             #: Every task of the app, so that tools can tell which ones nobody runs.
             "app_tasks": self.layout.task_ids(),
             #: Where queries reach this member, and where each store's keys live.

@@ -433,6 +433,14 @@ class KafkaCluster:
         for node in self.nodes:
             node.wait_ready(everyone, max(1.0, deadline - time.monotonic()))
 
+    def node(self, node_id: int) -> KafkaNode:
+        """The node with Kafka's ``node.id`` ``node_id`` (as metadata names leaders)."""
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise KeyError(f"no node {node_id} in this cluster (nodes "
+                       f"{[n.node_id for n in self.nodes]})")
+
     def restart(self, node: KafkaNode, timeout_s: float | None = None) -> None:
         """Start a stopped or killed node again on its ports and storage; wait until it is
         back in the cluster."""

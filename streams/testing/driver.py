@@ -48,6 +48,7 @@ from statestore.serdes import BytesSerde, Serde, serde_from_name
 from statestore.store import KeyValueStore, changelog_topic_name
 from streams.dsl.processors import SinkNode, walk_nodes
 from streams.dsl.topology import SubTopology, Topology
+from streams.runtime.global_tables import GlobalTables
 from streams.runtime.task import RecordError, StreamTask, open_task_stores
 
 if TYPE_CHECKING:
@@ -159,11 +160,18 @@ class TopologyTestDriver:
         self._dead_letters: list[DeadLetter] = []
         #: The timestamp of records piped without one.
         self.clock_ms = 0
+        #: The wall-clock time processors see (``advance_wall_clock`` moves it).
+        self.wall_clock_ms = 0
         self.tasks: dict[str, StreamTask] = {}
         self._own_state_dir = state_dir is None
         self.state_dir = Path(tempfile.mkdtemp(prefix="relay-driver-") if state_dir is None
                               else state_dir)
+        #: The app's global tables, by topic: what is piped to the topic goes into them.
+        self._global = {t.topic: t for t in getattr(app, "global_tables", [])}
         try:
+            if self._global:
+                self._global_tables = GlobalTables(list(self._global.values()))
+                self._global_tables.open(self.state_dir, self.application_id)
             self._open_tasks(from_changelog=False)
         except BaseException:
             self.close()
@@ -184,7 +192,7 @@ class TopologyTestDriver:
         """Write one record to a source topic (with the topic's serdes) and process it and
         everything it leads to. Without ``timestamp_ms`` the record has :attr:`clock_ms`;
         without ``partition`` the producer's default partitioner picks it from the key."""
-        source = self._source(topic)
+        source: Any = self._global.get(topic) or self._source(topic)
         raw_key = None if key is None else source.key_serde.dumps(key)
         raw_value = None if value is None else source.value_serde.dumps(value)
         self.pipe_raw(topic, raw_key, raw_value, timestamp_ms=timestamp_ms,
@@ -201,6 +209,9 @@ class TopologyTestDriver:
         headers: Iterable[tuple[str, bytes]] = (),
     ) -> None:
         """Like :meth:`pipe` with the key and value already encoded (to test bad input)."""
+        if topic in self._global:
+            self._global[topic].apply(key, value)
+            return
         self._source(topic)
         timestamp = self.clock_ms if timestamp_ms is None else timestamp_ms
         record = self._append(topic, key, value, timestamp, partition, tuple(headers))
@@ -245,9 +256,20 @@ class TopologyTestDriver:
         self.clock_ms = max(self.clock_ms, to_ms)
         for task in self.tasks.values():
             task.context.stream_time_ms = max(task.context.stream_time_ms, to_ms)
+            task.advance_window_stream_time(to_ms)
             task.purge_expired_windows()
             task.record_input_position()
             self._drain_changelogs(task)
+
+    def advance_wall_clock(self, now_ms: int) -> None:
+        """Fire every task's wall-clock punctuations due at ``now_ms`` (as the stream
+        thread's loop does with the clock), and process what they lead to."""
+        self.wall_clock_ms = now_ms
+        pending: deque[ConsumerRecord] = deque()
+        for task in self.tasks.values():
+            task.punctuate(now_ms)
+            pending.extend(self._ship(task))
+        self._run(pending)
 
     # -- output ------------------------------------------------------------------------------
 
@@ -346,6 +368,10 @@ class TopologyTestDriver:
         for task in self.tasks.values():
             task.close()
         self.tasks = {}
+        for table in self._global.values():
+            if table.opened is not None:
+                table.opened.close()
+                table.opened = None
         if self._own_state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
@@ -376,6 +402,7 @@ class TopologyTestDriver:
                     for store in stores.values():
                         self._restore(store)
                 task = StreamTask(task_id, sub, stores)
+                task.context.wall_clock = lambda: self.wall_clock_ms
                 task.processed.update(task.restored_input_position())
                 self.tasks[task_id] = task
 
@@ -430,7 +457,6 @@ class TopologyTestDriver:
 
     def _process(self, record: ConsumerRecord) -> list[ConsumerRecord]:
         """Run one record through its task; returns what it wrote to topics the app reads."""
-        written_inputs: list[ConsumerRecord] = []
         task = self.tasks[f"{self._sub_of_topic[record.topic].id}_{record.partition}"]
         try:
             task.process(record)
@@ -440,9 +466,14 @@ class TopologyTestDriver:
             self._dead_letter(error)
         # What a record's processing wrote before it failed is shipped, as the runtime
         # ships a batch's outputs.
+        return self._ship(task)
+
+    def _ship(self, task: StreamTask) -> list[ConsumerRecord]:
+        """Write the task's outputs to their topics; returns those the app reads."""
+        written_inputs: list[ConsumerRecord] = []
         for output in task.take_outputs():
             written = self._append(output.topic, output.key, output.value,
-                                   output.timestamp_ms, None)
+                                   output.timestamp_ms, None, tuple(output.headers or ()))
             if output.topic in self._sub_of_topic:
                 written_inputs.append(written)
         task.record_input_position()

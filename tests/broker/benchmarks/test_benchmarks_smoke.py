@@ -25,6 +25,10 @@ def test_restore_benchmark_verifies_the_restored_store(bootstrap: str, tmp_path:
     assert result["aiokafka_raw"]["best_records_per_s"] > 0
     assert result["relay_restore"]["best_records_per_s"] > 0
     assert {"ratio_best", "fill_records_per_s", "peak_rss_mb", "versions"} <= set(result)
+    # A broker it did not start is named by its address; its join round is measured on it.
+    assert result["broker"] == {"engine": "given", "bootstrap": bootstrap,
+                                "note": result["broker"]["note"]}
+    assert result["join_round"]["median_s"] > 0 and not result["errors"]
 
 
 def test_assignor_benchmark_reports_time_and_size(tmp_path: Path) -> None:

@@ -245,10 +245,23 @@ async def test_fetcher_retries_leader_and_connection_errors_and_resets_out_of_ra
         [fetched] = await fetcher.fetch({tp: 0})
         assert (fetched.next_offset, fetched.end, len(fetched.changes)) == (500, 500, 500)
 
+        # Out of range above the log's start: past its end (a replaced broker's shorter log),
+        # which the caller handles; no reset here.
         failures.queue.append(OffsetOutOfRangeError.errno)
+        [past] = await fetcher.fetch({tp: 250})
+        assert (past.fetch_offset, past.next_offset, past.past_end) == (250, 0, True)
+
+        # Out of range below the log's start (records deleted): carry on from the start.
+        failures.queue.append(OffsetOutOfRangeError.errno)
+
+        async def start_after(_tp: TopicPartition, _leader: int | None = None) -> int:
+            return 300
+
+        monkeypatch.setattr(fetcher, "earliest_offset", start_after)
         with caplog.at_level(logging.WARNING, logger="statestore.fetch"):
             [reset] = await fetcher.fetch({tp: 250})
-        assert (reset.fetch_offset, reset.next_offset, reset.changes) == (250, 0, [])
+        assert (reset.fetch_offset, reset.next_offset, reset.changes) == (250, 300, [])
+        assert not reset.past_end
         assert "out of range" in caplog.text
     finally:
         await fetcher.close()

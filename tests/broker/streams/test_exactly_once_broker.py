@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,24 @@ def each_count_once(outputs: list[tuple[Any, Any]], produced: dict[str, int]) ->
             wrong[key] = {"outputs": len(counts), "records": n, "repeated": repeated[:10],
                           "breaks": out_of_order[:5]}
     return wrong
+
+
+def differences(expected: dict[Any, Any], got: dict[Any, Any], show: int = 5) -> dict[str, Any]:
+    """What ``got`` lacks, has beyond, and has wrong compared with ``expected`` (a few of
+    each, with how many there are in all); empty when they are equal."""
+    missing = sorted(k for k in expected if k not in got)
+    extra = sorted(k for k in got if k not in expected)
+    wrong = sorted(k for k in expected if k in got and got[k] != expected[k])
+    found: dict[str, Any] = {}
+    if missing:
+        found["missing"] = {"count": len(missing),
+                            "some": {k: expected[k] for k in missing[:show]}}
+    if extra:
+        found["extra"] = {"count": len(extra), "some": {k: got[k] for k in extra[:show]}}
+    if wrong:
+        found["wrong"] = {"count": len(wrong), "some (got, expected)": {
+            k: (got[k], expected[k]) for k in wrong[:show]}}
+    return found
 
 
 async def exact_committed_counts(bootstrap: str, sink: str, produced: dict[str, int]) -> None:
@@ -420,7 +439,10 @@ class Orders:
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.bootstrap, self.topic = bootstrap, topic
         self.sent = 0
-        self.base_ms = 1_700_000_000_000
+        # An hour ago, on a whole second: recent, since records older than a broker's time
+        # retention (7 days on Apache Kafka) leave the input and sink topics at its next
+        # check; and past, since orders' timestamps advance faster than the clock.
+        self.base_ms = int(time.time()) * 1_000 - 3_600_000
         self.per_region: dict[str, int] = {}
         self.per_window: dict[tuple[str, int], list[int]] = {}
         self._stop = asyncio.Event()
@@ -496,14 +518,34 @@ async def test_a_multi_stage_app_gives_exact_results_through_kills(
     totals = {f"{user}@{start}": sum(amounts)
               for (user, start), amounts in orders.per_window.items()}
 
-    async def exact() -> bool:
-        regions = latest(await read_committed(bootstrap, names["ORDERS_PER_REGION"], 1))
-        windows = await read_committed(bootstrap, names["ORDERS_WINDOWED"], 1)
-        return regions == orders.per_region and {
-            f"{user}@{start}": total for (user, start), total in latest(windows).items()
-        } == totals
+    seen: list[tuple[float, int, dict[str, Any]]] = []
 
-    await wait_until(exact, timeout_s=180, message="exact counts per region and window totals")
+    async def exact() -> bool:
+        regions = await read_committed(bootstrap, names["ORDERS_PER_REGION"], 1)
+        windows = await read_committed(bootstrap, names["ORDERS_WINDOWED"], 1)
+        found = {
+            "per region": differences(orders.per_region, latest(regions)),
+            "window totals": differences(totals, {
+                f"{user}@{start}": total for (user, start), total in latest(windows).items()}),
+        }
+        seen.append((time.monotonic(), len(regions) + len(windows), found))
+        return not any(found.values())
+
+    try:
+        await wait_until(exact, timeout_s=180, interval_s=1.0,
+                         message="exact counts per region and window totals")
+    except AssertionError as exc:
+        # Late or wrong: whether outputs still arrived in the last 30 s, and what differs.
+        now, outputs, found = seen[-1]
+        before = next((n for t, n, _ in reversed(seen) if now - t >= 30), 0)
+        statuses = await read_status(bootstrap, app_id)
+        progress = {key: {field: status.get(field) for field in (
+            "state", "processed", "active", "restoring", "generation")}
+            for key, status in sorted(statuses.items())}
+        raise AssertionError(
+            f"{exc}: {orders.sent} orders sent; {outputs} committed outputs, "
+            f"{outputs - before} of them in the last 30 s; differences: {found}; "
+            f"workers' status: {progress}") from None
     regions = await read_committed(bootstrap, names["ORDERS_PER_REGION"], 1)
     assert each_count_once(regions, orders.per_region) == {}
     updates: dict[str, int] = {}

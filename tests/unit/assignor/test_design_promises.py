@@ -96,6 +96,34 @@ def test_a_restarting_thread_gets_its_own_tasks_back_while_its_siblings_run_on()
     assert group.active_by_member() == before
 
 
+def test_a_held_task_is_not_given_to_a_member_back_from_a_pause_that_ran_it_before() -> None:
+    """A member paused past its session (SIGSTOP) comes back still running what it ran
+    then. A task it ran has moved since, to a thread that vanished in turn and holds it: the
+    stale claim is revoked and the hold lasts until its delay ends or its member returns."""
+    tasks = [Task(f"0_{n}") for n in range(4)]
+    group = Group(tasks, AssignorConfig(lost_task_delay_ms=180_000))
+    group.join("A", threads=2)
+    group.join("B")
+    settle(group)
+    [task, *_] = sorted(group.members["A-1"].active)
+    paused = group.members.pop("B-0")
+    group.now_ms = 10_000
+    group.round()
+    group.crash_thread("A", 1)  # the thread running the task vanishes: it is held for it
+    group.now_ms = 20_000
+    group.round()
+    assert task in group.memory.lost
+    paused.active.add(task)  # B-0 ran it long ago (its state from then)
+    group.members["B-0"] = paused
+    group.now_ms = 25_000
+    out = group.round()
+    assert task not in running(group) and task in out["B-0"].revoked
+    group.now_ms = 60_000
+    group.join_thread("A", 1)
+    group.round()
+    assert task in group.members["A-1"].active
+
+
 def test_a_returning_member_gets_its_stateless_tasks_back_too() -> None:
     # Balance moves an unowned stateless task at once, with no revoke: it must not take one
     # of a returning member's tasks in the round it returns.
@@ -243,6 +271,27 @@ def test_held_tasks_keep_their_standbys_and_come_back_on_them() -> None:
     group.round()
     assert {t: i for i, ts in group.active_by_instance().items() for t in ts
             if t in lost} == copies
+
+
+def test_a_held_task_keeps_its_standbys_on_its_members_sibling_threads_too() -> None:
+    # num_standbys 2, instances of one and two threads, a thread of the second crashes: its
+    # task is held, and goes to a sibling thread when the delay ends, so a copy there
+    # counts, next to the one on the other instance.
+    config = AssignorConfig(num_standbys=2, lost_task_delay_ms=60_000)
+    group = Group([Task("0_0"), Task("0_1")], config)
+    group.join("B", threads=2)
+    settle(group)
+    group.join("A")
+    settle(group)
+    [task] = group.members["B-1"].active
+    group.crash_thread("B", 1)
+    group.now_ms = 1_000
+    out = group.round()
+    assert task in group.memory.lost and task not in running(group)
+    assert task in out["A-0"].standbys and task in out["B-0"].standbys
+    group.now_ms = 61_000
+    group.round()
+    assert task in group.members["B-0"].active
 
 
 def test_an_unowned_task_goes_to_its_caught_up_copy_not_to_the_lightest_instance() -> None:

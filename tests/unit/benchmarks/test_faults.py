@@ -4,7 +4,10 @@ the pure part), and a tiny run with one kill reports every figure (a broker smok
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
+from benchmarks import faults
+from benchmarks.faults_broker import Roles, describe_roles, pick_leader
 from benchmarks.faults_check import (
     compare_latest,
     compare_occurrences,
@@ -34,3 +37,24 @@ def test_a_stall_counts_from_the_start_and_until_the_end() -> None:
     assert stalls["0_1"].gap_s == 40
     assert stalls["0_2"].gap_s == 35 and stalls["0_2"].to_s == 40
     assert rebalances([3, 3, 4, 6, 6]) == 2
+
+
+def test_the_broker_to_kill_coordinates_the_most_groups_then_leads_the_most() -> None:
+    roles = Roles(leads={1: ["input a-0", "input a-1", "changelog c-0"],
+                         2: ["input a-2"], 3: ["changelog c-1", "input a-3"]},
+                  coordinators={"orders": 2, "counts": 3})
+    # One group each for 2 and 3: the one leading more partitions, though 1 leads most.
+    assert pick_leader(roles) == 3
+    assert describe_roles(roles, 2) == "coordinator of orders; leader of 1 input partitions"
+    roles.coordinators["counts"] = 2
+    assert pick_leader(roles) == 2
+    assert "coordinator of counts, orders" in describe_roles(roles, 2)
+    # No group known: the leader of most partitions, the lowest id on a tie.
+    assert pick_leader(Roles(leads={3: ["input a-0"], 1: ["input a-1"]})) == 1
+
+
+def test_broker_faults_are_not_run_without_a_cluster(tmp_path: Path) -> None:
+    args = faults.parse_args(["--json", str(tmp_path / "f.json")])
+    bench = faults.Bench(args, "127.0.0.1:1", tmp_path)
+    assert set(bench.not_run) == set(faults.BROKER_FAULTS)
+    assert "needs --engine kafka" in bench.not_run["broker-kill"]

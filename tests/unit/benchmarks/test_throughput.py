@@ -47,3 +47,17 @@ def test_ratios_take_the_best_denominator() -> None:
     eos = by[("relay-eos-1s", "Relay at-least-once")]
     assert eos["records_per_s_steady"]["ratio"] == 0.5
     assert eos["records_per_s_total"]["ratio"] is None
+
+
+def test_relay_over_kafka_streams_at_its_commit_interval() -> None:
+    results = [{"strategy": "relay-alo-1s", "records_per_s_steady": 30.0,
+                "records_per_s_total": 10.0},
+               {"strategy": "relay-alo-100ms", "records_per_s_steady": 20.0,
+                "records_per_s_total": 8.0},
+               {"strategy": "kafka-streams", "records_per_s_steady": 60.0,
+                "records_per_s_total": None}]
+    java = {"at_least_once": "kafka-streams", "exactly_once": "kafka-streams-eos"}
+    lines = [r for r in ratios(results, (), (), java) if r["over"] == "Kafka Streams"]
+    assert [r["numerator"] for r in lines] == ["relay-alo-1s"]
+    assert lines[0]["records_per_s_steady"] == {"denominator": "kafka-streams", "ratio": 0.5}
+    assert lines[0]["records_per_s_total"]["ratio"] is None

@@ -24,6 +24,7 @@ from assignor.protocol import encode_assignment
 from streams.app import App
 from streams.config import AppConfig
 from streams.dsl.topology import SubTopology
+from streams.group.group_learning import GroupLearning
 from streams.group.predecessors import MemberFiles
 from streams.group.promotion_asks import PromotionAsks
 from streams.group.warm_up import WarmUpGate
@@ -488,7 +489,7 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
         subs: list[SubTopology] | None = None, member_files: MemberFiles | None = None,
         promotion_asks: PromotionAsks | None = None, round_reports: RoundReports | None = None,
         leaving: Leaving | None = None, warm_up_gate: WarmUpGate | None = None,
-        **settings: Any) -> Rig:
+        group_learning: GroupLearning | None = None, **settings: Any) -> Rig:
     events = events if events is not None else []
     transactions = TransactionLog(events)
     producer = FakeProducer(events)
@@ -503,6 +504,7 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
         instance_id="unit-instance", control=control, process_stores=process_stores,
         hooks=embedded_hooks(static_followers, round_reports), member_files=member_files,
         promotion_asks=promotion_asks, leaving=leaving, warm_up_gate=warm_up_gate,
+        group_learning=group_learning,
     )
     return Rig(thread, clients.consumer, clients.producer, clients.restorer,  # type: ignore[arg-type]
                clients.follower, control, transactions)

@@ -180,3 +180,37 @@ async def test_a_member_told_to_shut_down_while_revoking_leaves_after_the_next_r
         assert r.thread.shutdown_requested and r.thread.lifecycle.stopping
     finally:
         r.thread.task_manager.close_all()
+
+
+class _BufferingConsumer:
+    """aiokafka's hand-out order: fetched records partition by partition, in the order the
+    partitions sit in the fetcher's buffer, up to ``max_records`` a call."""
+
+    def __init__(self, buffered: dict[TopicPartition, list[int]]) -> None:
+        self._fetcher = SimpleNamespace(_records=buffered)
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[int]]:
+        out: dict[TopicPartition, list[int]] = {}
+        for tp in list(self._fetcher._records):
+            records = self._fetcher._records[tp]
+            taken, self._fetcher._records[tp] = records[:max_records], records[max_records:]
+            if not self._fetcher._records[tp]:
+                del self._fetcher._records[tp]
+            out[tp] = taken
+            max_records -= len(taken)
+            if not max_records:
+                break
+        return out
+
+
+def test_fetched_records_are_handed_out_in_turns_across_partitions() -> None:
+    # A task moved here with two others waited behind their backlogs: aiokafka drained the
+    # partitions fetched before its own one after the other.
+    a, b, c = (TopicPartition("t", p) for p in range(3))
+    consumer = GroupConsumer(_BufferingConsumer(  # type: ignore[arg-type]
+        {a: list(range(5000)), b: list(range(5000)), c: list(range(10))}))
+
+    async def first_calls() -> list[list[TopicPartition]]:
+        return [list(await consumer.getmany(timeout_ms=0, max_records=2000)) for _ in range(3)]
+
+    assert asyncio.run(first_calls()) == [[a], [b], [c, a]]

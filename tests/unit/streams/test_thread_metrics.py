@@ -64,14 +64,22 @@ async def test_the_status_gives_the_shortest_of_the_last_rounds(tmp_path: Path) 
     r = rig(tmp_path)
     try:
         assert r.thread.reporter.status_record()["round_s"] is None  # no round yet
-        for took, shortest in ((12.0, 12.0), (3.0, 3.0), (9.0, 3.0)):
+        # Each round's figure is its time from join to applied, at least what it was given;
+        # the status gives the shortest of the last few, whatever the machine's load added.
+        lasts: list[float] = []
+        for took in (12.0, 3.0, 9.0):
             r.consumer.round_started = time.monotonic() - took
             await assign(r, ("0_0",))
-            assert r.thread.reporter.status_record()["round_s"] == pytest.approx(shortest, abs=0.5)
+            record = r.thread.reporter.status_record()
+            assert record["last_round_s"] >= took
+            lasts.append(record["last_round_s"])
+            assert record["round_s"] == min(lasts)
+        assert record["round_s"] == lasts[1]  # the 3 s round, not the later 9 s one
         for _ in range(5):  # only the last few count
             r.consumer.round_started = time.monotonic() - 6.0
             await assign(r, ("0_0",))
-        assert r.thread.reporter.status_record()["round_s"] == pytest.approx(6.0, abs=0.5)
+            lasts.append(r.thread.reporter.status_record()["last_round_s"])
+        assert r.thread.reporter.status_record()["round_s"] == min(lasts[-5:]) >= 6.0
     finally:
         r.thread.task_manager.close_all()
 

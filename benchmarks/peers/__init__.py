@@ -1,0 +1,1 @@
+"""Peer systems measured beside Relay, built on first use (Kafka Streams in Java, by Maven)."""

@@ -1,0 +1,123 @@
+"""What ``app.describe()`` shows: the topology's sub-topologies with their sources,
+processors (and the stores they use) and sinks, in the layout of Kafka Streams'
+``Topology.describe()``, followed by the internal topics the app creates.
+
+A description is plain data (:class:`TopologyDescription`); ``str()`` renders it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from statestore.store import changelog_topic_name
+from streams.dsl.processors import Node, SinkNode, SourceNode, walk_nodes
+from streams.dsl.topology import Topology
+
+
+@dataclass(frozen=True)
+class NodeDescription:
+    kind: str  # "Source", "Processor" or "Sink"
+    name: str
+    topics: tuple[str, ...] = ()
+    stores: tuple[str, ...] = ()
+    successors: tuple[str, ...] = ()
+    predecessors: tuple[str, ...] = ()
+
+    def render(self) -> list[str]:
+        if self.kind == "Source":
+            head = f"    Source: {self.name} (topics: [{', '.join(self.topics)}])"
+        elif self.kind == "Sink":
+            head = f"    Sink: {self.name} (topic: {self.topics[0]})"
+        else:
+            head = f"    Processor: {self.name} (stores: [{', '.join(self.stores)}])"
+        lines = [head]
+        if self.successors:
+            lines.append(f"      --> {', '.join(self.successors)}")
+        if self.predecessors:
+            lines.append(f"      <-- {', '.join(self.predecessors)}")
+        return lines
+
+
+@dataclass(frozen=True)
+class SubTopologyDescription:
+    id: int
+    nodes: tuple[NodeDescription, ...]
+    stores: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TopologyDescription:
+    sub_topologies: tuple[SubTopologyDescription, ...]
+    source_topics: tuple[str, ...]
+    sink_topics: tuple[str, ...]
+    repartition_topics: tuple[str, ...]
+    changelog_topics: tuple[str, ...]
+    global_stores: tuple[str, ...] = field(default=())
+
+    def __str__(self) -> str:
+        lines = ["Topologies:"]
+        for sub in self.sub_topologies:
+            lines.append(f"   Sub-topology: {sub.id}")
+            for node in sub.nodes:
+                lines.extend(node.render())
+            lines.append("")
+        lines.append("Internal topics:")
+        for topic in self.repartition_topics:
+            lines.append(f"   {topic} (repartition)")
+        for topic in self.changelog_topics:
+            lines.append(f"   {topic} (changelog)")
+        if self.global_stores:
+            lines.append("Global stores (restored from their source topics, no changelog):")
+            lines.extend(f"   {store}" for store in self.global_stores)
+        return "\n".join(lines) + "\n"
+
+
+def describe(topology: Topology, global_stores: tuple[str, ...] = ()) -> TopologyDescription:
+    """Describe ``topology``: its sub-topologies in id order, each node once (sources first,
+    then in the order reached from them), and its topics."""
+    subs = topology.sub_topologies()
+    all_nodes = walk_nodes(topology.sources)
+    parents: dict[int, list[str]] = {}
+    for node in all_nodes:
+        for child in node.children:
+            parents.setdefault(id(child), []).append(node.name)
+    described = []
+    sinks: set[str] = set()
+    for sub in subs:
+        ordered: list[Node] = []
+        seen: set[int] = set()
+        queue: list[Node] = list(sub.sources.values())
+        while queue:
+            node = queue.pop(0)
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            ordered.append(node)
+            queue.extend(node.children)
+        nodes = []
+        for node in ordered:
+            if isinstance(node, SourceNode):
+                kind, topics = "Source", (node.topic,)
+            elif isinstance(node, SinkNode):
+                kind, topics = "Sink", (node.topic,)
+                sinks.add(node.topic)
+            else:
+                kind, topics = "Processor", ()
+            # A stream-table join reads the table's store without owning it.
+            stores = node.store_names() or [getattr(node, "table_store", None)]
+            nodes.append(NodeDescription(
+                kind, node.name, topics, tuple(s for s in stores if s),
+                tuple(c.name for c in node.children),
+                tuple(sorted(set(parents.get(id(node), [])))),
+            ))
+        described.append(SubTopologyDescription(sub.id, tuple(nodes), tuple(sorted(sub.stores))))
+    repartition = tuple(sorted(topology.repartition_topics))
+    return TopologyDescription(
+        tuple(described),
+        tuple(sorted(s.topic for s in topology.sources if s.topic not in repartition)),
+        tuple(sorted(sinks - set(repartition))),
+        repartition,
+        tuple(changelog_topic_name(topology.application_id, store)
+              for store in sorted(topology.stores)),
+        global_stores,
+    )

@@ -1,0 +1,130 @@
+"""Session windows: per key, records closer together than an inactivity gap make one
+session; a record that bridges two sessions merges them.
+
+Kafka Streams' semantics (KStreamSessionWindowAggregate): a session is ``[start, end]``, both
+the timestamps of records in it (a lone record's session is ``[t, t]``). A record at ``t``
+joins every session of its key that ends at or after ``t - gap`` and starts at or before
+``t + gap``; the merged sessions are deleted and each is retracted downstream with a
+tombstone before the merged session's new aggregate is forwarded. Updates carry the
+session's end as their timestamp. A record whose merged session ended before stream time
+(the largest timestamp the node has seen) minus gap minus grace is late: dropped and
+counted.
+
+The store is keyed ``(key, end, start)``: a key's sessions sorted by end, so the candidates
+for a merge are one range scan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from streams.dsl.processors import Node, ProcessorContext, _has_key
+from streams.dsl.windows import Windowed
+
+#: Above every timestamp: the upper bound of a key's range scan.
+_MAX_TIME = 1 << 62
+
+
+@dataclass(frozen=True)
+class SessionWindows:
+    """Sessions of a key separated by at least ``inactivity_gap_ms`` without records; late
+    records are accepted for ``grace_ms`` after a session could last have been extended."""
+
+    inactivity_gap_ms: int
+    grace_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.inactivity_gap_ms <= 0:
+            raise ValueError(f"inactivity_gap_ms must be > 0, not {self.inactivity_gap_ms}")
+        if self.grace_ms < 0:
+            raise ValueError(f"session grace_ms must be >= 0, not {self.grace_ms}")
+
+    @property
+    def close_after_ms(self) -> int:
+        """How long after a session's end stream time must go for it to close."""
+        return self.inactivity_gap_ms + self.grace_ms
+
+
+class SessionAggregateNode(Node):
+    def __init__(
+        self,
+        name: str,
+        store: str,
+        windows: SessionWindows,
+        initializer: Callable[[], Any],
+        aggregator: Callable[[Any, Any, Any], Any],
+        merger: Callable[[Any, Any, Any], Any],
+    ) -> None:
+        super().__init__(name)
+        self.store = store
+        self.windows = windows
+        self.initializer = initializer
+        self.aggregator = aggregator
+        self.merger = merger
+
+    def store_names(self) -> list[str]:
+        return [self.store]
+
+    def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        if not _has_key(self, ctx, key, "a session aggregation"):
+            return
+        store = ctx.store(self.store)
+        timestamp = ctx.timestamp_ms
+        # The largest timestamp this node has seen (Kafka Streams' observed stream time).
+        stream_time = max(ctx.observed_ms.get(self.name, -1), timestamp)
+        ctx.observed_ms[self.name] = stream_time
+        close_time = stream_time - self.windows.close_after_ms
+        gap = self.windows.inactivity_gap_ms
+        merged: list[tuple[int, int, Any]] = []
+        start, end = timestamp, timestamp
+        aggregate = self.initializer()
+        for (_, s_end, s_start), s_agg in store.range((key, timestamp - gap), (key, _MAX_TIME)):
+            if s_start > timestamp + gap:
+                continue
+            merged.append((s_start, s_end, s_agg))
+            aggregate = self.merger(key, aggregate, s_agg)
+            start, end = min(start, s_start), max(end, s_end)
+        if end < close_time:
+            ctx.drop_late(self.name, self.store, start, end, self.windows.grace_ms)
+            return
+        previous = ctx.timestamp_ms
+        try:
+            if (start, end) != (timestamp, timestamp):
+                for s_start, s_end, _ in merged:
+                    store.delete((key, s_end, s_start))
+                    ctx.timestamp_ms = s_end
+                    self.forward(ctx, Windowed(key, s_start, s_end), None)
+            aggregate = self.aggregator(key, value, aggregate)
+            store.put((key, end, start), aggregate)
+            ctx.timestamp_ms = end
+            self.forward(ctx, Windowed(key, start, end), aggregate)
+        finally:
+            ctx.timestamp_ms = previous
+
+    def purge(self, ctx: ProcessorContext) -> int:
+        """Delete the sessions no record can extend any more; returns how many. The oldest
+        record still accepted is at stream time minus gap and grace, and it merges sessions
+        ending up to a gap before it."""
+        windows = self.windows
+        horizon = (ctx.observed_ms.get(self.name, -1) - windows.close_after_ms
+                   - windows.inactivity_gap_ms)
+        if horizon <= 0 or not purge_due(ctx, self.name, horizon,
+                                         (windows.close_after_ms + windows.inactivity_gap_ms) // 2):
+            return 0
+        store = ctx.store(self.store)
+        expired = [k for k, _ in store.items() if k[1] < horizon]
+        for key in expired:
+            store.delete(key)
+        return len(expired)
+
+
+def purge_due(ctx: ProcessorContext, key: str, horizon: int, step: int) -> bool:
+    """Whether a purge up to ``horizon`` is worth its scan of the store: the first one, then
+    once the horizon moved ``step`` on (half the retention), not at every commit."""
+    last = ctx.node_state.get(f"{key}/purged")
+    if last is not None and horizon - last < max(1, step):
+        return False
+    ctx.node_state[f"{key}/purged"] = horizon
+    return True

@@ -1,0 +1,132 @@
+"""The topology vocabulary shared with the Kafka Streams oracle: a topology in JSON (a list of
+steps) built into a Relay app, with the same fixed functions the oracle interprets
+(benchmarks/peers/kafka-streams/src/main/java/relay/peers/Oracle.java).
+
+A topology is ``{"steps": [step, ...]}``; each step reads the step before it, or the step
+whose index its ``"from"`` names. Keys and values are integers or None (tombstones); the
+functions are total over them, so that both sides compute the same thing:
+
+- ``filter {k, r}``: keep when the value is not None and ``value mod k == r``;
+- ``map_values {a, b}``: ``a * value + b`` (None stays None);
+- ``map {k}``: ``(value mod k, key)`` (a None value gives a None key);
+- ``select_key {k}``, ``group_by {k}``: the key ``value mod k`` (None for a None value);
+- ``flat_map {n}``: ``(key + i, value + i)`` for ``i < value mod n``; a None value gives
+  ``(key, None)`` once;
+- ``reduce {fn}`` and ``aggregate {init, fn}``: ``fn`` is ``sum`` or ``max`` (a None on
+  either side gives the other: windowed aggregations see None values);
+- ``join`` and ``left_join {table}``: ``value + table value``, or ``-1 - value`` without a
+  table value;
+- ``windowed_by {size, advance, grace}``: hopping windows (tumbling when advance == size).
+
+``mod`` is the floor modulo (Python's ``%``, Java's ``Math.floorMod``). Later operations
+(tables' own operations, session and sliding windows, stream-stream joins) add steps here
+and in the oracle under new ``op`` names; a step never changes meaning.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streams import App, HoppingWindows
+
+Step = dict[str, Any]
+
+
+def combine(fn: str, aggregate: Any, value: Any) -> Any:
+    if aggregate is None or value is None:
+        return value if aggregate is None else aggregate
+    if fn == "sum":
+        return aggregate + value
+    if fn == "max":
+        return max(aggregate, value)
+    raise ValueError(f"unknown function {fn!r}")
+
+
+def joined(value: Any, table_value: Any) -> Any:
+    if value is None:
+        return None
+    return -1 - value if table_value is None else value + table_value
+
+
+def flat_mapped(key: Any, value: Any, n: int) -> list[tuple[Any, Any]]:
+    if value is None:
+        return [(key, None)]
+    return [(None if key is None else key + i, value + i) for i in range(value % n)]
+
+
+def _key_of(k: int) -> Any:
+    return lambda _key, value: None if value is None else value % k
+
+
+def build_app(topology: dict[str, Any], application_id: str = "differential") -> App:
+    """The Relay app the JSON topology describes."""
+    app = App(application_id, bootstrap_servers="127.0.0.1:1")
+    built: dict[int, Any] = {}
+    for i, step in enumerate(topology["steps"]):
+        op = step["op"]
+        up = built.get(step.get("from", i - 1))
+        store = f"store-{i}"
+        if op == "source":
+            result = app.stream(step["topic"])
+        elif op == "table":
+            result = app.table(step["topic"], store=f"table-{i}")
+        elif op == "filter":
+            k, r = step["k"], step["r"]
+            result = up.filter(lambda _key, v, k=k, r=r: v is not None and v % k == r)
+        elif op == "map_values":
+            a, b = step["a"], step["b"]
+            result = up.map_values(lambda v, a=a, b=b: None if v is None else a * v + b)
+        elif op == "map":
+            k = step["k"]
+            result = up.map(lambda key, v, k=k: (None if v is None else v % k, key))
+        elif op == "select_key":
+            result = up.select_key(_key_of(step["k"]))
+        elif op == "flat_map":
+            n = step["n"]
+            result = up.flat_map(lambda key, v, n=n: flat_mapped(key, v, n))
+        elif op == "group_by_key":
+            result = up.group_by_key()
+        elif op == "group_by":
+            result = up.group_by(_key_of(step["k"]))
+        elif op == "windowed_by":
+            result = up.windowed_by(HoppingWindows(step["size"], step["advance"], step["grace"]))
+        elif op == "count":
+            result = up.count(store=store)
+        elif op == "reduce":
+            fn = step["fn"]
+            result = up.reduce(lambda a, b, fn=fn: combine(fn, a, b), store=store)
+        elif op == "aggregate":
+            fn, init = step["fn"], step["init"]
+            result = up.aggregate(lambda init=init: init,
+                                  lambda _key, v, agg, fn=fn: combine(fn, agg, v), store=store)
+        elif op == "to_stream":
+            result = up.to_stream()
+        elif op in ("join", "left_join"):
+            table = built[step["table"]]
+            result = getattr(up, op)(table, joined)
+        elif op == "to":
+            up.to(step["topic"])
+            result = None
+        else:
+            raise ValueError(f"unknown op {op!r}")
+        built[i] = result
+    return app
+
+
+def output_topics(topology: dict[str, Any]) -> list[str]:
+    return [step["topic"] for step in topology["steps"] if step["op"] == "to"]
+
+
+AGGREGATIONS = ("count", "reduce", "aggregate")
+
+
+def aggregated_topics(topology: dict[str, Any]) -> set[str]:
+    """The output topics written downstream of an aggregation: their timestamps are those of
+    the record that updated the aggregate on Relay's side, the largest timestamp aggregated
+    on Kafka Streams' (docs/kafka-streams.md)."""
+    steps = topology["steps"]
+    aggregated: list[bool] = []
+    for i, step in enumerate(steps):
+        up = step.get("from", i - 1)
+        aggregated.append(step["op"] in AGGREGATIONS or (up >= 0 and aggregated[up]))
+    return {s["topic"] for s, a in zip(steps, aggregated, strict=True) if s["op"] == "to" and a}

@@ -1,0 +1,93 @@
+"""Where the differential tests (tests/broker/differential) found Relay's DSL writing other records
+than Kafka Streams: each difference, fixed, pinned here with the topology test driver."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streams import App, TopologyTestDriver, TumblingWindows, Windowed
+
+
+def app() -> App:
+    return App("parity", bootstrap_servers="127.0.0.1:1")
+
+
+def test_grouped_aggregations_skip_tombstones_and_windowed_ones_take_them() -> None:
+    a = app()
+    grouped = a.stream("events").group_by_key()
+    grouped.count(store="counts").to_stream().to("counts")
+    grouped.reduce(lambda x, y: x + y, store="sums").to_stream().to("sums")
+    grouped.aggregate(lambda: 0, lambda _k, v, n: n + v, store="totals").to_stream().to("totals")
+    windowed = a.stream("clicks").group_by_key().windowed_by(TumblingWindows(10))
+    windowed.count(store="per-window").to_stream().to("per-window")
+    with TopologyTestDriver(a) as driver:
+        for value in (1, None, 2):
+            driver.pipe("events", "k", value, timestamp_ms=1)
+            driver.pipe("clicks", "k", value, timestamp_ms=1)
+        assert driver.read_key_values("counts") == [("k", 1), ("k", 2)]
+        assert driver.read_key_values("sums") == [("k", 1), ("k", 3)]
+        assert driver.read_key_values("totals") == [("k", 1), ("k", 3)]
+        assert [v for _, v in driver.read_key_values("per-window", key_serde="windowed")] == [
+            1, 2, 3]
+        assert driver.dead_letters == []
+
+
+def test_a_stream_table_join_drops_tombstones_inner_and_left() -> None:
+    a = app()
+    users = a.table("users", store="users")
+    a.stream("clicks").join(users, lambda v, u: (v, u)).to("inner")
+    a.stream("views").left_join(users, lambda v, u: (v, u)).to("left")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("users", "u", "Ursula")
+        for topic in ("clicks", "views"):
+            driver.pipe(topic, "u", None)
+            driver.pipe(topic, "u", 1)
+        assert driver.read_key_values("inner") == [("u", [1, "Ursula"])]
+        assert driver.read_key_values("left") == [("u", [1, "Ursula"])]
+
+
+def test_a_left_join_after_a_key_change_answers_records_whose_new_key_is_none() -> None:
+    a = app()
+    users = a.table("users", store="users")
+    a.stream("clicks").select_key(lambda _k, v: v.get("user")).left_join(
+        users, lambda v, u: [v["n"], u]).to("joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("users", "u", "Ursula")
+        driver.pipe("clicks", None, {"user": "u", "n": 1})
+        driver.pipe("clicks", None, {"n": 2})
+        assert driver.read_key_values("joined") == [("u", [1, "Ursula"]), (None, [2, None])]
+        assert driver.dead_letters == []
+
+
+def test_windows_close_by_the_time_of_records_reaching_the_aggregation(tmp_path: Path) -> None:
+    a = app()
+    (
+        a.stream("ticks").filter(lambda _k, v: v != "skip").group_by_key()
+        .windowed_by(TumblingWindows(5)).count(store="ticks").to_stream().to("windows")
+    )
+    with TopologyTestDriver(a, state_dir=tmp_path) as driver:
+        driver.pipe("ticks", "k", "skip", timestamp_ms=50)  # filtered: closes no window
+        driver.pipe("ticks", "k", "a", timestamp_ms=2)
+        driver.pipe("ticks", "k", "b", timestamp_ms=20)
+        driver.restart(from_changelog=True)  # the aggregation's own time is restored
+        driver.pipe("ticks", "k", "c", timestamp_ms=3)  # [0, 5) closed at 20
+        driver.pipe("ticks", "k", "d", timestamp_ms=21)
+        assert driver.read_key_values("windows", key_serde="windowed") == [
+            (Windowed("k", 0, 5), 1), (Windowed("k", 20, 25), 1), (Windowed("k", 20, 25), 2)]
+        assert driver.late_records_dropped == 1
+
+
+def test_a_record_without_a_key_is_dropped_where_one_is_needed_and_the_rest_goes_on() -> None:
+    a = app()
+    pairs = a.stream("pairs").flat_map(lambda k, v: [(k, v), (k, v + 1)])
+    pairs.to("all")
+    pairs.group_by_key().count(store="counts").to_stream().to("counts")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("pairs", None, 1)
+        driver.pipe("pairs", "k", 5)
+        # Both outputs of the keyless record reach the topic that needs no key; the input
+        # record is dead-lettered once, for the step that needed one.
+        assert driver.read_key_values("all") == [(None, 1), (None, 2), ("k", 5), ("k", 6)]
+        assert driver.read_key_values("counts") == [("k", 1), ("k", 2)]
+        assert [d.stage for d in driver.dead_letters] == ["process"]
+        assert "has no key" in driver.dead_letters[0].error

@@ -70,6 +70,7 @@ from streams.group.predecessors import (
 )
 from streams.group.promotion_asks import PromotionAsks
 from streams.group.status_topic import read_status, status_topic_name
+from streams.group.topology_record import encode_topology_record
 from streams.group.warm_up import (
     WARM_UP_PLAN_WAIT_S,
     WarmUpGate,
@@ -415,6 +416,9 @@ class App:
                 subs = await self.prepare(admin, hooks)
             finally:
                 await admin.close()
+            # Once per start, for `relay web` to draw (streams.group.topology_record).
+            control.publish_topology(encode_topology_record(
+                self.describe(), self.instance_id, int(time.time() * 1000)))
             restarted = await self._refuse_duplicate_instance(member_files.predecessors)
             warm_up = await self._plan_warm_up(subs, member_files)
             topics = sorted({t for s in subs for t in s.sources})

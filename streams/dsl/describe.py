@@ -2,16 +2,24 @@
 processors (and the stores they use) and sinks, in the layout of Kafka Streams'
 ``Topology.describe()``, followed by the internal topics the app creates.
 
-A description is plain data (:class:`TopologyDescription`); ``str()`` renders it.
+A description is plain data (:class:`TopologyDescription`); ``str()`` renders it, and
+:meth:`TopologyDescription.to_data` / :func:`description_from_data` turn it into JSON-able
+data and back (the form an app publishes for ``relay web`` to draw, versioned by
+:data:`DESCRIPTION_VERSION`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from statestore.store import changelog_topic_name
 from streams.dsl.processors import Node, SinkNode, SourceNode, walk_nodes
 from streams.dsl.topology import Topology
+
+#: The version of :meth:`TopologyDescription.to_data`'s form; a reader refuses others.
+DESCRIPTION_VERSION = 1
+_KINDS = {"Source": "source", "Processor": "processor", "Sink": "sink"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,25 @@ class TopologyDescription:
     repartition_topics: tuple[str, ...]
     changelog_topics: tuple[str, ...]
     global_stores: tuple[str, ...] = field(default=())
+    #: Each store's changelog topic: ``(store, topic)``.
+    changelogs: tuple[tuple[str, str], ...] = field(default=())
+
+    def to_data(self) -> dict[str, Any]:
+        """The description as JSON-able data (see :func:`description_from_data`)."""
+        return {
+            "version": DESCRIPTION_VERSION,
+            "sub_topologies": [
+                {"id": sub.id, "stores": list(sub.stores),
+                 "nodes": [{"kind": _KINDS[n.kind], "name": n.name, "topics": list(n.topics),
+                            "stores": list(n.stores), "successors": list(n.successors),
+                            "predecessors": list(n.predecessors)} for n in sub.nodes]}
+                for sub in self.sub_topologies],
+            "topics": {"source": list(self.source_topics), "sink": list(self.sink_topics),
+                       "repartition": list(self.repartition_topics),
+                       "changelog": list(self.changelog_topics)},
+            "changelogs": dict(self.changelogs),
+            "global_stores": list(self.global_stores),
+        }
 
     def __str__(self) -> str:
         lines = ["Topologies:"]
@@ -120,4 +147,56 @@ def describe(topology: Topology, global_stores: tuple[str, ...] = ()) -> Topolog
         tuple(changelog_topic_name(topology.application_id, store)
               for store in sorted(topology.stores)),
         global_stores,
+        tuple((store, changelog_topic_name(topology.application_id, store))
+              for store in sorted(topology.stores)),
     )
+
+
+def description_from_data(data: Any) -> TopologyDescription:
+    """The description :meth:`TopologyDescription.to_data` gave; raises ValueError, saying
+    what is wrong, for anything else (another version included)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a topology description is a map, not {type(data).__name__}")
+    version = data.get("version")
+    if version != DESCRIPTION_VERSION:
+        raise ValueError(f"topology description version {version!r} is not "
+                         f"{DESCRIPTION_VERSION}, the one this Relay reads")
+    try:
+        kinds = {v: k for k, v in _KINDS.items()}
+        subs = tuple(
+            SubTopologyDescription(
+                _int(sub["id"]),
+                tuple(NodeDescription(kinds[n["kind"]], _str(n["name"]), _strs(n["topics"]),
+                                      _strs(n["stores"]), _strs(n["successors"]),
+                                      _strs(n["predecessors"])) for n in sub["nodes"]),
+                _strs(sub["stores"]))
+            for sub in data["sub_topologies"])
+        topics = data["topics"]
+        changelogs = data.get("changelogs", {})
+        if not isinstance(changelogs, dict):
+            raise TypeError("changelogs is not a map")
+        return TopologyDescription(
+            subs, _strs(topics["source"]), _strs(topics["sink"]), _strs(topics["repartition"]),
+            _strs(topics["changelog"]), _strs(data.get("global_stores", [])),
+            tuple((_str(k), _str(v)) for k, v in changelogs.items()))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed topology description: {type(exc).__name__} {exc}") \
+            from None
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} is not a string")
+    return value
+
+
+def _strs(values: Any) -> tuple[str, ...]:
+    if not isinstance(values, list):
+        raise TypeError(f"{values!r} is not a list")
+    return tuple(_str(v) for v in values)
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{value!r} is not an integer")
+    return value

@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from streams.group.promotion_asks import PROMOTION_KEY, PromotionAsk, decode_ask
+from streams.group.topology_record import TOPOLOGY_KEY
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,8 @@ SUBSCRIPTION_KEY = b"__subscription__"
 ROUND_KEY = b"__round__"
 #: Every key of a control message that is not an instance's leaving mark, so that readers
 #: of the topic (the web view) can tell them apart; a new message kind is added here.
-CONTROL_MESSAGE_KEYS = (REBALANCE_KEY, FETCH_KEY, SUBSCRIPTION_KEY, ROUND_KEY, PROMOTION_KEY)
+CONTROL_MESSAGE_KEYS = (REBALANCE_KEY, FETCH_KEY, SUBSCRIPTION_KEY, ROUND_KEY, PROMOTION_KEY,
+                        TOPOLOGY_KEY)
 
 
 def encode_round_report(member_id: str, generation: int) -> bytes:
@@ -167,6 +169,8 @@ class ControlListener:
                 for records in batches.values():
                     for record in records:
                         self._handled = record.offset + 1
+                        if record.key == TOPOLOGY_KEY:
+                            continue  # for the web view (streams.group.topology_record)
                         if record.key == PROMOTION_KEY:
                             if record.timestamp >= self._started_ms and record.value:
                                 try:
@@ -241,6 +245,12 @@ class ControlListener:
     async def request_fetch(self, digests: dict[str, str]) -> None:
         await self._send(FETCH_KEY, msgpack.packb(digests))
 
+    async def publish_topology(self, record: bytes) -> None:
+        try:
+            await self._send(TOPOLOGY_KEY, record)
+        except Exception as exc:  # the app runs on; only the web view lacks its drawing
+            log.warning("could not publish the topology on %s: %s", self._topic, exc)
+
     async def _send(self, key: bytes, value: bytes) -> None:
         producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap)
         await producer.start()
@@ -277,6 +287,10 @@ class ControlChannel:
     def request_fetch(self, digests: dict[str, str]) -> None:
         if digests:
             self._in_background(self.listener.request_fetch(digests))
+
+    def publish_topology(self, record: bytes) -> None:
+        """The app's topology, for the web view (streams.group.topology_record)."""
+        self._in_background(self.listener.publish_topology(record))
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

@@ -16,17 +16,25 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from streams.group.control import CONTROL_MESSAGE_KEYS, control_topic_name, decode_mark
 from streams.group.status_topic import status_topic_name
+from streams.group.topology_record import TOPOLOGY_KEY, decode_topology_record
 from streams.queries.routing import RoutingTable, now_ms
-from tools.web.model import STALE_AFTER_MS, GroupModel, MarkRecord, StatusRecord
+from tools.web.model import (
+    STALE_AFTER_MS,
+    GroupModel,
+    MarkRecord,
+    StatusRecord,
+    TopologyRecord,
+)
 
 log = logging.getLogger(__name__)
 RETRY_S = 2.0
 
 
 def to_model_record(status_topic: str, record: ConsumerRecord,
-                    model: GroupModel) -> StatusRecord | MarkRecord | None:
+                    model: GroupModel) -> StatusRecord | MarkRecord | TopologyRecord | None:
     """The model's record for a consumer record; None for records the view does not show
-    (the control topic's other messages) and for undecodable ones (counted in the model)."""
+    (the control topic's other messages) and for undecodable ones (counted in the model,
+    with a warning for a topology record: one of a newer Relay is skipped, not shown)."""
     at = record.timestamp if record.timestamp and record.timestamp > 0 \
         else int(time.time() * 1000)
     key = record.key.decode(errors="replace") if record.key else None
@@ -43,6 +51,13 @@ def to_model_record(status_topic: str, record: ConsumerRecord,
                          f"{exc}")
             return None
         return StatusRecord(key, value, at)
+    if record.key == TOPOLOGY_KEY and record.value is not None:
+        try:
+            return TopologyRecord(decode_topology_record(record.value), at)
+        except ValueError as exc:
+            log.warning("skipping the topology record at offset %d: %s", record.offset, exc)
+            model.reject(f"topology record at offset {record.offset}: {exc}")
+            return None
     if record.key in CONTROL_MESSAGE_KEYS or key is None:
         return None
     try:

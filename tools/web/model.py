@@ -26,6 +26,7 @@ from typing import Any
 
 from streams.group.control import LeavingMark
 from streams.group.member_id import instance_of as member_instance
+from streams.group.topology_record import PublishedTopology
 
 #: A member that published nothing for this long is shown as stale (it may have died).
 STALE_AFTER_MS = 15_000
@@ -67,6 +68,14 @@ class MarkRecord:
 
     instance: str
     mark: LeavingMark | None
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class TopologyRecord:
+    """The app's topology as a process published it on the control topic."""
+
+    published: PublishedTopology
     at_ms: int
 
 
@@ -243,6 +252,8 @@ class GroupModel:
     _appended: int = 0  # events appended so far
     _round_seq: int | None = None  # the latest rebalance event's number among them
     last_at_ms: int = 0
+    #: The latest topology a process published (None: none yet, or an older app).
+    topology: PublishedTopology | None = None
 
     # -- folding records in -----------------------------------------------------------------
 
@@ -251,8 +262,11 @@ class GroupModel:
         self.unreadable += 1
         self.last_error = message
 
-    def apply(self, record: StatusRecord | MarkRecord) -> None:
+    def apply(self, record: StatusRecord | MarkRecord | TopologyRecord) -> None:
         self.last_at_ms = max(self.last_at_ms, record.at_ms)
+        if isinstance(record, TopologyRecord):
+            self.topology = record.published
+            return
         if isinstance(record, MarkRecord):
             self._apply_mark(record)
         # Only the tasks this record can change are derived again (groups can be large).
@@ -510,6 +524,9 @@ class GroupModel:
             "unreadable_records": self.unreadable,
             "last_error": self.last_error,
             "derived": DERIVED,
+            "topology": None if self.topology is None else {
+                "instance_id": self.topology.instance_id,
+                "published_ms": self.topology.published_ms},
         }
 
     def _copies_by_task(self, members: dict[str, _Member], instance_of: dict[str, str],

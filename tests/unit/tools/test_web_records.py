@@ -4,16 +4,21 @@ are skipped, leaving marks read, and only a record of no known kind is reported.
 from __future__ import annotations
 
 import importlib
+import logging
 import pkgutil
 
+import msgpack
+import pytest
 from aiokafka.structs import ConsumerRecord
 
 import streams.group
+from streams.app import App
 from streams.group.control import CONTROL_MESSAGE_KEYS, control_topic_name
 from streams.group.promotion_asks import PromotionAsk, encode_ask
 from streams.group.status_topic import status_topic_name
+from streams.group.topology_record import TOPOLOGY_KEY, encode_topology_record
 from tools.web.follower import to_model_record
-from tools.web.model import GroupModel
+from tools.web.model import GroupModel, TopologyRecord
 
 
 def record(topic: str, key: bytes, value: bytes | None) -> ConsumerRecord:
@@ -39,6 +44,52 @@ def test_every_message_key_relay_writes_on_the_control_topic_is_known_to_the_vie
     assert b"__promotion__" in keys
     assert keys <= set(CONTROL_MESSAGE_KEYS)
     model = GroupModel("app")
-    for key in keys:
+    for key in keys - {TOPOLOGY_KEY}:  # the view reads the topology (below)
         assert to_model_record("app-status", record("app-control", key, b"\x90"), model) is None
     assert model.unreadable == 0
+
+
+def published() -> bytes:
+    app = App("app", bootstrap_servers="127.0.0.1:1")
+    app.stream("in").group_by_key().count(store="counts").to_stream().to("out")
+    return encode_topology_record(app.describe(), "node-a", 1_234)
+
+
+def test_the_view_keeps_the_latest_topology_a_process_published() -> None:
+    model = GroupModel("app")
+    converted = to_model_record("app-status", record("app-control", TOPOLOGY_KEY, published()),
+                                model)
+    assert isinstance(converted, TopologyRecord)
+    model.apply(converted)
+    assert model.topology is not None
+    assert model.topology.instance_id == "node-a" and model.topology.published_ms == 1_234
+    assert [n.name for n in model.topology.description.sub_topologies[0].nodes] == [
+        "source-0001", "aggregate-0002", "sink-0003"]
+    assert model.view(2_000)["topology"] == {"instance_id": "node-a", "published_ms": 1_234}
+    assert model.unreadable == 0
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    (b"\xc1", "undecodable"),
+    (msgpack.packb([1, 2]), "is a map"),
+    (msgpack.packb({**msgpack.unpackb(published()), "format": 2}), "format 2"),
+    (msgpack.packb({**msgpack.unpackb(published()), "description": {"version": 9}}),
+     "version 9"),
+    (msgpack.packb({**msgpack.unpackb(published()),
+                    "description": {"version": 1, "sub_topologies": [{"id": "x"}]}}),
+     "malformed topology description"),
+])
+def test_a_corrupt_or_newer_topology_record_is_skipped_with_a_warning(
+        value: bytes, why: str, caplog: pytest.LogCaptureFixture) -> None:
+    model = GroupModel("app")
+    model.apply(to_model_record("app-status", record("app-control", TOPOLOGY_KEY, published()),
+                                model) or pytest.fail("a valid record"))
+    with caplog.at_level(logging.WARNING):
+        assert to_model_record("app-status", record("app-control", TOPOLOGY_KEY, value),
+                               model) is None
+    assert why in caplog.text and "skipping the topology record" in caplog.text
+    assert model.unreadable == 1 and why in (model.last_error or "")
+    # The topology published before stays shown; a tombstone is not a record to show.
+    assert model.topology is not None and model.topology.instance_id == "node-a"
+    assert to_model_record("app-status", record("app-control", TOPOLOGY_KEY, None),
+                           model) is None

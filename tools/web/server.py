@@ -3,9 +3,10 @@
 Routes: ``/`` the page; ``/static/...`` its script and style; ``/api/group`` the view's data
 (``?window_s=`` sets the timeline's reach); ``/api/tasks/<task>`` one task;
 ``/api/events`` the same data as server-sent events, pushed when members publish and once a
-second for the clocks; ``/stores/<store>/<key>`` an interactive query, forwarded to the
-key's owner (:mod:`streams.queries.server`). Bad requests get a 4xx with
-``{"error": message}``.
+second for the clocks; ``/api/topology`` the topology the app published, with its layout
+(:mod:`tools.web.topology_layout`) for the page to draw; ``/stores/<store>/<key>`` an
+interactive query, forwarded to the key's owner (:mod:`streams.queries.server`). Bad requests
+get a 4xx with ``{"error": message}``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from streams.queries.routing import RoutingTable
 from streams.queries.server import QueryService, add_query_routes
 from tools.web.follower import GroupFollower
 from tools.web.model import DEFAULT_WINDOW_MS, GroupModel
+from tools.web.topology_layout import layout_topology
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
@@ -127,6 +129,22 @@ async def one_task(request: web.Request) -> web.Response:
     raise _error(web.HTTPNotFound, f"unknown task {task} of {view['app']} (tasks: {known})")
 
 
+async def topology(request: web.Request) -> web.Response:
+    model = request.app[MODEL_KEY]
+    published = model.topology
+    if published is None:
+        raise _error(web.HTTPNotFound,
+                     f"{model.app} has published no topology yet (an app publishes it when "
+                     f"it starts; one older than this view does not)")
+    description = published.description
+    return web.json_response({
+        "app": model.app, "instance_id": published.instance_id,
+        "published_ms": published.published_ms, "description": description.to_data(),
+        "text": str(description),
+        "layout": layout_topology(description, model.app).to_data(),
+    })
+
+
 async def events(request: web.Request) -> web.StreamResponse:
     window = window_ms(request)
     changes = request.app[CHANGED_KEY]
@@ -161,6 +179,7 @@ def make_app(model: GroupModel, follower: GroupFollower, changes: Changes,
     app.router.add_get("/api/group", group)
     app.router.add_get("/api/tasks/{task}", one_task)
     app.router.add_get("/api/events", events)
+    app.router.add_get("/api/topology", topology)
     app.router.add_static("/static/", STATIC)
     return app
 

@@ -226,6 +226,103 @@ function renderLanes(view) {
   document.getElementById("lanes").replaceChildren(...lanes);
 }
 
+const SVG = "http://www.w3.org/2000/svg";
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+// Downward segments as curves leaving and entering vertically (a bend point's own segment is
+// a straight drop); an edge within a row as a line; an upward one around the right.
+function edgePath(points) {
+  const [x0, y0] = points[0];
+  let d = `M${x0},${y0}`;
+  for (let i = 1; i < points.length; i++) {
+    const [x1, y1] = points[i - 1], [x2, y2] = points[i];
+    if (y2 > y1 + 1 && x2 !== x1) {
+      const bend = Math.max(12, (y2 - y1) / 2);
+      d += ` C${x1},${y1 + bend} ${x2},${y2 - bend} ${x2},${y2}`;
+    } else if (y2 >= y1 - 1) {
+      d += ` L${x2},${y2}`;
+    } else {
+      const out = Math.max(x1, x2) + 40;
+      d += ` C${out},${y1} ${out},${y2} ${x2},${y2}`;
+    }
+  }
+  return d;
+}
+
+// Draws the layout /api/topology computed: boxes, then edges, then nodes on top.
+function drawTopology(data) {
+  const layout = data.layout;
+  const root = svg("svg", {width: layout.width, height: layout.height, id: "topology-graph",
+                          viewBox: `0 0 ${layout.width} ${layout.height}`, role: "img",
+                          "aria-label": `topology of ${data.app}`});
+  root.append(svg("defs", {}, svg("marker", {id: "arrow", viewBox: "0 0 10 10", refX: 10,
+                                            refY: 5, markerWidth: 7, markerHeight: 7,
+                                            orient: "auto-start-reverse"},
+                                 svg("path", {d: "M0,0 L10,5 L0,10 z", fill: "#7d879b"}))));
+  for (const box of layout.boxes) {
+    root.append(svg("g", {class: "topo-box", "data-sub": box.sub},
+      svg("rect", {x: box.x, y: box.y, width: box.w, height: box.h, rx: 8}),
+      svg("text", {x: box.x + 10, y: box.y + 18}, box.label)));
+  }
+  for (const e of layout.edges) {
+    const arrow = e.kind === "flow" || e.kind === "topic";
+    root.append(svg("path", {class: "topo-edge", "data-kind": e.kind, "data-source": e.source,
+                             "data-target": e.target, d: edgePath(e.points),
+                             "marker-end": arrow ? "url(#arrow)" : "none"}));
+  }
+  for (const n of layout.nodes) {
+    const round = n.kind.endsWith("topic") ? 16 : n.kind.endsWith("store") ? 2 : 6;
+    root.append(svg("g", {class: "topo-node", "data-id": n.id, "data-kind": n.kind,
+                          "data-name": n.name, "data-sub": n.sub ?? ""},
+      svg("title", {}, `${n.caption}: ${n.name}`),
+      svg("rect", {x: n.x, y: n.y, width: n.w, height: n.h, rx: round}),
+      svg("text", {class: "label", x: n.x + n.w / 2, y: n.y + 15, "text-anchor": "middle"},
+          n.label),
+      svg("text", {class: "caption", x: n.x + n.w / 2, y: n.y + 29, "text-anchor": "middle"},
+          n.caption)));
+  }
+  return root;
+}
+
+let topologyShown = null;
+
+async function renderTopology(view) {
+  const key = view.topology ? `${view.topology.instance_id}@${view.topology.published_ms}` : null;
+  if (key === topologyShown) return;
+  topologyShown = key;
+  const box = document.getElementById("topology");
+  const meta = document.getElementById("topology-meta");
+  if (!key) {
+    box.dataset.state = "none";
+    box.replaceChildren(el("p", {class: "empty"},
+      "no topology published yet (an app publishes it when it starts; one older than " +
+      "this view does not)"));
+    meta.textContent = "";
+    return;
+  }
+  try {
+    const response = await fetch("/api/topology");
+    const data = await response.json();
+    if (!response.ok) throw new Error(data.error || response.statusText);
+    box.replaceChildren(drawTopology(data));
+    box.dataset.state = "drawn";
+    meta.textContent = `published by ${data.instance_id} at ${clock(data.published_ms)}`;
+  } catch (error) {
+    topologyShown = null;  // try again with the next update
+    box.dataset.state = "error";
+    box.replaceChildren(el("p", {class: "empty"}, `cannot draw the topology: ${error}`));
+  }
+}
+
 function render(view) {
   document.title = `Relay · ${view.app}`;
   document.getElementById("app").textContent = view.app;
@@ -244,6 +341,7 @@ function render(view) {
   renderTasks(view);
   renderTimeline(view);
   renderLanes(view);
+  renderTopology(view);
 }
 
 function connect() {

@@ -12,10 +12,12 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from streams.app import App
+from streams.group.topology_record import decode_topology_record, encode_topology_record
 from tests.unit.tools.test_web_model import status
 from tools.web import server
 from tools.web.follower import GroupFollower
-from tools.web.model import GroupModel
+from tools.web.model import GroupModel, TopologyRecord
 from tools.web.server import Changes, ServeError, make_app, serve
 
 
@@ -102,6 +104,34 @@ async def test_a_wrong_method_gets_405(client: tuple[TestClient, GroupModel, Cha
     response = await http.post("/api/group")
     assert response.status == 405
     assert await response.json() == {"error": "POST is not allowed on /api/group"}
+
+
+async def test_the_topology_once_the_app_published_it(
+    client: tuple[TestClient, GroupModel, Changes],
+) -> None:
+    http, model, _ = client
+    missing = await http.get("/api/topology")
+    assert missing.status == 404
+    assert "shop has published no topology yet" in (await missing.json())["error"]
+    app = App("shop", bootstrap_servers="127.0.0.1:1")
+    app.stream("orders").group_by_key().count(store="counts").to_stream().to("counts-out")
+    published = decode_topology_record(encode_topology_record(app.describe(), "node-a", 5))
+    model.apply(TopologyRecord(published, 10))
+    response = await http.get("/api/topology")
+    assert response.status == 200
+    data = await response.json()
+    assert (data["app"], data["instance_id"], data["published_ms"]) == ("shop", "node-a", 5)
+    assert data["description"] == app.describe().to_data()
+    assert data["text"] == str(app.describe())
+    drawn = {n["id"]: n for n in data["layout"]["nodes"]}
+    assert drawn["node:aggregate-0002"]["kind"] == "processor"
+    assert drawn["topic:shop-counts-changelog"]["label"] == "…-counts-changelog"
+    assert {"source": "node:source-0001", "target": "node:aggregate-0002"} in [
+        {"source": e["source"], "target": e["target"]} for e in data["layout"]["edges"]]
+    assert [b["label"] for b in data["layout"]["boxes"]] == ["Sub-topology 0"]
+    wrong = await http.delete("/api/topology")
+    assert wrong.status == 405
+    assert await wrong.json() == {"error": "DELETE is not allowed on /api/topology"}
 
 
 async def test_a_taken_port_is_a_clear_error() -> None:

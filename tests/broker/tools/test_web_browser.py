@@ -4,7 +4,9 @@ learner appear on the other, become ready and take the task over.
 
 Skips only when Chromium is absent (``.ci/install-chromium`` installs it). Set
 RELAY_WEB_SCREENSHOTS to a folder to keep screenshots of the page while learners catch up
-(``web-view.png``) and after the moves (``web-view-moved.png``).
+(``web-view.png``) and after the moves (``web-view-moved.png``), and of the topology an app
+with a session window, a table-table and a foreign-key join publishes
+(``web-topology.png``).
 """
 
 from __future__ import annotations
@@ -22,11 +24,15 @@ from typing import Any
 import pytest
 from playwright.async_api import Page, async_playwright
 
+from streams.app import App
 from streams.group.status_topic import read_status
+from tests.broker.streams.apps.dsl_ops import build as build_dsl_ops
 from tests.broker.streams.harness import (
     ROOT,
     counting_topics,
+    create_topics,
     run_relay,
+    spawn_app,
     spawn_worker,
     static_group,
 )
@@ -231,6 +237,87 @@ async def test_the_page_shows_a_learner_catch_up_and_take_over(
         await traffic.stop()
         for worker in workers:
             stop(worker)
+
+
+#: The drawn topology, read from the SVG the page built.
+READ_TOPOLOGY = """() => {
+  const graph = document.getElementById("topology-graph");
+  if (!graph) return null;
+  return {
+    nodes: [...graph.querySelectorAll("g.topo-node")].map((n) => ({
+      id: n.dataset.id, kind: n.dataset.kind, sub: n.dataset.sub,
+      text: [...n.querySelectorAll("text")].map((t) => t.textContent)})),
+    boxes: [...graph.querySelectorAll("g.topo-box text")].map((t) => t.textContent),
+    edges: [...graph.querySelectorAll("path.topo-edge")].map((e) =>
+      [e.dataset.source, e.dataset.target]),
+    meta: document.getElementById("topology-meta").textContent,
+    problem: document.getElementById("problem").hidden ? null
+      : document.getElementById("problem").textContent,
+  };
+}"""
+
+
+@requires_chromium
+@pytest.mark.timeout(300)
+async def test_the_page_draws_the_topology_the_running_app_published(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
+) -> None:
+    prefix = unique("webtopo")
+    await create_topics(bootstrap, {f"{prefix}-{t}": 1 for t in (
+        "clicks", "left", "right", "orders", "sessions", "joined", "enriched")})
+    description = build_dsl_ops(App(prefix, bootstrap_servers="127.0.0.1:1"), prefix).describe()
+    worker = spawn_app("tests.broker.streams.apps.dsl_ops:app", {"DSL_PREFIX": prefix}, prefix,
+                       bootstrap, tmp_path / "state", group_instance_id="node-a")
+    try:
+        async def running() -> bool:
+            status = (await read_status(bootstrap, prefix)).get("node-a-thread-0", {})
+            return status.get("pid") == worker.pid and status.get("state") == "running"
+
+        await wait_until(running, timeout_s=120, message="the app to run")
+        async with web_view(prefix, bootstrap) as url, async_playwright() as playwright:
+            browser = await playwright.chromium.launch(executable_path=CHROMIUM,
+                                                      args=CHROMIUM_FLAGS)
+            page = await browser.new_page(viewport={"width": 1600, "height": 1000})
+            await page.goto(url)
+            drawn: dict[str, Any] = {}
+
+            async def drawing() -> bool:
+                drawn.update(await page.evaluate(READ_TOPOLOGY) or {})
+                return bool(drawn.get("nodes"))
+
+            await wait_until(drawing, timeout_s=60, message="the page to draw the topology")
+            nodes = {n["id"]: n for n in drawn["nodes"]}
+            expected = {f"node:{n.name}" for sub in description.sub_topologies
+                        for n in sub.nodes}
+            expected |= {f"topic:{t}" for t in (*description.source_topics,
+                                                 *description.sink_topics,
+                                                 *description.repartition_topics,
+                                                 *description.changelog_topics)}
+            expected |= {f"store:{s}" for sub in description.sub_topologies
+                         for s in sub.stores}
+            assert expected <= set(nodes), expected - set(nodes)
+            assert drawn["boxes"] == [f"Sub-topology {s.id}"
+                                      for s in description.sub_topologies]
+            assert "published by node-a" in drawn["meta"]
+            assert drawn["problem"] is None, drawn["problem"]
+            # The foreign-key join's two internal topics link its two sub-topologies.
+            captions = sorted(n["text"][1] for n in nodes.values()
+                              if n["kind"] == "repartition-topic")
+            assert captions == ["FK response topic", "FK subscription topic"]
+            assert nodes[f"topic:{prefix}-clicks"]["text"] == [f"{prefix}-clicks", "topic"]
+            sessions = next(n for n in nodes.values() if "session" in n["text"][0]
+                            and n["kind"] == "processor")
+            assert ["store:sessions", sessions["id"]] in drawn["edges"]
+            graph = await page.query_selector("#topology-graph")
+            assert graph is not None
+            await page.add_style_tag(content=".topology { max-height: none; overflow: visible; }")
+            await graph.screenshot(path=str(tmp_path / "web-topology.png"))
+            await browser.close()
+        keep = os.environ.get("RELAY_WEB_SCREENSHOTS")
+        if keep:
+            shutil.copyfile(tmp_path / "web-topology.png", Path(keep) / "web-topology.png")
+    finally:
+        stop(worker)
 
 
 async def test_the_cli_refuses_an_unknown_app_and_a_bad_port(bootstrap: str) -> None:

@@ -171,6 +171,13 @@ def description_from_data(data: Any) -> TopologyDescription:
                                       _strs(n["predecessors"])) for n in sub["nodes"]),
                 _strs(sub["stores"]))
             for sub in data["sub_topologies"])
+        names = [n.name for sub in subs for n in sub.nodes]
+        if len(set(names)) != len(names):
+            raise ValueError("a node name appears twice")
+        unknown = sorted({other for sub in subs for n in sub.nodes
+                          for other in (*n.successors, *n.predecessors)} - set(names))
+        if unknown:
+            raise ValueError(f"edges to nodes it does not describe: {', '.join(unknown)}")
         topics = data["topics"]
         changelogs = data.get("changelogs", {})
         if not isinstance(changelogs, dict):

@@ -287,7 +287,6 @@ class _Graph:
             for rank in range(a.rank + 1, b.rank):
                 bend = LaidNode(f"bend:{len(self.order)}", "bend", "", "", a.sub, rank, a.band,
                                 w=BEND_W)
-                bend.label = ""
                 self.nodes[bend.id] = bend
                 self.order.append(bend.id)
                 chain.append(bend.id)

@@ -135,6 +135,13 @@ def test_the_data_survives_json_and_renders_describes_text(build: Any) -> None:
     ({**word_count().describe().to_data(),
       "sub_topologies": [{"id": 0, "stores": [], "nodes": [node("widget", "x")]}]},
      "malformed topology description"),
+    ({**word_count().describe().to_data(),
+      "sub_topologies": [{"id": 0, "stores": [], "nodes": [node("source", "a", ("t",),
+                                                                 successors=("b",))]}]},
+     "edges to nodes it does not describe: b"),
+    ({**word_count().describe().to_data(),
+      "sub_topologies": [{"id": 0, "stores": [], "nodes": [node("processor", "a")] * 2}]},
+     "a node name appears twice"),
 ])
 def test_anything_else_is_refused_with_what_is_wrong(data: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -48,13 +48,17 @@ class ForeignKeyJoin:
     right_store: str
 
 
-class SubscribeNode(Node):
-    """Step 1: a left row's update becomes subscriptions keyed by foreign key, as
-    ``[left_key, hash or None]`` (None: unsubscribe)."""
+class ForeignKeyStep(Node):
+    """A step of one foreign-key join: each knows the join it belongs to."""
 
     def __init__(self, name: str, join: ForeignKeyJoin) -> None:
         super().__init__(name)
         self.join = join
+
+
+class SubscribeNode(ForeignKeyStep):
+    """Step 1: a left row's update becomes subscriptions keyed by foreign key, as
+    ``[left_key, hash or None]`` (None: unsubscribe)."""
 
     def store_names(self) -> list[str]:
         return [self.join.rows_store]
@@ -81,12 +85,8 @@ class SubscribeNode(Node):
 _RESPOND_DIRECTLY = "\x00relay.fk.none"
 
 
-class SubscriptionNode(Node):
+class SubscriptionNode(ForeignKeyStep):
     """Step 2, on a subscription: record it, answer with the right row."""
-
-    def __init__(self, name: str, join: ForeignKeyJoin) -> None:
-        super().__init__(name)
-        self.join = join
 
     def store_names(self) -> list[str]:
         return [self.join.subscriptions_store, self.join.right_store]
@@ -105,13 +105,9 @@ class SubscriptionNode(Node):
         self.forward(ctx, left_key, [digest, ctx.store(self.join.right_store).get(key)])
 
 
-class RightUpdateNode(Node):
+class RightUpdateNode(ForeignKeyStep):
     """Step 2, on an update of a right row: answer every subscription to it, with the hash
     the subscription carried."""
-
-    def __init__(self, name: str, join: ForeignKeyJoin) -> None:
-        super().__init__(name)
-        self.join = join
 
     def store_names(self) -> list[str]:
         return [self.join.subscriptions_store]
@@ -124,12 +120,8 @@ class RightUpdateNode(Node):
             self.forward(ctx, left_key, [digest, value])
 
 
-class ResponseNode(Node):
+class ResponseNode(ForeignKeyStep):
     """Step 3: join an answer with the current left row, unless it is stale."""
-
-    def __init__(self, name: str, join: ForeignKeyJoin) -> None:
-        super().__init__(name)
-        self.join = join
 
     def store_names(self) -> list[str]:
         return [self.join.rows_store]

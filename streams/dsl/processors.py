@@ -314,19 +314,19 @@ class ReduceNode(Node):
         return [self.store]
 
 
-class WindowAggregateNode(Node):
-    """Aggregates by (key, window) into a store keyed ``(key, window_start)``.
+class WindowedAggregation(Node):
+    """What every windowed aggregation shares (time, session and sliding windows): one store,
+    its windows, an initializer and an aggregator, and a stream time of its own.
 
     Its stream time is the largest timestamp among the records that reached it (not those a
-    step before it dropped). A record whose window closed (end + grace <= stream time) is
-    dropped and counted; windows older than the retention are purged as stream time advances.
+    step before it dropped): Kafka Streams' observed stream time.
     """
 
     def __init__(
         self,
         name: str,
         store: str,
-        windows: HoppingWindows,
+        windows: Any,
         initializer: Callable[[], Any],
         aggregator: Callable[[Any, Any, Any], Any],
     ) -> None:
@@ -336,13 +336,31 @@ class WindowAggregateNode(Node):
         self.initializer = initializer
         self.aggregator = aggregator
 
+    def store_names(self) -> list[str]:
+        return [self.store]
+
+    def advance_stream_time(self, ctx: ProcessorContext, timestamp: int) -> int:
+        """Take ``timestamp`` into this node's stream time; returns the stream time."""
+        stream_time = max(ctx.observed_ms.get(self.name, -1), timestamp)
+        ctx.observed_ms[self.name] = stream_time
+        return stream_time
+
+
+class WindowAggregateNode(WindowedAggregation):
+    """Aggregates by (key, window) into a store keyed ``(key, window_start)``.
+
+    A record whose window closed (end + grace <= stream time) is dropped and counted; windows
+    older than the retention are purged as stream time advances.
+    """
+
+    windows: HoppingWindows
+
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         if not _has_key(self, ctx, key, "a windowed aggregation"):
             return
         store = ctx.store(self.store)
         timestamp = ctx.timestamp_ms
-        stream_time = max(ctx.observed_ms.get(self.name, -1), timestamp)
-        ctx.observed_ms[self.name] = stream_time
+        stream_time = self.advance_stream_time(ctx, timestamp)
         for start, end in self.windows.windows_for(timestamp):
             if end + self.windows.grace_ms <= stream_time:
                 ctx.drop_late(self.name, self.store, start, end, self.windows.grace_ms)
@@ -353,9 +371,6 @@ class WindowAggregateNode(Node):
             updated = self.aggregator(key, value, current)
             store.put((key, start), updated)
             self.forward(ctx, Windowed(key, start, end), updated)
-
-    def store_names(self) -> list[str]:
-        return [self.store]
 
     def purge(self, ctx: ProcessorContext) -> int:
         """Delete windows past retention; returns how many."""

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from streams.dsl.processors import Node, ProcessorContext, _has_key
+from streams.dsl.processors import ProcessorContext, WindowedAggregation, _has_key
 from streams.dsl.windows import Windowed
 
 #: Above every timestamp: the upper bound of a key's range scan.
@@ -47,7 +47,9 @@ class SessionWindows:
         return self.inactivity_gap_ms + self.grace_ms
 
 
-class SessionAggregateNode(Node):
+class SessionAggregateNode(WindowedAggregation):
+    windows: SessionWindows
+
     def __init__(
         self,
         name: str,
@@ -57,24 +59,15 @@ class SessionAggregateNode(Node):
         aggregator: Callable[[Any, Any, Any], Any],
         merger: Callable[[Any, Any, Any], Any],
     ) -> None:
-        super().__init__(name)
-        self.store = store
-        self.windows = windows
-        self.initializer = initializer
-        self.aggregator = aggregator
+        super().__init__(name, store, windows, initializer, aggregator)
         self.merger = merger
-
-    def store_names(self) -> list[str]:
-        return [self.store]
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         if not _has_key(self, ctx, key, "a session aggregation"):
             return
         store = ctx.store(self.store)
         timestamp = ctx.timestamp_ms
-        # The largest timestamp this node has seen (Kafka Streams' observed stream time).
-        stream_time = max(ctx.observed_ms.get(self.name, -1), timestamp)
-        ctx.observed_ms[self.name] = stream_time
+        stream_time = self.advance_stream_time(ctx, timestamp)
         close_time = stream_time - self.windows.close_after_ms
         gap = self.windows.inactivity_gap_ms
         merged: list[tuple[int, int, Any]] = []

@@ -13,12 +13,11 @@ largest timestamp. A record is late once stream time minus grace passes ``t + 1 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from statestore.store import KeyValueStore
-from streams.dsl.processors import Node, ProcessorContext
+from streams.dsl.processors import ProcessorContext, WindowedAggregation
 from streams.dsl.sessions import purge_due
 from streams.dsl.windows import Windowed
 
@@ -43,23 +42,8 @@ class SlidingWindows:
         return self.grace_ms
 
 
-class SlidingAggregateNode(Node):
-    def __init__(
-        self,
-        name: str,
-        store: str,
-        windows: SlidingWindows,
-        initializer: Callable[[], Any],
-        aggregator: Callable[[Any, Any, Any], Any],
-    ) -> None:
-        super().__init__(name)
-        self.store = store
-        self.windows = windows
-        self.initializer = initializer
-        self.aggregator = aggregator
-
-    def store_names(self) -> list[str]:
-        return [self.store]
+class SlidingAggregateNode(WindowedAggregation):
+    windows: SlidingWindows
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         if key is None or value is None:
@@ -67,8 +51,7 @@ class SlidingAggregateNode(Node):
         store = ctx.store(self.store)
         t = ctx.timestamp_ms
         d = self.windows.time_difference_ms
-        stream_time = max(ctx.observed_ms.get(self.name, -1), t)
-        ctx.observed_ms[self.name] = stream_time
+        stream_time = self.advance_stream_time(ctx, t)
         close_time = stream_time - self.windows.grace_ms
         if t + 1 + d <= close_time:
             ctx.drop_late(self.name, self.store, t - d, t, self.windows.grace_ms)

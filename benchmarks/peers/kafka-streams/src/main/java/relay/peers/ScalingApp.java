@@ -51,7 +51,7 @@ import sun.misc.Signal;
  * standby settings the benchmark gives (BENCH_* variables).
  *
  * <p>Kafka Streams publishes nothing like Relay's member status, so this app publishes its
- * own, every half second, on BENCH_STATUS (msgpack, keyed by instance): its consumer
+ * own, every half second, on BENCH_STATUS (msgpack, keyed by instance and pid): its consumer
  * generation, active and standby tasks, active tasks restoring, and changelog records
  * restored by actives and standbys (warm-ups included). It writes a tombstone as it exits.
  *
@@ -274,7 +274,9 @@ public final class ScalingApp {
             props.put("linger.ms", 0);
             this.producer = new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer());
             this.topic = env.get("BENCH_STATUS");
-            this.key = instance.getBytes(java.nio.charset.StandardCharsets.UTF_8);
+            // Keyed by process as well: a restarted instance starts its counters from zero,
+            // and the benchmark counts each key's records restored from its first record.
+            this.key = (instance + "/" + PID).getBytes(java.nio.charset.StandardCharsets.UTF_8);
             this.instance = instance;
             this.standbys = standbys;
             this.streams = streams;

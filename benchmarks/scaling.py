@@ -14,7 +14,19 @@ Strategies:
   closes every task; a moved task restores before it runs);
 - ``faust``: faust-streaming running the equivalent app (:mod:`benchmarks.scaling_faust_app`).
   It has no leaving mark, so its hand-over is its graceful shutdown on SIGTERM, as its
-  scale-in is.
+  scale-in is;
+- ``kafka-streams-warmup``: Kafka Streams (``relay.peers.ScalingApp``, Java) with its
+  HighAvailabilityTaskAssignor: warm-up replicas (``max.warmup.replicas`` = ``--max-learners``,
+  ``acceptable.recovery.lag`` = ``--acceptable-lag``, a probing rebalance every 60 s, its
+  minimum), no standbys, static membership, Relay's commit interval and one stream thread;
+- ``kafka-streams-standby``: the same with ``num.standby.replicas`` 1.
+  Kafka Streams has no leaving mark: its hand-over closes the instance with
+  ``CloseOptions.groupMembershipOperation(LEAVE_GROUP)``, so it leaves the group at once and
+  its tasks move in the next rebalance (to a standby if there is one). Its scale-in
+  (SIGTERM: ``close()``) leaves a static member in the group, so its tasks wait for the
+  session timeout, as a static Relay member's do. Kafka Streams cannot join a group on the
+  embedded Tansu broker: on ``--engine tansu`` these strategies are reported as failed with
+  that reason, and the others keep their figures.
 
 The whole run is repeated for each state size (``--state-mb``, changelog bytes per task).
 Each strategy gets a fresh broker on which every task's changelog is prefilled in that
@@ -31,11 +43,12 @@ A strategy that fails (a worker dies, a deadline passes) is reported as failed w
 it completed and the error; the run goes on with the next one.
 
 Everything is measured from the app's outputs (each names its task, process and time) and
-from the members' status records (generation, tasks, records restored), which both frameworks
-publish, so the strategies are measured the same way. The group counts as balanced when, over
-the last ``--balance-window`` seconds, every task's outputs came from exactly one process,
-those are exactly the running workers with loads within one task, and the members' status
-agrees and shows nothing still moving (no learner, no restoring active, no leaving mark).
+from the members' status records (generation, tasks, records restored), which every app
+publishes (the faust and Kafka Streams apps publish their own), so the strategies are
+measured the same way. The group counts as balanced when, over the last
+``--balance-window`` seconds, every task's outputs came from exactly one process, those are
+exactly the running workers with loads within one task, and the members' status agrees and
+shows nothing still moving (no learner or warm-up, no restoring active, no leaving mark).
 """
 
 from __future__ import annotations
@@ -67,6 +80,7 @@ from benchmarks.broker_engine import (
     engine_label,
     start_broker,
 )
+from benchmarks.peers import kafka_streams
 from benchmarks.scaling_analysis import (
     Phase,
     in_rounds,
@@ -80,6 +94,7 @@ from benchmarks.scaling_observe import (
     OutputFollower,
     StatusFollower,
     faust_status,
+    kafka_streams_status,
     relay_status,
 )
 from benchmarks.scaling_plot import plot_gaps_by_state, plot_throughput
@@ -87,20 +102,35 @@ from benchmarks.scaling_prefill import (
     changelog_topic,
     faust_encoder,
     input_key,
+    kafka_streams_encoder,
     prefill_changelog,
     relay_encoder,
     relay_position,
 )
 from benchmarks.scaling_rounds import JoinRounds, measure_join_rounds
-from benchmarks.scaling_workers import FaustPool, PoolSettings, RelayPool, WorkerPool
+from benchmarks.scaling_workers import (
+    FaustPool,
+    KafkaStreamsPool,
+    PoolSettings,
+    RelayPool,
+    WorkerPool,
+)
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
 from streams.group.control import LeavingMark, control_topic_name, encode_mark
 from streams.group.member_id import instance_of
 from streams.group.status_topic import status_topic_name
 
-STRATEGIES = ("relay-learner", "relay-learner-standby", "relay-stop-the-world", "faust")
+KAFKA_STREAMS = ("kafka-streams-warmup", "kafka-streams-standby")
+STRATEGIES = ("relay-learner", "relay-learner-standby", "relay-stop-the-world", "faust",
+              *KAFKA_STREAMS)
 #: Standby copies per task of each strategy.
-STANDBYS = {"relay-learner-standby": 1}
+STANDBYS = {"relay-learner-standby": 1, "kafka-streams-standby": 1}
+#: Kafka Streams' probing rebalance interval: its minimum, so warm-ups move tasks soonest.
+PROBING_REBALANCE_MS = 60_000
+TANSU_WITHOUT_KAFKA_STREAMS = (
+    "Kafka Streams cannot join a group on the embedded Tansu broker (its stream thread's "
+    "consumer is disconnected at every ApiVersions to the group coordinator, so no task is "
+    "ever assigned): run the Kafka Streams strategies with --engine kafka")
 PHASES = ("scale-out", "scale-in", "hand-over", "rolling-restart")
 DEFAULT_PHASES = ("scale-out", "scale-in", "scale-out", "hand-over", "rolling-restart")
 #: Outputs reach the benchmark a little after they were processed; the balance check looks
@@ -252,8 +282,10 @@ class Run:
         for name, worker in self.pool.workers.items():
             code = worker.process.poll()
             if code is not None and not worker.may_exit:
+                last = last_line(Path(worker.log.name))
                 raise StrategyFailed(f"worker {name} (pid {worker.process.pid}) exited with "
-                                     f"code {code}; see its log in {self.pool.settings.run_dir}")
+                                     f"code {code}; see its log in {self.pool.settings.run_dir}"
+                                     + (f"; its last line: {last}" if last else ""))
 
     def start_worker(self) -> str:
         self.started_workers += 1
@@ -298,18 +330,29 @@ class Run:
         phase.notes.append(f"{name} started with an empty state directory")
 
     async def scale_in(self, phase: Phase) -> None:
-        """Stop the newest instance with SIGTERM (the graceful shutdown of both frameworks);
-        its tasks move once the group notices (a static Relay member: the session timeout)."""
+        """Stop the newest instance with SIGTERM (the graceful shutdown of every framework);
+        its tasks move once the group notices (a static member, Relay's or Kafka Streams':
+        the session timeout)."""
         name = self.newest_added("scale in")
         code = await self.pool.stop(name, timeout_s=self.remaining())
         phase.notes.append(f"{name} stopped with SIGTERM (exit code {code})")
 
     async def hand_over(self, phase: Phase) -> None:
         """Mark the newest instance leaving (``relay mark-leaving``): it hands its tasks over
-        (learners catch up first) and exits by itself. faust has no leaving mark: SIGTERM."""
+        (learners catch up first) and exits by itself. faust has no leaving mark: SIGTERM.
+        Kafka Streams has none either: the instance closes with LEAVE_GROUP."""
         if isinstance(self.pool, FaustPool):
             phase.notes.append("faust has no leaving mark: its hand-over is SIGTERM")
             await self.scale_in(phase)
+            return
+        if isinstance(self.pool, KafkaStreamsPool):
+            name = self.newest_added("hand over")
+            code = await self.pool.stop(name, timeout_s=self.remaining(),
+                                        sig=KafkaStreamsPool.LEAVE_SIGNAL)
+            phase.notes.append(
+                f"Kafka Streams has no leaving mark: {name} closed with "
+                f"CloseOptions.groupMembershipOperation(LEAVE_GROUP) (exit code {code}); its "
+                "tasks move in the rebalance its LeaveGroup starts")
             return
         name = self.newest_added("hand over")
         pid = self.pool.pid(name)
@@ -351,6 +394,17 @@ class Run:
                 "balanced_at_s": (phase.ended - self.started) if phase.balanced else None}
 
 
+def last_line(log: Path) -> str:
+    """The last non-empty line of a worker's log ("" when there is none)."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")
+
+
 async def mark_leaving(bootstrap: str, app_id: str, instance: str) -> None:
     """What ``relay mark-leaving`` does: the mark on the app's control topic."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
@@ -385,7 +439,10 @@ async def run_strategy(name: str, args: argparse.Namespace, sizes: Sizes, bootst
     app_id = f"scaling-{name}-{uuid.uuid4().hex[:8]}"
     source, sink = f"{app_id}-in", f"{app_id}-out"
     faust = name == "faust"
-    status_topic = f"{app_id}-faust-status" if faust else status_topic_name(app_id)
+    java = name in KAFKA_STREAMS
+    relay = not (faust or java)
+    status_topic = (f"{app_id}-faust-status" if faust else f"{app_id}-ks-status" if java
+                    else status_topic_name(app_id))
     settings = PoolSettings(bootstrap, app_id, source, sink, status_topic, sizes.partitions,
                             args.session_timeout_ms, STANDBYS.get(name, 0),
                             run_dir / f"{name}-{sizes.state_mb:g}MB")
@@ -400,26 +457,37 @@ async def run_strategy(name: str, args: argparse.Namespace, sizes: Sizes, bootst
     traffic: asyncio.Task[int] | None = None
     pool: WorkerPool | None = None
     outputs = OutputFollower(bootstrap, sink)
-    status = StatusFollower(bootstrap, status_topic, faust_status if faust else relay_status)
+    status = StatusFollower(bootstrap, status_topic, faust_status if faust
+                            else kafka_streams_status if java else relay_status)
     following = False
     run: Run | None = None
     try:
+        if java:
+            if args.engine == "tansu" and not args.bootstrap:
+                raise StrategyFailed(TANSU_WITHOUT_KAFKA_STREAMS)
+            kafka_streams.build()  # before the prefill: a failed build costs nothing more
         specs = [TopicSpec(source, sizes.partitions), TopicSpec(sink, 1),
                  TopicSpec(status_topic, 1, COMPACTED),
                  TopicSpec(changelog_topic(app_id), sizes.partitions, COMPACTED)]
-        if not faust:
+        if relay:
             specs.append(TopicSpec(control_topic_name(app_id), 1, COMPACTED))
         await create_topics(bootstrap, specs)
         rate = await prefill_changelog(
             bootstrap, changelog_topic(app_id), sizes.partitions, sizes.keys,
             sizes.records_per_task, sizes.value_bytes,
-            faust_encoder() if faust else relay_encoder(),
-            None if faust else relay_position(source))
+            faust_encoder() if faust else kafka_streams_encoder() if java else relay_encoder(),
+            relay_position(source) if relay else None)
         print(f"  {name}: prefilled {sizes.records_per_task:,} changelog records of "
               f"{sizes.value_bytes} B per task ({rate:,.0f}/s)", flush=True)
-        pool = (FaustPool(settings) if faust else RelayPool(
-            settings, "eager" if name == "relay-stop-the-world" else "cooperative",
-            args.acceptable_lag, args.max_learners, args.worker_log_level))
+        if faust:
+            pool = FaustPool(settings)
+        elif java:
+            pool = KafkaStreamsPool(settings, args.acceptable_lag, args.max_learners,
+                                    PROBING_REBALANCE_MS)
+        else:
+            pool = RelayPool(
+                settings, "eager" if name == "relay-stop-the-world" else "cooperative",
+                args.acceptable_lag, args.max_learners, args.worker_log_level)
         run = Run(name, pool, outputs, status, sizes, args, bootstrap, app_id)
         await outputs.start()
         await status.start()
@@ -674,9 +742,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     timing.add_argument("--session-timeout-ms", type=int, default=6000)
     timing.add_argument("--join-rounds", type=int, default=5,
                         help="join rounds the probe group measures (the median is the unit)")
-    relay = parser.add_argument_group("relay")
-    relay.add_argument("--acceptable-lag", type=int, default=1000)
-    relay.add_argument("--max-learners", type=int, default=2)
+    relay = parser.add_argument_group("relay (and Kafka Streams)")
+    relay.add_argument("--acceptable-lag", type=int, default=1000,
+                       help="Relay's acceptable_lag, and Kafka Streams' "
+                            "acceptable.recovery.lag")
+    relay.add_argument("--max-learners", type=int, default=2,
+                       help="Relay's max_learners, and Kafka Streams' max.warmup.replicas")
     relay.add_argument("--worker-log-level", default="INFO",
                        help="log level of the Relay workers (their logs stay in the run "
                             "directory: rebalances and who asked for them)")

@@ -2,9 +2,9 @@
 (one per input record: task, process, time, the input's sequence number) and its members'
 status records (generation, what each runs, changelog records restored).
 
-Relay members publish status on ``<app>-status``; the faust app publishes the same facts on a
-topic of its own. Both are read into :class:`MemberStatus`, so everything downstream treats
-the strategies alike.
+Relay members publish status on ``<app>-status``; the faust and Kafka Streams apps publish the
+same facts on a topic of their own (neither framework has such records). All are read into
+:class:`MemberStatus`, so everything downstream treats the strategies alike.
 """
 
 from __future__ import annotations
@@ -54,6 +54,19 @@ def faust_status(key: str, record: dict[str, Any]) -> MemberStatus:
     return MemberStatus(
         key, record["pid"], record["generation"],
         frozenset(f"0_{p}" for p in record["assigned"]), False,
+        record.get("restored_records", 0), record["updated_ms"])
+
+
+def kafka_streams_status(key: str, record: dict[str, Any]) -> MemberStatus:
+    """A status record of the Kafka Streams app (``relay.peers.ScalingApp``). It is moving
+    while an active task restores or the client is not RUNNING, and, without configured
+    standbys, while it holds any standby task: those are the warm-up replicas of the
+    HighAvailabilityTaskAssignor (Kafka Streams does not tell a warm-up from a standby, so with
+    standbys configured a warm-up shows only as uneven load, which the balance check sees)."""
+    warming_up = record["standbys_configured"] == 0 and bool(record["standby"])
+    return MemberStatus(
+        key, record["pid"], record["generation"], frozenset(record["active"]),
+        bool(record["restoring"]) or record["state"] != "RUNNING" or warming_up,
         record.get("restored_records", 0), record["updated_ms"])
 
 

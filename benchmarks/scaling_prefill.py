@@ -32,7 +32,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from statestore.bulk_send import BoundedSender
 from statestore.store import INPUT_POSITION_KEY, StoreSpec, changelog_topic_name
 
-#: The app's store (Relay) and table (faust) are both called ``state``.
+#: The app's store (Relay, Kafka Streams) and table (faust) are all called ``state``.
 STORE = "state"
 #: Changelog records between two input-position records of Relay's prefill (about what a
 #: task writes between two commits under this benchmark's load).
@@ -87,8 +87,20 @@ def faust_encoder() -> Encoder:
     return encode
 
 
+def kafka_streams_encoder() -> Encoder:
+    """The Kafka Streams app's store encoding (``relay.peers.ScalingApp``): the key is the
+    input record's key as it is (``Serdes.Bytes``), the value the msgpack map the app
+    writes."""
+
+    def encode(key: str, value: dict[str, object]) -> tuple[bytes, bytes]:
+        return msgpack.packb(key), msgpack.packb(value)
+
+    return encode
+
+
 def changelog_topic(app_id: str) -> str:
-    """Both frameworks name the store's changelog ``<app id>-state-changelog``."""
+    """Every framework names the store's changelog ``<app id>-state-changelog`` (Kafka
+    Streams: ``<application.id>-<store>-changelog``)."""
     return changelog_topic_name(app_id, STORE)
 
 

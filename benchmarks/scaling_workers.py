@@ -1,4 +1,5 @@
-"""Worker processes of the scaling benchmark: one app instance per process, Relay or faust.
+"""Worker processes of the scaling benchmark: one app instance per process, Relay, faust or
+Kafka Streams.
 
 A pool starts, stops and restarts named workers (``w1``, ``w2``, …), each with its own state
 directory that survives its restarts and a log file of its own. Every worker is tied to the
@@ -21,7 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from benchmarks.peers import kafka_streams
+
 _PR_SET_PDEATHSIG = 1
+#: Every framework's commit interval in this benchmark (Relay's and Kafka Streams'; faust's
+#: ``broker_commit_interval`` is the same 0.5 s).
+COMMIT_INTERVAL_MS = 500
 #: Workers import the apps as ``benchmarks.…`` from the repository's root.
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,14 +106,15 @@ class WorkerPool(ABC):
     def exited(self, name: str) -> bool:
         return self.workers[name].process.poll() is not None
 
-    async def stop(self, name: str, timeout_s: float = 60.0) -> int | None:
-        """SIGTERM (the graceful shutdown of both frameworks), SIGKILL after ``timeout_s``.
-        Returns the exit code, or None when the worker had to be killed. Waits without
-        blocking the event loop: the input and the observers go on meanwhile."""
+    async def stop(self, name: str, timeout_s: float = 60.0,
+                   sig: signal.Signals = signal.SIGTERM) -> int | None:
+        """``sig`` (SIGTERM: the graceful shutdown of every framework), SIGKILL after
+        ``timeout_s``. Returns the exit code, or None when the worker had to be killed. Waits
+        without blocking the event loop: the input and the observers go on meanwhile."""
         worker = self.workers.pop(name)
         try:
             if worker.process.poll() is None:
-                worker.process.send_signal(signal.SIGTERM)
+                worker.process.send_signal(sig)
             deadline = time.monotonic() + timeout_s
             while worker.process.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
@@ -167,7 +174,7 @@ class RelayPool(WorkerPool):
             "RELAY_REBALANCE_PROTOCOL": self.protocol,
             "RELAY_SESSION_TIMEOUT_MS": str(s.session_timeout_ms),
             "RELAY_HEARTBEAT_INTERVAL_MS": "1000",
-            "RELAY_COMMIT_INTERVAL_MS": "500",
+            "RELAY_COMMIT_INTERVAL_MS": str(COMMIT_INTERVAL_MS),
             "RELAY_NUM_STANDBYS": str(s.standbys),
             "RELAY_ACCEPTABLE_LAG": str(self.acceptable_lag),
             "RELAY_MAX_LEARNERS": str(self.max_learners),
@@ -190,4 +197,45 @@ class FaustPool(WorkerPool):
             "BENCH_DATA_DIR": str(self.state_dir(name)),
             "BENCH_SESSION_TIMEOUT_S": str(s.session_timeout_ms / 1000),
             "BENCH_STANDBYS": str(s.standbys),
+        }
+
+
+class KafkaStreamsPool(WorkerPool):
+    """Kafka Streams workers running ``relay.peers.ScalingApp`` (one JVM each, built by Maven
+    on first use): static members named ``<app id>-<worker>``, the HighAvailabilityTaskAssignor
+    with ``max_warmups`` warm-up replicas, Relay's acceptable lag and a probing rebalance every
+    ``probing_ms``. SIGTERM closes a worker as Kafka Streams does by default (a static member
+    stays in the group); :data:`LEAVE_SIGNAL` closes it with LEAVE_GROUP."""
+
+    #: The JVM's heap: the store lives in RocksDB, off the heap.
+    HEAP = "512m"
+    #: Makes the app close with ``CloseOptions.groupMembershipOperation(LEAVE_GROUP)``.
+    LEAVE_SIGNAL = signal.SIGUSR1
+
+    def __init__(self, settings: PoolSettings, acceptable_lag: int, max_warmups: int,
+                 probing_ms: int) -> None:
+        super().__init__(settings)
+        self.acceptable_lag = acceptable_lag
+        self.max_warmups = max_warmups
+        self.probing_ms = probing_ms
+        self._command: list[str] | None = None
+
+    def command(self) -> list[str]:
+        if self._command is None:
+            self._command = kafka_streams.java_command("ScalingApp", heap=self.HEAP)
+        return self._command
+
+    def environment(self, name: str) -> dict[str, str]:
+        s = self.settings
+        return {
+            "BENCH_APP_ID": s.app_id, "BENCH_INPUT": s.source, "BENCH_OUTPUT": s.sink,
+            "BENCH_STATUS": s.status_topic, "BENCH_BOOTSTRAP": s.bootstrap,
+            "BENCH_STATE_DIR": str(self.state_dir(name)),
+            "BENCH_INSTANCE": f"{s.app_id}-{name}",
+            "BENCH_SESSION_TIMEOUT_MS": str(s.session_timeout_ms),
+            "BENCH_COMMIT_MS": str(COMMIT_INTERVAL_MS),
+            "BENCH_STANDBYS": str(s.standbys),
+            "BENCH_MAX_WARMUPS": str(self.max_warmups),
+            "BENCH_ACCEPTABLE_LAG": str(self.acceptable_lag),
+            "BENCH_PROBING_MS": str(self.probing_ms),
         }

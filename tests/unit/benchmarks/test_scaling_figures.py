@@ -131,6 +131,7 @@ def test_default_phases_and_their_order() -> None:
                            "rolling-restart"]
     assert args.state_mb == [100.0, 800.0]
     assert args.strategies == ["relay-learner", "relay-learner-standby",
-                               "relay-stop-the-world", "faust"]
+                               "relay-stop-the-world", "faust", "kafka-streams-warmup",
+                               "kafka-streams-standby"]
     with pytest.raises(SystemExit):
         parse_args(["--phases", "hand-over"])

@@ -419,7 +419,8 @@ async def mark_leaving(bootstrap: str, app_id: str, instance: str) -> None:
 
 PHASE_TITLES = {"scale-out": ("scale out by one instance", "scale out"),
                 "scale-in": ("scale in by one instance (SIGTERM)", "scale in"),
-                "hand-over": ("hand over and leave (leaving mark)", "hand over"),
+                "hand-over": ("hand over and leave (Relay: leaving mark; others: see the notes)",
+                              "hand over"),
                 "rolling-restart": ("rolling restart of every instance", "rolling restart")}
 
 

@@ -19,10 +19,8 @@ from typing import Any
 from streams.runtime.transactions import CommitTimedOut
 
 #: librdkafka's codes for "another producer with this transactional id took over":
-#: ``_FENCED`` (-144), ``INVALID_PRODUCER_EPOCH`` (47), ``PRODUCER_FENCED`` (90); and
-#: ``_FATAL`` (-150), which a delivery report carries, without the fatal flag, once its
-#: producer is in a fatal state (fenced, as a rule).
-FENCING_CODES = frozenset({-144, 47, 90, -150})
+#: ``_FENCED`` (-144), ``INVALID_PRODUCER_EPOCH`` (47), ``PRODUCER_FENCED`` (90).
+FENCING_CODES = frozenset({-144, 47, 90})
 
 
 def kafka_error(error: BaseException | None) -> Any:

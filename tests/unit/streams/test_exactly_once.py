@@ -201,7 +201,6 @@ def test_only_a_fencing_or_a_fatal_error_sends_a_failed_task_to_the_group() -> N
     assert not revivable(failed(KafkaError.INVALID_PRODUCER_EPOCH, txn_requires_abort=True))
     assert revivable(CommitTimedOut("3 records still unsent after the flush"))
     assert not revivable(TransactionFailed("something else"))
-    assert not revivable(TransactionFailed("sends failed", KafkaError(KafkaError._FATAL)))
     assert not revivable(RuntimeError("not a Kafka error"))
 
 

@@ -52,9 +52,9 @@ from streams.runtime.transactions import (
     TaskProducers,
     TransactionalCollector,
     TransactionalCommitter,
+    commit_call_timeout_s,
     new_group_metadata,
     new_transactional_producer,
-    offsets_timeout_s,
 )
 
 
@@ -189,7 +189,7 @@ def build_stream_thread(
                                                     config.application_id).fetch,
             tasks.running, tasks.held, name,
             FailedTransactions(manager, member).task_failed, metrics, label, positions,
-            offsets_timeout_s(config.session_timeout_ms))
+            commit_call_timeout_s(config.session_timeout_ms))
     else:
         data_producer = (clients.data_producer if clients.data_producer is not None
                          else new_data_producer(bootstrap_servers or "", f"{label}-data"))

@@ -52,15 +52,12 @@ ABORT_TIMEOUT_S = 5.0
 INIT_ATTEMPTS = 3
 
 
-def offsets_timeout_s(session_timeout_ms: int) -> float:
-    """How long sending a transaction's offsets may take: at most half the session. A member
-    commits in its rebalance callback, and its group's round waits for it meanwhile.
-    librdkafka sends the offsets to the group coordinator it knew, and waits for that broker
-    to come back rather than look for the new coordinator (after a SIGKILL of that broker:
-    until it restarts, 30 to 60 s, and then it answers ``NOT_COORDINATOR``); timed out
-    sooner, the task is revived with a fresh producer, which finds the new coordinator.
-    Flushing and committing keep :data:`TRANSACTION_TIMEOUT_S`: librdkafka follows a moved
-    partition leader or transaction coordinator by itself, within the broker's session."""
+def commit_call_timeout_s(session_timeout_ms: int) -> float:
+    """How long each blocking call of a commit may take: at most half the session. A
+    member commits in its rebalance callback, and its group's round waits for it meanwhile.
+    librdkafka waits for the group coordinator it knew to come back rather than look for
+    the new one (after a SIGKILL of that broker: until it restarts, then ``NOT_COORDINATOR``);
+    timed out sooner, the task is revived with a fresh producer, which finds the new one."""
     return min(TRANSACTION_TIMEOUT_S, session_timeout_ms / 2000)
 
 
@@ -389,9 +386,9 @@ class TransactionalCommitter:
                  name: str, on_failed: Callable[[str, BaseException], Awaitable[None] | None],
                  metrics: Metrics | None = None, metrics_label: str = "",
                  positions: TaskPositions | None = None,
-                 offsets_timeout_s: float = TRANSACTION_TIMEOUT_S) -> None:
+                 call_timeout_s: float = TRANSACTION_TIMEOUT_S) -> None:
         self._collector = collector
-        self._offsets_timeout_s = offsets_timeout_s
+        self._call_timeout_s = call_timeout_s
         #: Where each task also records its input offsets (broker quirk
         #: ``deferred-transactional-offsets``); None where the group's offsets suffice.
         self._positions = positions
@@ -458,7 +455,7 @@ class TransactionalCommitter:
             for key, value in self._positions.records(task.processed):
                 await transaction.produce(self._positions.topic, key, value,
                                           partition=partition)
-        unsent = await asyncio.to_thread(producer.flush, TRANSACTION_TIMEOUT_S)
+        unsent = await asyncio.to_thread(producer.flush, self._call_timeout_s)
         if transaction.errors:
             raise TransactionFailed(f"sends failed: {transaction.errors[0]}",
                                     transaction.errors[0])
@@ -473,8 +470,8 @@ class TransactionalCommitter:
                 producer.send_offsets_to_transaction,
                 [OffsetPartition(tp.topic, tp.partition, offset)
                  for tp, offset in offsets.items()],
-                self._metadata, self._offsets_timeout_s)
-        await asyncio.to_thread(producer.commit_transaction, TRANSACTION_TIMEOUT_S)
+                self._metadata, self._call_timeout_s)
+        await asyncio.to_thread(producer.commit_transaction, self._call_timeout_s)
         self.commits += 1
         # Committed: the changelog holds every write, the stores may apply their buffers.
         for acks in transaction.acks.values():

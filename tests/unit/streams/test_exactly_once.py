@@ -24,7 +24,7 @@ from streams.runtime.transactions import (
     TransactionalCollector,
     TransactionalCommitter,
     TransactionFailed,
-    offsets_timeout_s,
+    commit_call_timeout_s,
 )
 from tests.unit.streams.fakes import SINK, SOURCE, Rig, TransactionLog, assign, record, rig
 
@@ -184,9 +184,9 @@ async def test_a_transaction_failed_by_a_moved_coordinator_revives_its_task_with
         assert log.offsets == {(SOURCE, 0): 3}
 
 
-def test_sending_offsets_waits_at_most_half_a_session() -> None:
-    assert offsets_timeout_s(10_000) == 5.0
-    assert offsets_timeout_s(600_000) == TRANSACTION_TIMEOUT_S
+def test_a_commit_call_waits_at_most_half_a_session() -> None:
+    assert commit_call_timeout_s(10_000) == 5.0
+    assert commit_call_timeout_s(600_000) == TRANSACTION_TIMEOUT_S
 
 
 def test_only_a_fencing_or_a_fatal_error_sends_a_failed_task_to_the_group() -> None:

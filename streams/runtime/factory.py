@@ -52,7 +52,6 @@ from streams.runtime.transactions import (
     TaskProducers,
     TransactionalCollector,
     TransactionalCommitter,
-    commit_call_timeout_s,
     new_group_metadata,
     new_transactional_producer,
 )
@@ -188,8 +187,7 @@ def build_stream_thread(
             clients.group_metadata or GroupMetadata(bootstrap_servers,
                                                     config.application_id).fetch,
             tasks.running, tasks.held, name,
-            FailedTransactions(manager, member).task_failed, metrics, label, positions,
-            commit_call_timeout_s(config.session_timeout_ms))
+            FailedTransactions(manager, member).task_failed, metrics, label, positions)
     else:
         data_producer = (clients.data_producer if clients.data_producer is not None
                          else new_data_producer(bootstrap_servers or "", f"{label}-data"))

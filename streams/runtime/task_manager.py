@@ -341,9 +341,8 @@ class TaskManager:
         if not set(partitions) <= set(self._consumer.assignment()):
             return False
         self._consumer.pause(*partitions)
-        # Its committed offsets are read once it is restored, so after its new producer
-        # fenced the old one: a commit that timed out may still have gone through.
         self.tasks.add_restoring(task_id, self._stores_for(task_id))
+        self._ask_committed(task_id)
         self._updater.assignment_changed()
         log.info("%s: revived task %s in place from its committed state", self._name, task_id)
         return True

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from streams.runtime.transactions import CommitTimedOut
-
 #: librdkafka's codes for "another producer with this transactional id took over":
 #: ``_FENCED`` (-144), ``INVALID_PRODUCER_EPOCH`` (47), ``PRODUCER_FENCED`` (90).
 FENCING_CODES = frozenset({-144, 47, 90})
@@ -37,12 +35,10 @@ def kafka_error(error: BaseException | None) -> Any:
 
 
 def revivable(error: BaseException) -> bool:
-    """Whether the task whose transaction failed with ``error`` may be revived in place: a
-    flush that ran out of time, or an error from the broker or the client (a Kafka error)
-    that is neither a fencing nor fatal to the producer. Anything else (fenced, fatal, or
-    not a Kafka error at all) goes to the group, as before."""
-    if isinstance(error, CommitTimedOut):
-        return True
+    """Whether the task whose transaction failed with ``error`` may be revived in place: the
+    error comes from the broker or the client (a Kafka error), and it is neither a fencing
+    nor fatal to the producer. Anything else (fenced, fatal, or not a Kafka error at all)
+    goes to the group, as before."""
     err = kafka_error(error)
     if err is None:
         return False

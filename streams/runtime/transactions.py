@@ -52,15 +52,6 @@ ABORT_TIMEOUT_S = 5.0
 INIT_ATTEMPTS = 3
 
 
-def commit_call_timeout_s(session_timeout_ms: int) -> float:
-    """How long each blocking call of a commit may take: at most half the session. A
-    member commits in its rebalance callback, and its group's round waits for it meanwhile.
-    librdkafka waits for the group coordinator it knew to come back rather than look for
-    the new one (after a SIGKILL of that broker: until it restarts, then ``NOT_COORDINATOR``);
-    timed out sooner, the task is revived with a fresh producer, which finds the new one."""
-    return min(TRANSACTION_TIMEOUT_S, session_timeout_ms / 2000)
-
-
 def transactional_id(application_id: str, task_id: str) -> str:
     return f"{application_id}-{task_id}"
 
@@ -103,11 +94,6 @@ class TransactionFailed(Exception):
     def __init__(self, message: str, cause: Any = None) -> None:
         super().__init__(message)
         self.cause = cause
-
-
-class CommitTimedOut(TransactionFailed):
-    """Records were still unsent when the flush's time ran out (a partition without a
-    leader for that long): the producer stays this task's, the transaction just failed."""
 
 
 @dataclass
@@ -385,10 +371,8 @@ class TransactionalCommitter:
                  tasks: Callable[[], list[StreamTask]], held: Callable[[], Iterable[str]],
                  name: str, on_failed: Callable[[str, BaseException], Awaitable[None] | None],
                  metrics: Metrics | None = None, metrics_label: str = "",
-                 positions: TaskPositions | None = None,
-                 call_timeout_s: float = TRANSACTION_TIMEOUT_S) -> None:
+                 positions: TaskPositions | None = None) -> None:
         self._collector = collector
-        self._call_timeout_s = call_timeout_s
         #: Where each task also records its input offsets (broker quirk
         #: ``deferred-transactional-offsets``); None where the group's offsets suffice.
         self._positions = positions
@@ -455,12 +439,12 @@ class TransactionalCommitter:
             for key, value in self._positions.records(task.processed):
                 await transaction.produce(self._positions.topic, key, value,
                                           partition=partition)
-        unsent = await asyncio.to_thread(producer.flush, self._call_timeout_s)
+        unsent = await asyncio.to_thread(producer.flush, TRANSACTION_TIMEOUT_S)
         if transaction.errors:
             raise TransactionFailed(f"sends failed: {transaction.errors[0]}",
                                     transaction.errors[0])
         if unsent:
-            raise CommitTimedOut(f"{unsent} records still unsent after the flush")
+            raise TransactionFailed(f"{unsent} records still unsent after the flush")
         if offsets:
             from confluent_kafka import TopicPartition as OffsetPartition
 
@@ -470,8 +454,8 @@ class TransactionalCommitter:
                 producer.send_offsets_to_transaction,
                 [OffsetPartition(tp.topic, tp.partition, offset)
                  for tp, offset in offsets.items()],
-                self._metadata, self._call_timeout_s)
-        await asyncio.to_thread(producer.commit_transaction, self._call_timeout_s)
+                self._metadata, TRANSACTION_TIMEOUT_S)
+        await asyncio.to_thread(producer.commit_transaction, TRANSACTION_TIMEOUT_S)
         self.commits += 1
         # Committed: the changelog holds every write, the stores may apply their buffers.
         for acks in transaction.acks.values():

@@ -19,12 +19,9 @@ from statestore.store import INPUT_POSITION_KEY
 from streams.config import AppConfig, ConfigError
 from streams.runtime.transaction_errors import revivable
 from streams.runtime.transactions import (
-    TRANSACTION_TIMEOUT_S,
-    CommitTimedOut,
     TransactionalCollector,
     TransactionalCommitter,
     TransactionFailed,
-    commit_call_timeout_s,
 )
 from tests.unit.streams.fakes import SINK, SOURCE, Rig, TransactionLog, assign, record, rig
 
@@ -184,11 +181,6 @@ async def test_a_transaction_failed_by_a_moved_coordinator_revives_its_task_with
         assert log.offsets == {(SOURCE, 0): 3}
 
 
-def test_a_commit_call_waits_at_most_half_a_session() -> None:
-    assert commit_call_timeout_s(10_000) == 5.0
-    assert commit_call_timeout_s(600_000) == TRANSACTION_TIMEOUT_S
-
-
 def test_only_a_fencing_or_a_fatal_error_sends_a_failed_task_to_the_group() -> None:
     def failed(code: int, **kind: bool) -> BaseException:
         return KafkaException(KafkaError(code, "x", **kind))
@@ -199,8 +191,7 @@ def test_only_a_fencing_or_a_fatal_error_sends_a_failed_task_to_the_group() -> N
     assert not revivable(failed(KafkaError._FENCED, fatal=True))
     assert not revivable(failed(KafkaError.PRODUCER_FENCED))
     assert not revivable(failed(KafkaError.INVALID_PRODUCER_EPOCH, txn_requires_abort=True))
-    assert revivable(CommitTimedOut("3 records still unsent after the flush"))
-    assert not revivable(TransactionFailed("something else"))
+    assert not revivable(TransactionFailed("3 records still unsent after the flush"))
     assert not revivable(RuntimeError("not a Kafka error"))
 
 

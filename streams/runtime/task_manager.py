@@ -329,24 +329,6 @@ class TaskManager:
             store.close()  # commits what the changelog holds; says so and drops the rest
         log.info("%s: closed task %s (state stays on disk)", self._name, task_id)
 
-    def revive(self, task_id: str) -> bool:
-        """Close an active task of this thread dirty (its uncommitted writes dropped) and
-        start it again at once from its committed state, as the group's assignment would:
-        restored from its changelog, fenced anew, its input sought to the committed
-        offsets. False (and closed) if the thread no longer holds all its partitions."""
-        if task_id not in self.tasks.active and task_id not in self.tasks.restoring:
-            return False
-        self.close_task(task_id)
-        partitions = self.partitions_of(task_id)
-        if not set(partitions) <= set(self._consumer.assignment()):
-            return False
-        self._consumer.pause(*partitions)
-        self.tasks.add_restoring(task_id, self._stores_for(task_id))
-        self._ask_committed(task_id)
-        self._updater.assignment_changed()
-        log.info("%s: revived task %s in place from its committed state", self._name, task_id)
-        return True
-
     def close_all(self) -> None:
         for task_id in self.tasks.ids():
             try:

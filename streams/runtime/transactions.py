@@ -88,12 +88,7 @@ def new_group_metadata(bootstrap_servers: str, group_id: str) -> Any:
 
 
 class TransactionFailed(Exception):
-    """A task's transaction could not commit; its writes are discarded. ``cause``: the
-    producer's error behind it, when there is one (a failed send)."""
-
-    def __init__(self, message: str, cause: Any = None) -> None:
-        super().__init__(message)
-        self.cause = cause
+    """A task's transaction could not commit; its writes are discarded."""
 
 
 @dataclass
@@ -427,8 +422,7 @@ class TransactionalCommitter:
             return
         producer = transaction.producer
         if transaction.errors:
-            raise TransactionFailed(f"sends failed: {transaction.errors[0]}",
-                                    transaction.errors[0])
+            raise TransactionFailed(f"sends failed: {transaction.errors[0]}")
         if not transaction.open:
             producer.begin_transaction()
             transaction.open = True
@@ -441,8 +435,7 @@ class TransactionalCommitter:
                                           partition=partition)
         unsent = await asyncio.to_thread(producer.flush, TRANSACTION_TIMEOUT_S)
         if transaction.errors:
-            raise TransactionFailed(f"sends failed: {transaction.errors[0]}",
-                                    transaction.errors[0])
+            raise TransactionFailed(f"sends failed: {transaction.errors[0]}")
         if unsent:
             raise TransactionFailed(f"{unsent} records still unsent after the flush")
         if offsets:

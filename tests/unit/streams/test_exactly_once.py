@@ -7,22 +7,15 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import pytest
 from aiokafka.structs import TopicPartition
-from confluent_kafka import KafkaError, KafkaException
 
 from statestore.checkpoint import read_checkpoint
 from statestore.store import INPUT_POSITION_KEY
 from streams.config import AppConfig, ConfigError
-from streams.runtime.transaction_errors import revivable
-from streams.runtime.transactions import (
-    TransactionalCollector,
-    TransactionalCommitter,
-    TransactionFailed,
-)
+from streams.runtime.transactions import TransactionalCollector, TransactionalCommitter
 from tests.unit.streams.fakes import SINK, SOURCE, Rig, TransactionLog, assign, record, rig
 
 CHANGELOG = "unit-counts-changelog"
@@ -130,69 +123,6 @@ async def test_a_fenced_transaction_discards_its_writes_and_the_task_reopens_fro
         await process(r, record(0, 1, "a"), record(0, 2, "b"))
         await r.thread.committer.commit()
         assert [msgpack.unpackb(o.value) for o in log.to(SINK)] == [1, 2, 1]
-
-
-class _CoordinatorMovedOnce:
-    """A producer whose next offsets go to the group's old coordinator: librdkafka fails
-    the transaction (``NOT_COORDINATOR``, abortable), as after a broker's SIGKILL."""
-
-    def __init__(self, producer: Any) -> None:
-        self._producer = producer
-        self.failed = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._producer, name)
-
-    def send_offsets_to_transaction(self, *args: Any) -> None:
-        if not self.failed:
-            self.failed = True
-            raise KafkaException(KafkaError(KafkaError.NOT_COORDINATOR, "Not coordinator",
-                                            txn_requires_abort=True))
-        self._producer.send_offsets_to_transaction(*args)
-
-
-async def test_a_transaction_failed_by_a_moved_coordinator_revives_its_task_without_the_group(
-    tmp_path: Path,
-) -> None:
-    async with eos_rig(tmp_path) as r:
-        log = log_of(r)
-        await assign(r, ("0_0",))
-        await process(r, record(0, 0, "a"))
-        await r.thread.committer.commit()
-        producers = r.thread.collector.producers  # type: ignore[union-attr]
-        transaction = producers.transactions["0_0"]
-        transaction.producer = _CoordinatorMovedOnce(transaction.producer)
-        await process(r, record(0, 1, "a"), record(0, 2, "b"))
-        rejoins = r.consumer.rejoins
-        r.consumer.seeks.clear()
-        await r.thread.committer.commit()
-        assert r.thread.committer.failures == 1
-        assert log.offsets == {(SOURCE, 0): 1}
-        # No fencing: the task starts again at once from its committed state, and the
-        # group is not asked to rebalance.
-        assert r.consumer.rejoins == rejoins
-        await r.thread.state_updater.restore_pending()
-        store = r.thread.tasks["0_0"].stores["counts"]
-        assert store.get("a") == 1 and store.get("b") is None
-        assert r.consumer.seeks[TP0] == 1
-        await process(r, record(0, 1, "a"), record(0, 2, "b"))
-        await r.thread.committer.commit()
-        assert [msgpack.unpackb(o.value) for o in log.to(SINK)] == [1, 2, 1]
-        assert log.offsets == {(SOURCE, 0): 3}
-
-
-def test_only_a_fencing_or_a_fatal_error_sends_a_failed_task_to_the_group() -> None:
-    def failed(code: int, **kind: bool) -> BaseException:
-        return KafkaException(KafkaError(code, "x", **kind))
-
-    assert revivable(failed(KafkaError.NOT_COORDINATOR, txn_requires_abort=True))
-    assert revivable(failed(KafkaError._TIMED_OUT, retriable=True))
-    assert revivable(TransactionFailed("sends failed", KafkaError(KafkaError._MSG_TIMED_OUT)))
-    assert not revivable(failed(KafkaError._FENCED, fatal=True))
-    assert not revivable(failed(KafkaError.PRODUCER_FENCED))
-    assert not revivable(failed(KafkaError.INVALID_PRODUCER_EPOCH, txn_requires_abort=True))
-    assert not revivable(TransactionFailed("3 records still unsent after the flush"))
-    assert not revivable(RuntimeError("not a Kafka error"))
 
 
 async def test_an_aborted_transaction_leaves_the_database_at_the_last_commit(

@@ -31,6 +31,7 @@ from typing import Any
 import aiokafka.consumer.consumer as consumer_module
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.coordinator.protocol import ConsumerProtocol
+from aiokafka.protocol.commit import OffsetFetchRequest
 from aiokafka.structs import TopicPartition
 
 from streams.kafka.membership import (
@@ -40,6 +41,7 @@ from streams.kafka.membership import (
     fenced_member_error,
     register_errors,
 )
+from streams.kafka.offset_fetch import raise_group_error
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,14 @@ class CooperativeGroupCoordinator(GroupCoordinator):
             log.error("group %s: member %s now holds instance %s (this member was %s)",
                       self.group_id, holder, self._group_instance_id, lost)
             raise fenced_member_error(self.group_id, self._group_instance_id)
+
+    async def _send_req(self, request: Any) -> Any:
+        response = await super()._send_req(request)
+        if isinstance(request, OffsetFetchRequest):
+            # aiokafka reads only per-partition errors: a group-level one would read as "no
+            # committed offset" (see streams.kafka.offset_fetch).
+            raise_group_error(response, self.coordinator_dead)
+        return response
 
     def _push_error_to_user(self, exc: Exception) -> Any:
         """Errors reach the consumer's caller from here; a broker's fencing of this static

@@ -22,8 +22,9 @@ def test_filter_and_map_values_forward_tombstones_for_rows_that_leave() -> None:
     a.table("other", store="other").filter_not(lambda _k, v: v > 2).to_stream().to("small")
     with TopologyTestDriver(a) as driver:
         driver.pipe_all("prices", [("a", 5), ("b", 1), ("a", 7), ("a", 0), ("b", None)])
-        assert driver.read_key_values("out") == [
-            ("a", 50), ("b", None), ("a", 70), ("a", None), ("b", None)]
+        # "b" never passes: a filter of a stored table sends no tombstone for a row it
+        # never held (Kafka Streams' filter gets the old value from its parent).
+        assert driver.read_key_values("out") == [("a", 50), ("a", 70), ("a", None)]
         driver.pipe_all("other", [("x", 1), ("x", 3)])
         assert driver.read_key_values("small") == [("x", 1), ("x", None)]
 

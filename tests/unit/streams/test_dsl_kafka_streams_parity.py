@@ -124,3 +124,16 @@ def test_a_filter_of_a_stored_table_sends_no_tombstone_for_a_row_it_never_held()
     with TopologyTestDriver(a) as driver:
         driver.pipe_all("prices", [("a", None), ("b", 1), ("b", 5), ("b", 0), ("b", None)])
         assert driver.read_key_values("expensive") == [("b", 5), ("b", None)]
+
+
+def test_a_new_row_of_a_foreign_key_inner_join_without_its_right_row_writes_nothing() -> None:
+    a = app()
+    users = a.table("users", store="users")
+    orders = a.table("orders", store="orders")
+    orders.join(users, lambda o, u: [o["n"], u], foreign_key=lambda o: o["user"]).to_stream(
+    ).to("enriched")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("orders", "o1", {"user": "u", "n": 1})  # no user yet: no result, no delete
+        driver.pipe("users", "u", "Ursula")
+        driver.pipe("orders", "o1", {"user": "v", "n": 2})  # an update: its result goes
+        assert driver.read_key_values("enriched") == [("o1", [1, "Ursula"]), ("o1", None)]

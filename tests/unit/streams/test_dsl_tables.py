@@ -192,9 +192,11 @@ def test_a_foreign_key_join_follows_updates_and_deletes_of_both_sides(left: bool
         for topic, key, value in FK_STEPS:
             driver.pipe(topic, key, value)
         none_2 = "2:None" if left else None
+        # An inner join's new row without its right row writes nothing (no tombstone), as
+        # Kafka Streams does.
         assert driver.read_key_values("out") == [
-            ("o1", "1:Ann"), ("o2", none_2), ("o2", "2:Bob"), ("o1", "1:Bob"),
-            ("o1", "1:None" if left else None), ("o2", none_2), ("o2", None)]
+            ("o1", "1:Ann"), *([("o2", none_2)] if left else []), ("o2", "2:Bob"),
+            ("o1", "1:Bob"), ("o1", "1:None" if left else None), ("o2", none_2), ("o2", None)]
         driver.restart(from_changelog=True)   # subscriptions and rows come back
         driver.pipe("users", "u2", "Bo")
         driver.pipe("orders", "o3", {"user": "u2", "n": 3})

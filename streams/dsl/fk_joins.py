@@ -58,7 +58,9 @@ class ForeignKeyStep(Node):
 
 class SubscribeNode(ForeignKeyStep):
     """Step 1: a left row's update becomes subscriptions keyed by foreign key, as
-    ``[left_key, hash or None]`` (None: unsubscribe)."""
+    ``[left_key, hash or None, answer_without_right]`` (hash None: unsubscribe). A new row of
+    an inner join asks for an answer only if the right row exists: without one there is no
+    result to replace (Kafka Streams' PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE)."""
 
     def store_names(self) -> list[str]:
         return [self.join.rows_store]
@@ -74,7 +76,8 @@ class SubscribeNode(ForeignKeyStep):
         if old_fk is not None and old_fk != new_fk:
             self.forward(ctx, old_fk, [key, None])
         if new_fk is not None:
-            self.forward(ctx, new_fk, [key, value_hash(value)])
+            self.forward(ctx, new_fk, [key, value_hash(value),
+                                       self.join.left or old is not None])
         elif old is not None or value is not None:
             # No foreign key now (a delete, or a row naming none): the result goes, or is
             # the row joined with nothing, at once.
@@ -92,7 +95,9 @@ class SubscriptionNode(ForeignKeyStep):
         return [self.join.subscriptions_store, self.join.right_store]
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        left_key, digest = value
+        left_key, digest = value[0], value[1]
+        # Written before the third element: always answered.
+        answer_without_right = value[2] if len(value) > 2 else True
         left_key = tuple(left_key) if isinstance(left_key, list) else left_key
         if key == _RESPOND_DIRECTLY:
             self.forward(ctx, left_key, [digest, None])
@@ -102,7 +107,9 @@ class SubscriptionNode(ForeignKeyStep):
             subscriptions.delete((key, left_key))
             return
         subscriptions.put((key, left_key), digest)
-        self.forward(ctx, left_key, [digest, ctx.store(self.join.right_store).get(key)])
+        right = ctx.store(self.join.right_store).get(key)
+        if right is not None or answer_without_right:
+            self.forward(ctx, left_key, [digest, right])
 
 
 class RightUpdateNode(ForeignKeyStep):

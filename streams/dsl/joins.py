@@ -90,13 +90,14 @@ class StreamJoinNode(Node):
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         join = self.join
         t = ctx.timestamp_ms
+        # Both sides share the join's stream time (Kafka Streams' shared time tracker), which
+        # every record reaching the join advances, the ones it skips too.
+        stream_time = max(ctx.observed_ms.get(join.stores[0], -1), t)
+        ctx.observed_ms[join.stores[0]] = stream_time
         if key is None or value is None:
             if join.outer[self.side] and key is None and value is not None:
                 self._emit(ctx, None, value, t)  # nothing to join with: at once, as Kafka does
             return  # Kafka Streams skips it
-        # Both sides share the join's stream time (Kafka Streams' shared time tracker).
-        stream_time = max(ctx.observed_ms.get(join.stores[0], -1), t)
-        ctx.observed_ms[join.stores[0]] = stream_time
         this_store = ctx.store(join.stores[self.side])
         if t >= stream_time - join.windows.retention_ms:
             this_store.put((key, t, ctx.offset, ctx.topic), value)

@@ -235,8 +235,12 @@ class Stream:
                      windows: JoinWindows, kind: str) -> Stream:
         topology = self._topology
         name = self._name(f"stream-{kind}-join")
-        left = self._repartitioned("join-left") if self._key_changed else self
-        right = other._repartitioned("join-right") if other._key_changed else other
+        # A side whose unmatched records are emitted answers records without a key too (at
+        # once, with None): they cross its repartition topic, as in Kafka Streams (KIP-962).
+        left = (self._repartitioned("join-left", requires_key=kind == "inner")
+                if self._key_changed else self)
+        right = (other._repartitioned("join-right", requires_key=kind != "outer")
+                 if other._key_changed else other)
         stores = (f"{name}-left", f"{name}-right")
         outer_store = None if kind == "inner" else f"{name}-outer"
         for store in (*stores, *([outer_store] if outer_store else [])):
@@ -412,7 +416,7 @@ class Table(DeprecatedTableOperations):
     with it must encode them alike)."""
 
     def __init__(self, stream: Stream, store: str | None, key_serde: Serde | None = None,
-                 windows: Any = None) -> None:
+                 windows: Any = None, knows_old_rows: bool | None = None) -> None:
         self._stream = stream
         self._node = stream._node
         self._topology = stream._topology
@@ -420,13 +424,18 @@ class Table(DeprecatedTableOperations):
         self.key_serde = key_serde
         #: The windows of a windowed aggregation's table (what suppression waits for).
         self.windows = windows
+        #: Whether Kafka Streams would know a row's previous value here (its parent sends old
+        #: values): a stored table, a table-table join, or a filter or mapping of one. A
+        #: filter of such a table sends no tombstone for a row that was not in it.
+        self.knows_old_rows = store is not None if knows_old_rows is None else knows_old_rows
 
     def to_stream(self) -> Stream:
         return self._stream._like(self._node, key_changed=False)
 
     def _then(self, node: Node, store: str | None = None) -> Table:
         self._node.add_child(node)
-        table = Table(Stream(self._topology, node), store)
+        table = Table(Stream(self._topology, node), store,
+                      knows_old_rows=store is not None or self.knows_old_rows)
         table.key_serde = self.key_serde
         return table
 
@@ -451,12 +460,20 @@ class Table(DeprecatedTableOperations):
     def filter(self, predicate: Callable[[Any, Any], bool], store: str | None = None) -> Table:
         """The rows for which ``predicate(key, value)`` holds; a row that stops passing is
         deleted (a tombstone). ``store``: keep the result in a store of that name."""
-        node = TableFilterNode(self._topology.node_name("table-filter"), predicate, True)
-        return self._maybe_stored(self._then(node), store)
+        return self._filtered("table-filter", predicate, True, store)
 
     def filter_not(self, predicate: Callable[[Any, Any], bool],
                    store: str | None = None) -> Table:
-        node = TableFilterNode(self._topology.node_name("table-filter-not"), predicate, False)
+        return self._filtered("table-filter-not", predicate, False, store)
+
+    def _filtered(self, kind: str, predicate: Callable[[Any, Any], bool], keep: bool,
+                  store: str | None) -> Table:
+        name = self._topology.node_name(kind)
+        rows = None
+        if self.knows_old_rows:
+            rows = f"{name}-rows"
+            self._topology.declare_store(StoreDecl(rows))
+        node = TableFilterNode(name, predicate, keep, rows)
         return self._maybe_stored(self._then(node), store)
 
     def map_values(self, fn: Callable[[Any], Any], store: str | None = None) -> Table:
@@ -525,7 +542,8 @@ class Table(DeprecatedTableOperations):
         merged = Node(f"{name}-merge")
         left.add_child(merged)
         right.add_child(merged)
-        return self._maybe_stored(Table(Stream(topology, merged), None), store)
+        return self._maybe_stored(Table(Stream(topology, merged), None, knows_old_rows=True),
+                                  store)
 
     def group_by(self, selector: Callable[[Any, Any], tuple[Any, Any]]) -> GroupedTable:
         """Re-group the table: ``selector(key, value) -> (new_key, new_value)``; then
@@ -539,7 +557,8 @@ class Table(DeprecatedTableOperations):
         ``time_limit_ms`` / ``max_records`` emit a key's latest update once it has waited
         that long or the buffer holds more keys. The buffer is a store with a changelog."""
         node = suppress_node(self, until_window_closes, time_limit_ms, max_records, store)
-        return Table(Stream(self._topology, node), None, windows=self.windows)
+        return Table(Stream(self._topology, node), None, windows=self.windows,
+                     knows_old_rows=self.knows_old_rows)
 
 
 class GroupedTable:

@@ -21,16 +21,32 @@ LEFT, RIGHT = 0, 1
 
 class TableFilterNode(Node):
     """Forwards the rows that pass, and a tombstone for those that do not (a row that stops
-    passing leaves the filtered table)."""
+    passing leaves the filtered table).
 
-    def __init__(self, name: str, predicate: Callable[[Any, Any], bool], keep: bool) -> None:
+    With ``rows_store`` (where Kafka Streams' filter gets old values from its parent) it
+    keeps which keys the filtered table holds, and sends no tombstone for a key it does not
+    hold; without, every row that does not pass gives a tombstone, as in Kafka Streams."""
+
+    def __init__(self, name: str, predicate: Callable[[Any, Any], bool], keep: bool,
+                 rows_store: str | None = None) -> None:
         super().__init__(name)
         self.predicate = predicate
         self.keep = keep
+        self.rows_store = rows_store
+
+    def store_names(self) -> list[str]:
+        return [] if self.rows_store is None else [self.rows_store]
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         if value is not None and bool(self.predicate(key, value)) != self.keep:
             value = None
+        if self.rows_store is not None and key is not None:
+            rows = ctx.store(self.rows_store)
+            held = rows.get(key) is not None
+            if value is None and not held:
+                return  # not in the filtered table before, nor now
+            if (value is not None) != held:
+                rows.put(key, None if value is None else 1)
         self.forward(ctx, key, value)
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from streams import TopologyTestDriver
@@ -80,4 +80,6 @@ def assert_same(topology: dict[str, Any], inputs: list[dict[str, Any]],
 def test_relay_writes_what_kafka_streams_writes(oracle: Oracle, data: st.DataObject) -> None:
     topology = data.draw(topologies(), label="topology")
     inputs = data.draw(records(topology), label="records")
+    for step in topology["steps"]:  # counted in --hypothesis-show-statistics
+        event(step["op"] + (f" {step['kind']}" if "kind" in step else ""))
     assert_same(topology, inputs, run_relay(topology, inputs), oracle.run(topology, inputs))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streams import App, TopologyTestDriver, TumblingWindows, Windowed
+from streams import App, JoinWindows, TopologyTestDriver, TumblingWindows, Windowed
 
 
 def app() -> App:
@@ -91,3 +91,49 @@ def test_a_record_without_a_key_is_dropped_where_one_is_needed_and_the_rest_goes
         assert driver.read_key_values("counts") == [("k", 1), ("k", 2)]
         assert [d.stage for d in driver.dead_letters] == ["process"]
         assert "has no key" in driver.dead_letters[0].error
+
+
+def test_records_a_stream_join_skips_still_advance_its_stream_time() -> None:
+    a = app()
+    a.stream("left").left_join(a.stream("right"), lambda v, o: [v, o],
+                               JoinWindows(0, 5)).to("joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("left", "k", None, timestamp_ms=10)  # skipped, but stream time is 10
+        driver.pipe("left", "k", 1, timestamp_ms=0)  # its window closed at 5: emitted at once
+        assert [(r.key, r.value, r.timestamp_ms) for r in driver.read_output("joined")] == [
+            ("k", [1, None], 0)]
+
+
+def test_a_stream_left_join_after_a_key_change_answers_records_whose_new_key_is_none() -> None:
+    a = app()
+    clicks = a.stream("clicks").select_key(lambda _k, v: v.get("user"))
+    clicks.left_join(a.stream("views"), lambda v, o: [v["n"], o],
+                     JoinWindows(5)).to("joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("clicks", "c", {"n": 2}, timestamp_ms=1)
+        # Kafka Streams (KIP-962) takes it through the repartition topic, then joins it
+        # with nothing at once.
+        assert driver.read_key_values("joined") == [(None, [2, None])]
+        assert driver.dead_letters == []
+
+
+def test_a_filter_of_a_stored_table_sends_no_tombstone_for_a_row_it_never_held() -> None:
+    a = app()
+    a.stream("prices").to_table(store="prices").filter(lambda _k, v: v > 2).to_stream().to(
+        "expensive")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe_all("prices", [("a", None), ("b", 1), ("b", 5), ("b", 0), ("b", None)])
+        assert driver.read_key_values("expensive") == [("b", 5), ("b", None)]
+
+
+def test_a_new_row_of_a_foreign_key_inner_join_without_its_right_row_writes_nothing() -> None:
+    a = app()
+    users = a.table("users", store="users")
+    orders = a.table("orders", store="orders")
+    orders.join(users, lambda o, u: [o["n"], u], foreign_key=lambda o: o["user"]).to_stream(
+    ).to("enriched")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("orders", "o1", {"user": "u", "n": 1})  # no user yet: no result, no delete
+        driver.pipe("users", "u", "Ursula")
+        driver.pipe("orders", "o1", {"user": "v", "n": 2})  # an update: its result goes
+        assert driver.read_key_values("enriched") == [("o1", [1, "Ursula"]), ("o1", None)]

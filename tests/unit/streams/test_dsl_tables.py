@@ -22,8 +22,9 @@ def test_filter_and_map_values_forward_tombstones_for_rows_that_leave() -> None:
     a.table("other", store="other").filter_not(lambda _k, v: v > 2).to_stream().to("small")
     with TopologyTestDriver(a) as driver:
         driver.pipe_all("prices", [("a", 5), ("b", 1), ("a", 7), ("a", 0), ("b", None)])
-        assert driver.read_key_values("out") == [
-            ("a", 50), ("b", None), ("a", 70), ("a", None), ("b", None)]
+        # "b" never passes: a filter of a stored table sends no tombstone for a row it
+        # never held (Kafka Streams' filter gets the old value from its parent).
+        assert driver.read_key_values("out") == [("a", 50), ("a", 70), ("a", None)]
         driver.pipe_all("other", [("x", 1), ("x", 3)])
         assert driver.read_key_values("small") == [("x", 1), ("x", None)]
 
@@ -191,9 +192,11 @@ def test_a_foreign_key_join_follows_updates_and_deletes_of_both_sides(left: bool
         for topic, key, value in FK_STEPS:
             driver.pipe(topic, key, value)
         none_2 = "2:None" if left else None
+        # An inner join's new row without its right row writes nothing (no tombstone), as
+        # Kafka Streams does.
         assert driver.read_key_values("out") == [
-            ("o1", "1:Ann"), ("o2", none_2), ("o2", "2:Bob"), ("o1", "1:Bob"),
-            ("o1", "1:None" if left else None), ("o2", none_2), ("o2", None)]
+            ("o1", "1:Ann"), *([("o2", none_2)] if left else []), ("o2", "2:Bob"),
+            ("o1", "1:Bob"), ("o1", "1:None" if left else None), ("o2", none_2), ("o2", None)]
         driver.restart(from_changelog=True)   # subscriptions and rows come back
         driver.pipe("users", "u2", "Bo")
         driver.pipe("orders", "o3", {"user": "u2", "n": 3})

@@ -15,6 +15,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
+import java.util.function.BiFunction;
 import org.apache.kafka.common.serialization.LongDeserializer;
 import org.apache.kafka.common.serialization.LongSerializer;
 import org.apache.kafka.common.serialization.Serde;
@@ -28,17 +29,26 @@ import org.apache.kafka.streams.TestOutputTopic;
 import org.apache.kafka.streams.TopologyTestDriver;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
+import org.apache.kafka.streams.kstream.JoinWindows;
 import org.apache.kafka.streams.kstream.KGroupedStream;
+import org.apache.kafka.streams.kstream.KGroupedTable;
 import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.kstream.KTable;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.SessionWindowedDeserializer;
+import org.apache.kafka.streams.kstream.SessionWindowedKStream;
+import org.apache.kafka.streams.kstream.SessionWindows;
+import org.apache.kafka.streams.kstream.SlidingWindows;
+import org.apache.kafka.streams.kstream.StreamJoined;
+import org.apache.kafka.streams.kstream.Suppressed;
 import org.apache.kafka.streams.kstream.TimeWindowedDeserializer;
 import org.apache.kafka.streams.kstream.TimeWindowedKStream;
 import org.apache.kafka.streams.kstream.TimeWindows;
 import org.apache.kafka.streams.kstream.Windowed;
 import org.apache.kafka.streams.kstream.WindowedSerdes;
 import org.apache.kafka.streams.state.KeyValueStore;
+import org.apache.kafka.streams.state.SessionStore;
 import org.apache.kafka.streams.state.Stores;
 import org.apache.kafka.streams.state.WindowStore;
 import org.apache.kafka.streams.test.TestRecord;
@@ -61,16 +71,23 @@ public final class Oracle {
 
     /**
      * What a step produced: a stream, a table, a grouped or windowed stream; with the window
-     * size (and grace) when its keys are windowed.
+     * size (and grace) when its keys are windowed, and the kind of its windows ("time",
+     * "sliding" or "session"; keys of sliding windows are time-windowed keys).
      */
-    private record Built(Object value, Long windowSize, long grace) {
+    private record Built(Object value, Long windowSize, long grace, String windows) {
         Built(Object value, Long windowSize) {
-            this(value, windowSize, 0);
+            this(value, windowSize, 0, windowSize == null ? null : "time");
+        }
+
+        /** What ``value`` produced, with the windows of ``from``. */
+        static Built like(Object value, Built from) {
+            return new Built(value, from == null ? null : from.windowSize(), from == null ? 0 : from.grace(),
+                    from == null ? null : from.windows());
         }
     }
 
-    /** An output topic and how to read its keys. */
-    private record Sink(String topic, Long windowSize) {}
+    /** An output topic and how to read its keys: windowSize null for plain keys. */
+    private record Sink(String topic, Long windowSize, String windows) {}
 
     public static void main(String[] args) throws Exception {
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
@@ -129,7 +146,13 @@ public final class Oracle {
 
     private static ArrayNode read(TopologyTestDriver driver, Sink sink) {
         ArrayNode records = JSON.createArrayNode();
-        if (sink.windowSize() == null) {
+        if ("session".equals(sink.windows())) {
+            TestOutputTopic<Windowed<Long>, Long> topic = driver.createOutputTopic(sink.topic(),
+                    new SessionWindowedDeserializer<>(new LongDeserializer()), new LongDeserializer());
+            for (TestRecord<Windowed<Long>, Long> r : topic.readRecordsToList()) {
+                addWindowed(records, r);
+            }
+        } else if (sink.windowSize() == null) {
             TestOutputTopic<Long, Long> topic =
                     driver.createOutputTopic(sink.topic(), new LongDeserializer(), new LongDeserializer());
             for (TestRecord<Long, Long> r : topic.readRecordsToList()) {
@@ -144,16 +167,20 @@ public final class Oracle {
             TestOutputTopic<Windowed<Long>, Long> topic =
                     driver.createOutputTopic(sink.topic(), keys, new LongDeserializer());
             for (TestRecord<Windowed<Long>, Long> r : topic.readRecordsToList()) {
-                ArrayNode record = records.addArray();
-                ArrayNode key = record.addArray();
-                addLong(key, r.key().key());
-                key.add(r.key().window().start());
-                key.add(r.key().window().end());
-                addLong(record, r.value());
-                record.add(r.timestamp());
+                addWindowed(records, r);
             }
         }
         return records;
+    }
+
+    private static void addWindowed(ArrayNode records, TestRecord<Windowed<Long>, Long> r) {
+        ArrayNode record = records.addArray();
+        ArrayNode key = record.addArray();
+        addLong(key, r.key().key());
+        key.add(r.key().window().start());
+        key.add(r.key().window().end());
+        addLong(record, r.value());
+        record.add(r.timestamp());
     }
 
     @SuppressWarnings("unchecked")
@@ -165,6 +192,7 @@ public final class Oracle {
             Built from = built.get(step.has("from") ? step.get("from").asInt() : i - 1);
             Object up = from == null ? null : from.value();
             Long size = from == null ? null : from.windowSize();
+            String windowKind = from == null ? null : from.windows();
             Built result;
             switch (op) {
                 case "source" -> {
@@ -182,14 +210,17 @@ public final class Oracle {
                 case "filter" -> {
                     long k = step.get("k").asLong();
                     long r = step.get("r").asLong();
-                    result = new Built(((KStream<Object, Long>) up)
-                            .filter((key, v) -> v != null && Math.floorMod(v, k) == r), size);
+                    result = Built.like(up instanceof KTable
+                            ? ((KTable<Object, Long>) up).filter((key, v) -> v != null && Math.floorMod(v, k) == r)
+                            : ((KStream<Object, Long>) up)
+                                    .filter((key, v) -> v != null && Math.floorMod(v, k) == r), from);
                 }
                 case "map_values" -> {
                     long a = step.get("a").asLong();
                     long b = step.get("b").asLong();
-                    result = new Built(((KStream<Object, Long>) up)
-                            .mapValues(v -> v == null ? null : a * v + b), size);
+                    result = Built.like(up instanceof KTable
+                            ? ((KTable<Object, Long>) up).mapValues(v -> v == null ? null : a * v + b)
+                            : ((KStream<Object, Long>) up).mapValues(v -> v == null ? null : a * v + b), from);
                 }
                 case "map" -> {
                     long k = step.get("k").asLong();
@@ -229,11 +260,78 @@ public final class Oracle {
                             Duration.ofMillis(step.get("grace").asLong()))
                             .advanceBy(Duration.ofMillis(step.get("advance").asLong()));
                     result = new Built(((KGroupedStream<Long, Long>) up).windowedBy(windows), windowSize,
-                            step.get("grace").asLong());
+                            step.get("grace").asLong(), "time");
+                }
+                case "session_windowed_by" -> {
+                    long gap = step.get("gap").asLong();
+                    long grace = step.get("grace").asLong();
+                    result = new Built(((KGroupedStream<Long, Long>) up).windowedBy(
+                            SessionWindows.ofInactivityGapAndGrace(Duration.ofMillis(gap), Duration.ofMillis(grace))),
+                            gap, grace, "session");
+                }
+                case "sliding_windowed_by" -> {
+                    long difference = step.get("difference").asLong();
+                    long grace = step.get("grace").asLong();
+                    result = new Built(((KGroupedStream<Long, Long>) up).windowedBy(
+                            SlidingWindows.ofTimeDifferenceAndGrace(Duration.ofMillis(difference),
+                                    Duration.ofMillis(grace))), difference, grace, "sliding");
                 }
                 case "count", "reduce", "aggregate" ->
-                        result = new Built(aggregate(op, step, up, "store-" + i, from), size);
-                case "to_stream" -> result = new Built(((KTable<Object, Long>) up).toStream(), size);
+                        result = Built.like(aggregate(op, step, up, "store-" + i, from), from);
+                case "to_stream" -> result = Built.like(((KTable<Object, Long>) up).toStream(), from);
+                case "to_table" -> result = new Built(((KStream<Long, Long>) up).toTable(
+                        Materialized.<Long, Long>as(Stores.inMemoryKeyValueStore("to-table-" + i))
+                                .withKeySerde(Serdes.Long()).withValueSerde(Serdes.Long())), null);
+                case "suppress" -> result = Built.like(((KTable<Windowed<Long>, Long>) up).suppress(
+                        Suppressed.untilWindowCloses(Suppressed.BufferConfig.unbounded())), from);
+                case "table_join" -> {
+                    KTable<Long, Long> other = (KTable<Long, Long>) built.get(step.get("other").asInt()).value();
+                    KTable<Long, Long> table = (KTable<Long, Long>) up;
+                    result = new Built(switch (step.get("kind").asText()) {
+                        case "inner" -> table.join(other, Oracle::paired);
+                        case "left" -> table.leftJoin(other, Oracle::paired);
+                        default -> table.outerJoin(other, Oracle::paired);
+                    }, null);
+                }
+                case "fk_join" -> {
+                    KTable<Long, Long> other = (KTable<Long, Long>) built.get(step.get("other").asInt()).value();
+                    KTable<Long, Long> table = (KTable<Long, Long>) up;
+                    long k = step.get("k").asLong();
+                    BiFunction<Long, Long, Long> foreignKey = (key, v) -> Math.floorMod(v, k);
+                    result = new Built(step.get("kind").asText().equals("inner")
+                            ? table.join(other, foreignKey, Oracle::paired)
+                            : table.leftJoin(other, foreignKey, Oracle::paired), null);
+                }
+                case "table_group_by" -> {
+                    long k = step.get("k").asLong();
+                    result = new Built(((KTable<Long, Long>) up).groupBy(
+                            (key, v) -> KeyValue.pair(Math.floorMod(v, k), v),
+                            Grouped.with(Serdes.Long(), Serdes.Long())), null);
+                }
+                case "stream_join" -> {
+                    KStream<Long, Long> other = (KStream<Long, Long>) built.get(step.get("other").asInt()).value();
+                    KStream<Long, Long> stream = (KStream<Long, Long>) up;
+                    long before = step.get("before").asLong();
+                    long after = step.get("after").asLong();
+                    long grace = step.get("grace").asLong();
+                    JoinWindows windows = JoinWindows.ofTimeDifferenceAndGrace(Duration.ofMillis(before),
+                            Duration.ofMillis(grace)).after(Duration.ofMillis(after));
+                    // In memory, as the driver starts afresh for every request; sized as
+                    // Kafka Streams sizes its own join stores.
+                    Duration retention = Duration.ofMillis(before + after + grace);
+                    Duration windowSize = Duration.ofMillis(before + after);
+                    StreamJoined<Long, Long, Long> joined = StreamJoined
+                            .<Long, Long, Long>with(
+                                    Stores.inMemoryWindowStore("join-this-" + i, retention, windowSize, true),
+                                    Stores.inMemoryWindowStore("join-other-" + i, retention, windowSize, true))
+                            .withKeySerde(Serdes.Long()).withValueSerde(Serdes.Long())
+                            .withOtherValueSerde(Serdes.Long());
+                    result = new Built(switch (step.get("kind").asText()) {
+                        case "inner" -> stream.join(other, Oracle::paired, windows, joined);
+                        case "left" -> stream.leftJoin(other, Oracle::paired, windows, joined);
+                        default -> stream.outerJoin(other, Oracle::paired, windows, joined);
+                    }, null);
+                }
                 case "join", "left_join" -> {
                     KTable<Long, Long> table = (KTable<Long, Long>) built.get(step.get("table").asInt()).value();
                     KStream<Long, Long> stream = (KStream<Long, Long>) up;
@@ -245,11 +343,14 @@ public final class Oracle {
                     String topic = step.get("topic").asText();
                     if (size == null) {
                         ((KStream<Long, Long>) up).to(topic, Produced.with(Serdes.Long(), Serdes.Long()));
+                    } else if ("session".equals(windowKind)) {
+                        Serde<Windowed<Long>> keys = WindowedSerdes.sessionWindowedSerdeFrom(Long.class);
+                        ((KStream<Windowed<Long>, Long>) up).to(topic, Produced.with(keys, Serdes.Long()));
                     } else {
                         Serde<Windowed<Long>> keys = WindowedSerdes.timeWindowedSerdeFrom(Long.class, size);
                         ((KStream<Windowed<Long>, Long>) up).to(topic, Produced.with(keys, Serdes.Long()));
                     }
-                    sinks.add(new Sink(topic, size));
+                    sinks.add(new Sink(topic, size, windowKind));
                     result = null;
                 }
                 default -> throw new IllegalArgumentException("unknown op " + op);
@@ -262,11 +363,38 @@ public final class Oracle {
     private static Object aggregate(String op, JsonNode step, Object up, String name, Built from) {
         String fn = step.has("fn") ? step.get("fn").asText() : "";
         long init = step.has("init") ? step.get("init").asLong() : 0;
+        if (up instanceof KGroupedTable) {
+            // Sums only: an adder needs a subtractor.
+            KGroupedTable<Long, Long> grouped = (KGroupedTable<Long, Long>) up;
+            Materialized<Long, Long, KeyValueStore<Bytes, byte[]>> store = Materialized
+                    .<Long, Long>as(Stores.inMemoryKeyValueStore(name))
+                    .withKeySerde(Serdes.Long()).withValueSerde(Serdes.Long());
+            return switch (op) {
+                case "count" -> grouped.count(store);
+                case "reduce" -> grouped.reduce((a, v) -> a + v, (a, v) -> a - v, store);
+                default -> grouped.aggregate(() -> init, (k, v, agg) -> agg + v, (k, v, agg) -> agg - v, store);
+            };
+        }
+        if (up instanceof SessionWindowedKStream) {
+            SessionWindowedKStream<Long, Long> sessions = (SessionWindowedKStream<Long, Long>) up;
+            // Retained for gap + grace, Kafka Streams' default.
+            Materialized<Long, Long, SessionStore<Bytes, byte[]>> store = Materialized
+                    .<Long, Long>as(Stores.inMemorySessionStore(name,
+                            Duration.ofMillis(from.windowSize() + from.grace())))
+                    .withKeySerde(Serdes.Long()).withValueSerde(Serdes.Long());
+            return switch (op) {
+                case "count" -> sessions.count(store);
+                case "reduce" -> sessions.reduce((a, b) -> combine(fn, a, b), store);
+                default -> sessions.aggregate(() -> init, (k, v, agg) -> combine(fn, agg, v),
+                        (k, a, b) -> combine(fn, a, b), store);
+            };
+        }
         if (up instanceof TimeWindowedKStream) {
             TimeWindowedKStream<Long, Long> windowed = (TimeWindowedKStream<Long, Long>) up;
-            // Retained for size + grace, Kafka Streams' default; in memory, as the driver
-            // starts afresh for every request.
-            Duration retention = Duration.ofMillis(from.windowSize() + from.grace());
+            // Retained for size + grace (2 x time difference + grace for sliding windows),
+            // Kafka Streams' defaults; in memory, as the driver starts afresh for every request.
+            Duration retention = Duration.ofMillis(from.windowSize() + from.grace()
+                    + ("sliding".equals(from.windows()) ? from.windowSize() : 0));
             Materialized<Long, Long, WindowStore<Bytes, byte[]>> store = Materialized
                     .<Long, Long>as(Stores.inMemoryWindowStore(name, retention,
                             Duration.ofMillis(from.windowSize()), false))
@@ -309,6 +437,17 @@ public final class Oracle {
             return null;
         }
         return tableValue == null ? -1 - value : value + tableValue;
+    }
+
+    /**
+     * The joiner of table-table, foreign-key and stream-stream joins: the sum, -1 - left
+     * without a right value, -100 - right without a left value.
+     */
+    private static Long paired(Long left, Long right) {
+        if (left == null) {
+            return right == null ? null : -100 - right;
+        }
+        return right == null ? -1 - left : left + right;
     }
 
     private static Long longOrNull(JsonNode node) {

@@ -11,7 +11,7 @@ MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs
 # Broker tests mostly wait on group rounds: seven workers overlap those waits.
 TEST_WORKERS ?= 7
 
-.PHONY: setup demo test test-fast lint docs bench clean
+.PHONY: setup demo test test-fast test-long lint docs bench clean
 
 setup: $(DEV)
 
@@ -38,17 +38,26 @@ lint: $(DEV)
 docs: $(DEV)
 	$(MKDOCS) build --strict
 
-# Both tiers: tests/unit (no broker, no process, no sleep) and tests/broker.
+# Both tiers: tests/unit (no broker, no process, no sleep) and tests/broker. The broker tier
+# comes first so that its long waits start early and the quick unit tests fill the end; the
+# long simulations try a third of their cases (see docs/testing.md).
 test: $(DEV)
 	@bash .ci/install-chromium
 	$(PY) -m ruff check .
 	$(MKDOCS) build --strict --quiet
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests/unit tests/broker
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup \
+		tests/broker tests/unit
+
+# The unit tier with every case of the long simulations and 500 hypothesis examples each
+# (RELAY_TEST_LONG): run it when changing the assignor or the protocol.
+test-long: $(DEV)
+	PYTHONDONTWRITEBYTECODE= RELAY_TEST_LONG=1 $(PY) -m pytest -q -n 2 tests/unit
 
 # The unit tier alone (see docs/testing.md): no broker starts; the long simulations run
-# fewer examples (RELAY_TEST_FAST), `make test` runs them in full. Bytecode is cached even
-# where PYTHONDONTWRITEBYTECODE is set: without it, each run compiles every module and
-# rewrites every test module's asserts again (10 s of a 2-core machine).
+# a fifth of their cases (RELAY_TEST_FAST), `make test` a third, `make test-long` all.
+# Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: without it, each run (and
+# each xdist worker and worker process) compiles every module and rewrites every test
+# module's asserts again (10 s of a 2-core machine).
 test-fast: $(DEV)
 	PYTHONDONTWRITEBYTECODE= RELAY_TEST_FAST=1 $(PY) -m pytest -q -n 2 tests/unit
 

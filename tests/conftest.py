@@ -38,10 +38,29 @@ _shared_kafka: LoopbackBroker | None = None
 #: Brokers this process started, by engine: stopped when the session ends.
 _started: dict[str, LoopbackBroker] = {}
 
+#: The suite's tiers of examples: ``make test`` tries a third of a long simulation's cases,
+#: ``make test-fast`` (RELAY_TEST_FAST) a fifth, ``make test-long`` (RELAY_TEST_LONG) all.
+FAST_ENV = "RELAY_TEST_FAST"
+LONG_ENV = "RELAY_TEST_LONG"
+
 # No deadline on a hypothesis example: how long one takes says how busy the machine is, and a
-# test asserts no timing (a test that sets its own deadline keeps it).
+# test asserts no timing (a test that sets its own deadline keeps it). Hypothesis' default of
+# 100 examples holds in `make test`; `make test-fast` tries 20, `make test-long` 500.
 settings.register_profile("relay", deadline=None)
-settings.load_profile("relay")
+settings.register_profile("relay-fast", deadline=None, max_examples=20)
+settings.register_profile("relay-long", deadline=None, max_examples=500)
+settings.load_profile("relay-long" if os.environ.get(LONG_ENV)
+                      else "relay-fast" if os.environ.get(FAST_ENV) else "relay")
+
+
+def examples(full: int) -> int:
+    """How many cases a long simulation tries out of ``full``: all of them in ``make
+    test-long`` (RELAY_TEST_LONG), a third in ``make test``, a fifth in ``make test-fast``
+    (RELAY_TEST_FAST). Each case is seeded, so a smaller run is the first part of the full
+    one, never a different draw."""
+    if os.environ.get(LONG_ENV):
+        return full
+    return max(10, full // 5) if os.environ.get(FAST_ENV) else max(10, full // 3)
 
 
 def default_engine() -> str:

@@ -1,18 +1,24 @@
 """``benchmarks.restore --snapshot`` runs end to end at a tiny size: both restores verified,
-the snapshot figures reported (never asserted on)."""
+the snapshot figures reported (never asserted on). It builds in the tier's shared Spark
+session (``spark``), which the benchmark uses rather than starting a JVM of its own."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from benchmarks import restore
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 
 @pytest.mark.broker
-def test_restore_benchmark_with_snapshot(bootstrap: str, tmp_path: Path) -> None:
+def test_restore_benchmark_with_snapshot(spark: SparkSession, bootstrap: str,
+                                         tmp_path: Path) -> None:
     out = tmp_path / "restore.json"
     restore.main(["--records", "2000", "--repeat", "1", "--snapshot", "--bootstrap", bootstrap,
                   "--json", str(out)])

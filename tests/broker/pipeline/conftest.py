@@ -1,32 +1,21 @@
-"""Pipeline fixtures: one local Spark session (two cores) for every pipeline test, topics on the
-session broker, and helpers that write a store's history through the real changelog path."""
+"""Pipeline fixtures: topics on the session broker, and helpers that write a store's history
+through the real changelog path (the Spark session, ``spark``, is tests/broker/conftest.py's)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-from pyspark.sql import SparkSession
 
-from pipeline.spark import spark_session
 from statestore.changelog import ChangelogWriter
 from statestore.recovery import bootstrap_from_snapshot
 from statestore.restore import ChangelogReader
 from statestore.snapshot import SnapshotRef
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    session = spark_session("local[2]", "relay-pipeline-tests", shuffle_partitions=4)
-    yield session
-    session.stop()
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int, config: dict | None = None) -> None:

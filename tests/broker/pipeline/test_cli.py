@@ -41,7 +41,7 @@ def test_build_from_changelog_and_list(
 
     out = tmp_path / "snapshots"
     code, text = relay("snapshot", "build", app, "counts", "--out", str(out), "--bootstrap",
-                       bootstrap, "--master", "local[2]")
+                       bootstrap, "--master", "local[1]")
     assert code == 0, text
     assert "2 snapshots" in text and "0_0" in text and "0_1" in text
     manifest = read_manifest(out / app / "counts" / "0_1")
@@ -65,7 +65,7 @@ def test_build_from_parquet(spark: SparkSession, tmp_path: Path) -> None:
     out = tmp_path / "snapshots"
     code, text = relay("snapshot", "build", "clicks", "counts", "--source", "parquet",
                        str(history), "--partitions", "3", "--out", str(out), "--master",
-                       "local[2]", "--input-offsets", '{"clicks": {"0": 4, "2": 6}}')
+                       "local[1]", "--input-offsets", '{"clicks": {"0": 4, "2": 6}}')
     assert code == 0, text
     manifests = [json.loads(p.read_text()) for p in sorted(out.rglob(MANIFEST_FILE))]
     assert [m["task"] for m in manifests] == ["0_0", "0_1", "0_2"]

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from assignor import AssignorConfig, Task
+from tests.conftest import examples
 from tests.unit.assignor.chains import (
     FAMILIES,
     KINDS,
@@ -59,7 +60,8 @@ def setups(draw: st.DrawFn) -> Setup:
                  spread_ms=draw(st.sampled_from([0, 25_000, 70_000])), names=tuple(names))
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(setup=setups(), chain=changes, seed=st.integers(0, 2**16))
 def test_chained_changes_keep_every_promise_and_settle_within_the_bound(
     setup: Setup, chain: list[Change], seed: int,
@@ -70,12 +72,12 @@ def test_chained_changes_keep_every_promise_and_settle_within_the_bound(
 
 
 def test_chained_changes_move_at_most_a_fifth_more_than_balance_needs() -> None:
-    """Over 300 random histories of every family (their changes once settled or in the
-    middle of a move), tasks moved / the fewest moves balance needs, each change counted
-    from where the tasks are when it arrives; voluntary moves (off an instance that stays)
-    apart too."""
+    """Over 300 random histories (100 in make test, 60 in make test-fast) of every family
+    (their changes once settled or in the middle of a move), tasks moved / the fewest moves
+    balance needs, each change counted from where the tasks are when it arrives; voluntary
+    moves (off an instance that stays) apart too."""
     total = Outcome()
-    for n in range(300):
+    for n in range(examples(300)):
         rng = random.Random(f"chains/{n}")
         setup = random_setup(rng)
         out = History(setup, rng).run(random_changes(rng, FAMILIES[n % len(FAMILIES)]))

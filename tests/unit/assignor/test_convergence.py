@@ -32,7 +32,6 @@ each."""
 from __future__ import annotations
 
 import math
-import os
 import random
 from collections.abc import Callable
 
@@ -48,6 +47,7 @@ from assignor import (
     memory_from_notes,
 )
 from streams.config import LEARNER_BATCH_WAIT_MS
+from tests.conftest import examples
 from tests.unit.assignor.measures import (
     balanced,
     fewest_moves,
@@ -60,11 +60,6 @@ from tests.unit.assignor.simulation import Group
 
 INSTANCES = [f"i{n}" for n in range(6)]
 
-
-def examples(full: int) -> int:
-    """How many histories a test simulates: all of them in ``make test``, a fifth in ``make
-    test-fast`` (RELAY_TEST_FAST), which keeps the unit tier quick to run while working."""
-    return max(10, full // 5) if os.environ.get("RELAY_TEST_FAST") else full
 
 events = st.lists(
     st.one_of(
@@ -331,9 +326,9 @@ def test_one_change_settles_in_bounded_rounds_and_a_new_leader_moves_nothing(
 
 
 def test_each_kind_of_change_moves_at_most_a_tenth_more_than_balance_needs() -> None:
-    """Over 120 random settled groups per kind of change (copies and learners of every
-    count), tasks moved / the fewest moves balance needs, with a crashed instance's tasks
-    counted on both sides (they must go somewhere)."""
+    """Over 120 random settled groups (40 in make test, 24 in make test-fast) per kind of
+    change (copies and learners of every count), tasks moved / the fewest moves balance
+    needs, with a crashed instance's tasks counted on both sides (they must go somewhere)."""
     for change in CHANGES:
         moved = least = 0
         for seed in range(examples(120)):

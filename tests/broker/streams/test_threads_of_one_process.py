@@ -33,10 +33,20 @@ async def test_tasks_move_into_a_process_with_two_threads(
     one = counting_app(app_id, bootstrap, tmp_path / "one", source, sink, num_standbys=1)
     launched.app(two)
     launched.app(one)
-    await wait_until(lambda: len(two.threads) == 2 and len(tasks_of(two)) == 2
-                     and len(tasks_of(one)) == 2
-                     and sum(len(t.standbys) for t in two.threads) == 2,
-                     timeout_s=150, message="both instances to run two tasks with standbys")
+    # Both 2:2 and 3:1 are balanced for instances of two threads and one (tasks per thread
+    # 1 against 2, or 1.5 against 1): which one the group settles on depends on who joined
+    # first. Settled means every task runs once, on either, with its standby on the other.
+
+    def settled() -> bool:
+        on_two, on_one = tasks_of(two), tasks_of(one)
+        standbys_on_two = {s for t in two.threads for s in t.standbys}
+        standbys_on_one = {s for t in one.threads for s in t.standbys}
+        return (len(two.threads) == 2 and bool(on_one) and bool(on_two)
+                and len(on_two | on_one) == 4 and not on_two & on_one
+                and standbys_on_two == on_one and standbys_on_one == on_two)
+
+    await wait_until(settled, timeout_s=150,
+                     message="both instances to run tasks, each with its standby on the other")
     traffic.start()
     await launched.stop(one)
     await wait_until(lambda: len(tasks_of(two)) == 4, timeout_s=150,

@@ -8,6 +8,9 @@ before it leaves (``relay mark-leaving``), and a rolling restart of every instan
 Strategies:
 
 - ``relay-learner``: Relay with learners and cooperative rebalancing;
+- ``relay-learner-static``: the same with static members (``group_instance_id``, as the
+  Kafka Streams strategies have): a restart within the session moves nothing, and an
+  instance stopped without a leaving mark keeps its tasks until its session ends;
 - ``relay-learner-standby``: the same with one standby copy per task (``num_standbys=1``): a
   standby is promoted where one exists, without a learner phase;
 - ``relay-stop-the-world``: Relay with ``rebalance_protocol=eager`` (every rebalance stops and
@@ -121,8 +124,11 @@ from streams.group.member_id import instance_of
 from streams.group.status_topic import status_topic_name
 
 KAFKA_STREAMS = ("kafka-streams-warmup", "kafka-streams-standby")
-STRATEGIES = ("relay-learner", "relay-learner-standby", "relay-stop-the-world", "faust",
-              *KAFKA_STREAMS)
+STRATEGIES = ("relay-learner", "relay-learner-static", "relay-learner-standby",
+              "relay-stop-the-world", "faust", *KAFKA_STREAMS)
+#: Relay strategies whose workers are static members (``group_instance_id`` = the worker's
+#: name), as the Kafka Streams strategies are.
+STATIC = {"relay-learner-static"}
 #: Standby copies per task of each strategy.
 STANDBYS = {"relay-learner-standby": 1, "kafka-streams-standby": 1}
 #: Kafka Streams' probing rebalance interval: its minimum, so warm-ups move tasks soonest.
@@ -488,7 +494,8 @@ async def run_strategy(name: str, args: argparse.Namespace, sizes: Sizes, bootst
         else:
             pool = RelayPool(
                 settings, "eager" if name == "relay-stop-the-world" else "cooperative",
-                args.acceptable_lag, args.max_learners, args.worker_log_level)
+                args.acceptable_lag, args.max_learners, args.worker_log_level,
+                static=name in STATIC)
         run = Run(name, pool, outputs, status, sizes, args, bootstrap, app_id)
         await outputs.start()
         await status.start()

@@ -154,9 +154,10 @@ class RelayPool(WorkerPool):
     ``cooperative`` (learners) or ``eager`` (stop the world)."""
 
     def __init__(self, settings: PoolSettings, protocol: str, acceptable_lag: int,
-                 max_learners: int, log_level: str = "INFO") -> None:
+                 max_learners: int, log_level: str = "INFO", static: bool = False) -> None:
         super().__init__(settings)
         self.log_level = log_level
+        self.static = static
         self.protocol = protocol
         self.acceptable_lag = acceptable_lag
         self.max_learners = max_learners
@@ -178,6 +179,8 @@ class RelayPool(WorkerPool):
             "RELAY_NUM_STANDBYS": str(s.standbys),
             "RELAY_ACCEPTABLE_LAG": str(self.acceptable_lag),
             "RELAY_MAX_LEARNERS": str(self.max_learners),
+            # A static member per stream thread, ``<name>-thread-<n>``: a restart moves nothing.
+            **({"RELAY_GROUP_INSTANCE_ID": name} if self.static else {}),
         }
 
 

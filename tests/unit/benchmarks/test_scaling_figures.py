@@ -130,8 +130,8 @@ def test_default_phases_and_their_order() -> None:
     assert args.phases == ["scale-out", "scale-in", "scale-out", "hand-over",
                            "rolling-restart"]
     assert args.state_mb == [100.0, 800.0]
-    assert args.strategies == ["relay-learner", "relay-learner-standby",
-                               "relay-stop-the-world", "faust", "kafka-streams-warmup",
-                               "kafka-streams-standby"]
+    assert args.strategies == ["relay-learner", "relay-learner-static",
+                               "relay-learner-standby", "relay-stop-the-world", "faust",
+                               "kafka-streams-warmup", "kafka-streams-standby"]
     with pytest.raises(SystemExit):
         parse_args(["--phases", "hand-over"])

@@ -20,7 +20,12 @@ from benchmarks.scaling import (
 )
 from benchmarks.scaling_observe import kafka_streams_status
 from benchmarks.scaling_prefill import changelog_topic, input_key, kafka_streams_encoder
-from benchmarks.scaling_workers import COMMIT_INTERVAL_MS, KafkaStreamsPool, PoolSettings
+from benchmarks.scaling_workers import (
+    COMMIT_INTERVAL_MS,
+    KafkaStreamsPool,
+    PoolSettings,
+    RelayPool,
+)
 
 
 def _status(**changes: Any) -> dict[str, Any]:
@@ -81,3 +86,12 @@ def test_a_failed_worker_s_last_log_line_is_quoted(tmp_path: Path) -> None:
     log.write_text("starting\nkafka-streams scaling app: the group did not form\n\n")
     assert last_line(log) == "kafka-streams scaling app: the group did not form"
     assert last_line(tmp_path / "missing.log") == ""
+
+
+def test_relay_static_workers_are_static_members_named_for_the_worker(tmp_path: Path) -> None:
+    settings = PoolSettings("b:9092", "app", "app-in", "app-out", "app-status", 4, 6000, 0,
+                            tmp_path)
+    static = RelayPool(settings, "cooperative", 1000, 2, static=True).environment("w3")
+    dynamic = RelayPool(settings, "cooperative", 1000, 2).environment("w3")
+    assert static["RELAY_GROUP_INSTANCE_ID"] == "w3"
+    assert "RELAY_GROUP_INSTANCE_ID" not in dynamic

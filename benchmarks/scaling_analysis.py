@@ -100,12 +100,14 @@ def member_counters(phase: Phase, history: list[MemberStatus], counted_until: fl
     during = [s for s in history if start_ms <= s.updated_ms <= end_ms]
     baseline = max((s.generation for s in before), default=-1)
     phase.rebalances = max(0, max((s.generation for s in during), default=baseline) - baseline)
-    restored_before: dict[str, int] = {}
+    # A process counts from zero: a member restarted during the phase (a static member keeps
+    # its key) is a new counter, not a smaller one.
+    restored_before: dict[tuple[str, int], int] = {}
     for s in before:
-        restored_before[s.key] = s.restored_records
-    restored_after: dict[str, int] = {}
+        restored_before[s.key, s.pid] = s.restored_records
+    restored_after: dict[tuple[str, int], int] = {}
     for s in during:
-        restored_after[s.key] = s.restored_records
+        restored_after[s.key, s.pid] = s.restored_records
     phase.restored_records = sum(
         n - restored_before.get(key, 0) for key, n in restored_after.items())
 

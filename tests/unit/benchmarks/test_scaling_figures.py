@@ -17,8 +17,8 @@ from benchmarks.scaling import (
     summarize_phases,
     summary_table,
 )
-from benchmarks.scaling_analysis import Phase, in_rounds, processing_gaps
-from benchmarks.scaling_observe import Output
+from benchmarks.scaling_analysis import Phase, in_rounds, member_counters, processing_gaps
+from benchmarks.scaling_observe import MemberStatus, Output
 from benchmarks.scaling_prefill import (
     faust_encoder,
     input_key,
@@ -135,3 +135,18 @@ def test_default_phases_and_their_order() -> None:
                                "kafka-streams-warmup", "kafka-streams-standby"]
     with pytest.raises(SystemExit):
         parse_args(["--phases", "hand-over"])
+
+
+def test_a_member_restarted_in_a_phase_counts_its_new_process_from_zero() -> None:
+    def status(pid: int, restored: int, at_s: float, generation: int = 3) -> MemberStatus:
+        return MemberStatus("w1-thread-0", pid, generation, frozenset({"0_0"}), False,
+                            restored, int(at_s * 1000))
+
+    phase = Phase("rolling restart", started=10.0)
+    # The old process had restored 50,000 records; the restart (same static key) restores
+    # 100 more in its own count, and the group never rebalances.
+    history = [status(1, 50_000, 9.0), status(1, 50_000, 11.0), status(2, 0, 12.0),
+               status(2, 100, 13.0)]
+    member_counters(phase, history, counted_until=20.0)
+    assert phase.restored_records == 100
+    assert phase.rebalances == 0

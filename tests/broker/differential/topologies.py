@@ -6,7 +6,6 @@ tombstones)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from hypothesis import strategies as st
@@ -15,10 +14,6 @@ SOURCE = "in"
 TABLE = "tbl"
 OTHER_SOURCE = "in2"
 OTHER_TABLE = "tbl2"
-
-#: Left and outer stream-stream joins still differ from Kafka Streams in when (and in which
-#: order) they emit unmatched records (docs/kafka-streams.md): drawn only when this is set.
-STREAM_OUTER_JOINS = os.environ.get("DIFFERENTIAL_STREAM_OUTER_JOINS") == "1"
 
 _stateless = st.one_of(
     st.builds(lambda k, r: {"op": "filter", "k": k, "r": r % k},
@@ -199,8 +194,7 @@ def _stream_join_topologies(draw: st.DrawFn) -> dict[str, Any]:
     before, after = draw(st.sampled_from([(0, 5), (5, 0), (5, 5), (2, 10), (10, 3), (1, 1)]))
     chain.add({"op": "stream_join", "other": other, "before": before, "after": after,
                "grace": draw(st.sampled_from([0, 3, 20])),
-               "kind": draw(st.sampled_from(["inner", "left", "outer"] if STREAM_OUTER_JOINS
-                                            else ["inner"]))}, reads=left)
+               "kind": draw(st.sampled_from(["inner", "left", "outer"]))}, reads=left)
     for _ in range(draw(st.integers(0, 2))):
         chain.add(draw(_stateless))
     if draw(st.booleans()):

@@ -137,3 +137,53 @@ def test_a_new_row_of_a_foreign_key_inner_join_without_its_right_row_writes_noth
         driver.pipe("users", "u", "Ursula")
         driver.pipe("orders", "o1", {"user": "v", "n": 2})  # an update: its result goes
         assert driver.read_key_values("enriched") == [("o1", [1, "Ursula"]), ("o1", None)]
+
+
+def _outputs(driver: TopologyTestDriver, topic: str) -> list[tuple[object, object, int]]:
+    return [(r.key, r.value, r.timestamp_ms) for r in driver.read_output(topic)]
+
+
+def test_an_unmatched_record_whose_window_end_is_past_is_emitted_at_once_within_grace() -> None:
+    a = app()
+    a.stream("left").left_join(a.stream("right"), lambda v, o: [v, o],
+                               JoinWindows(0, 5, grace_ms=3)).to("joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("left", "k", 1, timestamp_ms=6)  # waits until stream time 15
+        # Its window ended at 5, before the stream time 6: Kafka Streams emits it at once,
+        # the grace period notwithstanding.
+        driver.pipe("left", "k", 2, timestamp_ms=0)
+        assert _outputs(driver, "joined") == [("k", [2, None], 0)]
+        driver.pipe("right", "x", 9, timestamp_ms=14)  # 6 + 5 + 3 is not behind 14
+        assert _outputs(driver, "joined") == []
+        driver.pipe("right", "x", 9, timestamp_ms=15)
+        assert _outputs(driver, "joined") == [("k", [1, None], 6)]
+
+
+def test_closed_unmatched_records_wait_for_the_arriving_sides_window_past_the_min_time() -> None:
+    a = app()
+    a.stream("left").outer_join(a.stream("right"), lambda v, o: [v, o],
+                                JoinWindows(0, 10)).to("joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("right", "a", 1, timestamp_ms=0)  # its window closes past 0
+        # Kafka Streams looks for closed records only when its smallest time (0) plus the
+        # arriving side's after (10 for a left record) is behind the stream time (5): not yet.
+        driver.pipe("left", "b", 2, timestamp_ms=5)
+        assert _outputs(driver, "joined") == []
+        # A right record looks ahead 0: 0 + 0 < 6, so it looks, and "a" has closed.
+        driver.pipe("right", "c", 3, timestamp_ms=6)
+        assert _outputs(driver, "joined") == [("a", [None, 1], 0)]
+
+
+def test_closed_unmatched_records_come_out_in_kafka_streams_store_order() -> None:
+    a = app()
+    a.stream("left").outer_join(a.stream("right"), lambda v, o: [v, o],
+                                JoinWindows(5)).to("joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("left", -1, "l-1", timestamp_ms=0)
+        driver.pipe("left", 2, "l2", timestamp_ms=0)
+        driver.pipe("right", 3, "r3", timestamp_ms=0)
+        driver.pipe("right", 4, "r4", timestamp_ms=20)
+        # By time, then a right record before a left one, then by the key's long bytes:
+        # a negative key after the others.
+        assert _outputs(driver, "joined") == [
+            (3, [None, "r3"], 0), (2, ["l2", None], 0), (-1, ["l-1", None], 0)]

@@ -187,3 +187,29 @@ def test_closed_unmatched_records_come_out_in_kafka_streams_store_order() -> Non
         # a negative key after the others.
         assert _outputs(driver, "joined") == [
             (3, [None, "r3"], 0), (2, ["l2", None], 0), (-1, ["l-1", None], 0)]
+
+
+def _filtered_enrichment(regrouped: bool) -> App:
+    a = app()
+    users = a.table("users", store="users")
+    orders = a.table("orders", store="orders")
+    kept = orders.left_join(users, lambda o, u: [o["n"], u],
+                            foreign_key=lambda o: o["user"]).filter(lambda _k, v: v[1] is not None)
+    kept.to_stream().to("kept")
+    if regrouped:
+        kept.group_by(lambda k, v: (v[1], k)).count(store="per-user").to_stream().to("per-user")
+    return a
+
+
+def test_a_filter_of_a_foreign_key_join_re_grouped_downstream_keeps_its_rows() -> None:
+    for regrouped in (False, True):
+        with TopologyTestDriver(_filtered_enrichment(regrouped)) as driver:
+            driver.pipe("users", "u", "Ursula")
+            driver.pipe("orders", "o1", {"user": "x", "n": 1})  # no user x: filtered out
+            driver.pipe("orders", "o2", {"user": "u", "n": 2})
+            # A re-grouping makes Kafka Streams materialize the join's result and send old
+            # values down: the filter then knows o1 was never in it. Without, it does not.
+            never_held = [] if regrouped else [("o1", None)]
+            assert driver.read_key_values("kept") == [*never_held, ("o2", [2, "Ursula"])]
+            if regrouped:
+                assert driver.read_key_values("per-user") == [("Ursula", 1)]

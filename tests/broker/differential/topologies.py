@@ -146,12 +146,8 @@ def _table_topologies(draw: st.DrawFn) -> dict[str, Any]:
         if draw(st.booleans()):
             other = chain.add(draw(_value_only))
         chain.current = at
-    joined = False
     for _ in range(draw(st.integers(0, 3))):
-        # One join per topology: two joins with one table, re-grouped, still differ
-        # (docs/kafka-streams.md).
-        if other is not None and not joined and draw(st.integers(0, 2)) == 0:
-            joined = True
+        if other is not None and draw(st.integers(0, 2)) == 0:
             if draw(st.booleans()):
                 chain.add({"op": "table_join", "other": other,
                            "kind": draw(st.sampled_from(["inner", "left", "outer"]))})

@@ -213,3 +213,36 @@ def test_a_filter_of_a_foreign_key_join_re_grouped_downstream_keeps_its_rows() -
             assert driver.read_key_values("kept") == [*never_held, ("o2", [2, "Ursula"])]
             if regrouped:
                 assert driver.read_key_values("per-user") == [("Ursula", 1)]
+
+
+def test_a_table_joined_twice_is_read_with_its_update_by_the_join_reached_through_the_other(
+) -> None:
+    a = app()
+    left, right = a.table("left", store="left"), a.table("right", store="right")
+    add = lambda x, y: x + y  # noqa: E731
+    left.join(right, add).join(right, add).to_stream().to("joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("left", 1, 5, timestamp_ms=1)
+        driver.pipe("right", 1, 7, timestamp_ms=2)
+        driver.pipe("right", 1, 8, timestamp_ms=3)
+        # Each update of "right" reaches the second join twice: through the first join (whose
+        # result the second joins with "right" as its store already holds it, in Kafka
+        # Streams), then directly.
+        assert _outputs(driver, "joined") == [(1, 19, 2), (1, 19, 2), (1, 21, 3), (1, 21, 3)]
+
+
+def test_an_update_of_a_foreign_key_inner_join_row_keeping_its_missing_key_writes_nothing(
+) -> None:
+    a = app()
+    users = a.table("users", store="users")
+    orders = a.table("orders", store="orders")
+    orders.join(users, lambda o, u: [o["n"], u], foreign_key=lambda o: o["user"]).to_stream(
+    ).to("enriched")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("orders", "o1", {"user": "x", "n": 1})  # no user x: no result
+        driver.pipe("orders", "o1", {"user": "x", "n": 2})  # same key: still none, no delete
+        assert driver.read_key_values("enriched") == []
+        # Another foreign key: Kafka Streams cannot tell whether the old one joined, and
+        # deletes the result (PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE).
+        driver.pipe("orders", "o1", {"user": "y", "n": 3})
+        assert driver.read_key_values("enriched") == [("o1", None)]

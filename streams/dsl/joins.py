@@ -23,8 +23,9 @@ Stores: ``<join>-left`` and ``<join>-right`` keyed ``(key, timestamp, offset, to
 input offset and topic tell apart records of one key and time), and ``<join>-outer`` keyed
 ``(timestamp, side, negative, key, offset, topic)``, in Kafka Streams' order: by time, a right
 record before a left one, then by key as its long serde's bytes sort (non-negative integers
-before negative ones). Each window
-store drops records past ``before + after + grace`` as stream time advances.
+before negative ones). Each side's window store keeps its own time, as Kafka Streams' does
+(the largest timestamp put in it, not the join's): a record at ``t`` is joined only while
+``t`` is past that time - ``before + after + grace``, and purged after.
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ LEFT, RIGHT = 0, 1
 #: left one's as 1, so a right record comes first among those of one time.
 _OUTER_RANK = (1, 0)
 _OUTER_SIDE = {rank: side for side, rank in enumerate(_OUTER_RANK)}
+
+
+def _observed(store: str) -> str:
+    """The entry of a side's window store's own time in the task's observed times."""
+    return f"{store}/observed"
+
+
+def _segment(t: int, retention: int) -> int:
+    """The segment of Kafka Streams' window store that holds ``t``: it takes a record
+    unless the segment is older than the one of its time - retention, so it keeps records
+    a little past retention (fetches do not return them)."""
+    interval = max(retention // 2, 60_000)
+    return t // interval if t >= 0 else -(-t // interval)  # Java's division: towards zero
 
 
 def _outer_prefix(t: int, side: int, key: Any) -> tuple[Any, ...]:
@@ -112,12 +126,19 @@ class StreamJoinNode(Node):
         # every record reaching the join advances, the ones it skips too.
         stream_time = max(ctx.observed_ms.get(join.stores[0], -1), t)
         ctx.observed_ms[join.stores[0]] = stream_time
+        retention = join.windows.retention_ms
+        # Each side's window store also keeps its own time: the largest timestamp put in it
+        # (a record with a key, its value None too), which decides what it still holds.
+        this_observed = _observed(join.stores[self.side])
+        if key is not None:
+            ctx.observed_ms[this_observed] = max(ctx.observed_ms.get(this_observed, -1), t)
         if key is None or value is None:
             if join.outer[self.side] and key is None and value is not None:
                 self._emit(ctx, None, value, t)  # nothing to join with: at once, as Kafka does
             return  # Kafka Streams skips it
         this_store = ctx.store(join.stores[self.side])
-        if t >= stream_time - join.windows.retention_ms:
+        if _segment(t, retention) >= _segment(ctx.observed_ms[this_observed] - retention,
+                                              retention):
             this_store.put((key, t, ctx.offset, ctx.topic), value)
         previous = ctx.timestamp_ms
         try:
@@ -126,8 +147,13 @@ class StreamJoinNode(Node):
             other_store = ctx.store(join.stores[1 - self.side])
             matched = False
             outer = None if join.outer_store is None else ctx.store(join.outer_store)
+            # The other store holds what its own time has not expired (Kafka Streams' window
+            # store answers a fetch from its time - retention + 1 at the earliest).
+            earliest = max(0, t - self.before,
+                           ctx.observed_ms.get(_observed(join.stores[1 - self.side]), -1)
+                           - retention + 1)
             for (_, other_t, *_), other in other_store.range(
-                    (key, max(0, t - self.before)), (key, max(0, t + self.after) + 1)):
+                    (key, earliest), (key, max(earliest, max(0, t + self.after) + 1))):
                 matched = True
                 if outer is not None:
                     prefix = _outer_prefix(other_t, 1 - self.side, key)
@@ -196,7 +222,7 @@ class StreamJoinNode(Node):
     def purge(self, ctx: ProcessorContext) -> int:
         """Drop this side's buffered records past the join's retention."""
         retention = self.join.windows.retention_ms
-        horizon = ctx.observed_ms.get(self.join.stores[0], -1) - retention
+        horizon = ctx.observed_ms.get(_observed(self.join.stores[self.side]), -1) - retention + 1
         if horizon <= 0 or not purge_due(ctx, self.name, horizon, retention // 2):
             return 0
         store = ctx.store(self.join.stores[self.side])

@@ -246,3 +246,24 @@ def test_an_update_of_a_foreign_key_inner_join_row_keeping_its_missing_key_write
         # deletes the result (PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE).
         driver.pipe("orders", "o1", {"user": "y", "n": 3})
         assert driver.read_key_values("enriched") == [("o1", None)]
+
+
+def test_each_side_of_a_stream_join_expires_its_records_by_its_own_time() -> None:
+    for first, expected in (
+            # The left store's own time is 5: it answers from 5 - 5 + 1 = 1 on.
+            (("left", 1, "x", 5), [(0, ["b", "r"], 5)]),
+            # The join's time is 10, but the left store's is 1: both are still there.
+            (("right", 3, "s", 10), [(0, ["a", "r"], 5), (0, ["b", "r"], 5)])):
+        a = app()
+        a.stream("left").join(a.stream("right"), lambda v, o: [v, o],
+                              JoinWindows(0, 5)).to("joined")
+        with TopologyTestDriver(a) as driver:
+            topic, key, value, timestamp = first
+            if topic == "right":
+                driver.pipe(topic, key, value, timestamp_ms=timestamp)
+            driver.pipe("left", 0, "a", timestamp_ms=0)
+            driver.pipe("left", 0, "b", timestamp_ms=1)
+            if topic == "left":
+                driver.pipe(topic, key, value, timestamp_ms=timestamp)
+            driver.pipe("right", 0, "r", timestamp_ms=5)
+            assert _outputs(driver, "joined") == expected

@@ -98,7 +98,9 @@ class TableJoinNode(Node):
     the two rows'. An inner join holds a result where both sides hold a row, a left join
     where the left side does (``joiner(left, None)`` without a right row), an outer join
     where either does (None for the missing side). An update forwards the new result, or a
-    tombstone where a result existed and no longer does; nothing where there was none."""
+    tombstone where there is none; without the other side's row, only where a result existed
+    (Kafka Streams cannot tell otherwise, and sends a tombstone for a row this side never
+    held when the other side holds one)."""
 
     def __init__(self, name: str, shared: TableJoinSide, side: int) -> None:
         super().__init__(name)
@@ -132,8 +134,11 @@ class TableJoinNode(Node):
         other_row = store.get((1 - self.side, key))
         other, other_ts = (None, -1) if other_row is None else other_row
         joined = self._joined(value, other)
-        if not joined and not (old_row is not None and self._joined(old_row[0], other)):
-            return  # no result before, none now: nothing to update or delete
+        if (other is None and not joined
+                and not (old_row is not None and self._joined(old_row[0], other))):
+            # No result before, none now: nothing to update or delete. With the other
+            # side's row there, Kafka Streams sends the update (a tombstone too) regardless.
+            return
         if joined:
             left, right = (value, other) if self.side == LEFT else (other, value)
             result = shared.joiner(left, right)

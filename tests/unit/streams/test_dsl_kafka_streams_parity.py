@@ -267,3 +267,20 @@ def test_each_side_of_a_stream_join_expires_its_records_by_its_own_time() -> Non
                 driver.pipe(topic, key, value, timestamp_ms=timestamp)
             driver.pipe("right", 0, "r", timestamp_ms=5)
             assert _outputs(driver, "joined") == expected
+
+
+def test_a_table_join_sends_a_tombstone_for_a_row_never_held_when_the_other_side_has_one(
+) -> None:
+    a = app()
+    left, right = a.table("left", store="left"), a.table("right", store="right")
+    left.join(right, lambda x, y: [x, y]).to_stream().to("inner-joined")
+    left.left_join(right, lambda x, y: [x, y]).to_stream().to("left-joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("left", 1, "a")
+        driver.pipe("right", 1, None)  # "right" never held 1; "left" does
+        driver.pipe("right", 2, "b")
+        driver.pipe("left", 2, None)  # "left" never held 2; "right" does
+        driver.pipe("left", 3, None)  # neither holds 3: nothing
+        assert driver.read_key_values("inner-joined") == [(1, None), (2, None)]
+        assert driver.read_key_values("left-joined") == [
+            (1, ["a", None]), (1, ["a", None]), (2, None)]

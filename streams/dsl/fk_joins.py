@@ -59,8 +59,9 @@ class ForeignKeyStep(Node):
 class SubscribeNode(ForeignKeyStep):
     """Step 1: a left row's update becomes subscriptions keyed by foreign key, as
     ``[left_key, hash or None, answer_without_right]`` (hash None: unsubscribe). A new row of
-    an inner join asks for an answer only if the right row exists: without one there is no
-    result to replace (Kafka Streams' PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE)."""
+    an inner join, or an update that keeps its foreign key, asks for an answer only if the
+    right row exists: without one there is no result to replace (Kafka Streams'
+    PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE)."""
 
     def store_names(self) -> list[str]:
         return [self.join.rows_store]
@@ -76,8 +77,12 @@ class SubscribeNode(ForeignKeyStep):
         if old_fk is not None and old_fk != new_fk:
             self.forward(ctx, old_fk, [key, None])
         if new_fk is not None:
+            # An inner join's row whose foreign key stayed had no result if the right row
+            # is missing: nothing to delete (Kafka Streams' PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE
+            # for inserts and such updates; a changed key may leave a result to delete).
             self.forward(ctx, new_fk, [key, value_hash(value),
-                                       self.join.left or old is not None])
+                                       self.join.left or (old_fk is not None
+                                                          and old_fk != new_fk)])
         elif old is not None or value is not None:
             # No foreign key now (a delete, or a row naming none): the result goes, or is
             # the row joined with nothing, at once.

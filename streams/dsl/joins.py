@@ -7,15 +7,25 @@ Kafka Streams' semantics (KStreamKStreamJoin, with KIP-633's fix for spurious re
   (a right record at ``t`` the left ones in ``[t - after, t + before]``); each pair is
   emitted once, when its second record arrives, with the larger of the two timestamps;
 - in a left (outer) join, a left (either) record that found no partner waits in the
-  "outer" store until its window closes (stream time past ``t + after + grace`` for a left
-  record, ``t + before + grace`` for a right one); a later partner deletes it; once closed,
-  it is emitted joined with None, with its own timestamp, in timestamp order. A record
-  that arrives already closed is emitted at once.
+  "outer" store until its window closes (the join's stream time, shared by both sides, past
+  ``t + after + grace`` for a left record, ``t + before + grace`` for a right one); a later
+  partner deletes it; once closed, it is emitted joined with None, with its own timestamp,
+  in the store's order. A record whose window's end (``t + after`` for a left record, no
+  grace) is already behind the join's stream time is emitted at once.
+- the closed records are looked for when a record at the join's stream time arrives, and
+  only if the smallest time Kafka Streams' time tracker keeps (the time of the last record
+  put in the store, or where the previous look stopped) is past this side's ``after +
+  grace``. Kafka Streams also throttles that look to once per
+  ``__emit.interval.ms.kstreams.outer.join.spurious.results.fix__`` (1 s) of wall-clock
+  time; Relay looks every time, as Kafka Streams does with that interval at 0.
 
 Stores: ``<join>-left`` and ``<join>-right`` keyed ``(key, timestamp, offset, topic)`` (the
 input offset and topic tell apart records of one key and time), and ``<join>-outer`` keyed
-``(timestamp, side, key, offset, topic)`` so that the closed ones come first. Each window
-store drops records past ``before + after + grace`` as stream time advances.
+``(timestamp, side, negative, key, offset, topic)``, in Kafka Streams' order: by time, a right
+record before a left one, then by key as its long serde's bytes sort (non-negative integers
+before negative ones). Each side's window store keeps its own time, as Kafka Streams' does
+(the largest timestamp put in it, not the join's): a record at ``t`` is joined only while
+``t`` is past that time - ``before + after + grace``, and purged after.
 """
 
 from __future__ import annotations
@@ -28,6 +38,28 @@ from streams.dsl.processors import Node, ProcessorContext
 from streams.dsl.sessions import purge_due
 
 LEFT, RIGHT = 0, 1
+#: The side's rank in the outer store: Kafka Streams writes a right record's side as 0 and a
+#: left one's as 1, so a right record comes first among those of one time.
+_OUTER_RANK = (1, 0)
+_OUTER_SIDE = {rank: side for side, rank in enumerate(_OUTER_RANK)}
+
+
+def _observed(store: str) -> str:
+    """The entry of a side's window store's own time in the task's observed times."""
+    return f"{store}/observed"
+
+
+def _segment(t: int, retention: int) -> int:
+    """The segment of Kafka Streams' window store that holds ``t``: it takes a record
+    unless the segment is older than the one of its time - retention, so it keeps records
+    a little past retention (fetches do not return them)."""
+    interval = max(retention // 2, 60_000)
+    return t // interval if t >= 0 else -(-t // interval)  # Java's division: towards zero
+
+
+def _outer_prefix(t: int, side: int, key: Any) -> tuple[Any, ...]:
+    """The outer store's key prefix of ``key``'s records of ``side`` at ``t``."""
+    return (t, _OUTER_RANK[side], isinstance(key, int) and key < 0, key)
 
 
 @dataclass(frozen=True)
@@ -94,12 +126,19 @@ class StreamJoinNode(Node):
         # every record reaching the join advances, the ones it skips too.
         stream_time = max(ctx.observed_ms.get(join.stores[0], -1), t)
         ctx.observed_ms[join.stores[0]] = stream_time
+        retention = join.windows.retention_ms
+        # Each side's window store also keeps its own time: the largest timestamp put in it
+        # (a record with a key, its value None too), which decides what it still holds.
+        this_observed = _observed(join.stores[self.side])
+        if key is not None:
+            ctx.observed_ms[this_observed] = max(ctx.observed_ms.get(this_observed, -1), t)
         if key is None or value is None:
             if join.outer[self.side] and key is None and value is not None:
                 self._emit(ctx, None, value, t)  # nothing to join with: at once, as Kafka does
             return  # Kafka Streams skips it
         this_store = ctx.store(join.stores[self.side])
-        if t >= stream_time - join.windows.retention_ms:
+        if _segment(t, retention) >= _segment(ctx.observed_ms[this_observed] - retention,
+                                              retention):
             this_store.put((key, t, ctx.offset, ctx.topic), value)
         previous = ctx.timestamp_ms
         try:
@@ -108,20 +147,30 @@ class StreamJoinNode(Node):
             other_store = ctx.store(join.stores[1 - self.side])
             matched = False
             outer = None if join.outer_store is None else ctx.store(join.outer_store)
+            # The other store holds what its own time has not expired (Kafka Streams' window
+            # store answers a fetch from its time - retention + 1 at the earliest).
+            earliest = max(0, t - self.before,
+                           ctx.observed_ms.get(_observed(join.stores[1 - self.side]), -1)
+                           - retention + 1)
             for (_, other_t, *_), other in other_store.range(
-                    (key, max(0, t - self.before)), (key, max(0, t + self.after) + 1)):
+                    (key, earliest), (key, max(earliest, max(0, t + self.after) + 1))):
                 matched = True
                 if outer is not None:
-                    for waiting, _ in list(outer.prefix((other_t, 1 - self.side, key))):
+                    prefix = _outer_prefix(other_t, 1 - self.side, key)
+                    for waiting, _ in list(outer.prefix(prefix)):
                         outer.delete(waiting)
                 ctx.timestamp_ms = max(t, other_t)
                 self._emit(ctx, key, value, ctx.timestamp_ms, other)
             if matched or not join.outer[self.side]:
                 return
-            if outer is None or t + self.after + join.windows.grace_ms < stream_time:
+            # Kafka Streams emits it at once when its window's end, without the grace, is
+            # behind the join's stream time.
+            if outer is None or max(0, t + self.after) < stream_time:
                 self._emit(ctx, key, value, t)
             else:
-                outer.put((t, self.side, key, ctx.offset, ctx.topic), value)
+                min_time = f"{join.outer_store}/min-time"
+                ctx.node_state[min_time] = min(ctx.node_state.get(min_time, t), t)
+                outer.put((*_outer_prefix(t, self.side, key), ctx.offset, ctx.topic), value)
         finally:
             ctx.timestamp_ms = previous
 
@@ -132,25 +181,38 @@ class StreamJoinNode(Node):
         self.forward(ctx, key, self.join.joiner(left, right))
 
     def _emit_closed(self, ctx: ProcessorContext, stream_time: int) -> None:
-        """Emit, in time order, the unmatched records whose window closed."""
+        """Emit, in the store's order, the unmatched records whose window closed, as Kafka
+        Streams' ``emitNonJoinedOuterRecords`` does (its emit interval at 0)."""
         join = self.join
         assert join.outer_store is not None
-        outer = ctx.store(join.outer_store)
         grace = join.windows.grace_ms
+        min_time_entry = f"{join.outer_store}/min-time"
+        # Absent when nothing was put since the start (the store empty, or its time unknown
+        # after a restart: then the store is read, as Kafka Streams' overflowing check does).
+        min_time = ctx.node_state.get(min_time_entry)
+        if min_time is not None and min_time + self.after + grace >= stream_time:
+            return
+        outer = ctx.store(join.outer_store)
         # A left record waits ``after`` for partners, a right one ``before``.
         wait = (join.windows.after, join.windows.before_ms)
         open_sides: set[int] = set()
         closed: list[tuple[Any, Any]] = []
+        last_seen = None
         for stored_key, value in outer.items():
-            t, side = stored_key[0], stored_key[1]
+            t, side = stored_key[0], _OUTER_SIDE[stored_key[1]]
+            last_seen = t
+            if len(open_sides) == 2:
+                break  # later records are open on both sides
             if t + wait[side] + grace >= stream_time:
                 open_sides.add(side)
-                if len(open_sides) == 2:
-                    break
                 continue
             closed.append((stored_key, value))
+        if last_seen is None:
+            ctx.node_state.pop(min_time_entry, None)
+        else:
+            ctx.node_state[min_time_entry] = last_seen
         for stored_key, value in closed:
-            t, side, key = stored_key[0], stored_key[1], stored_key[2]
+            t, side, key = stored_key[0], _OUTER_SIDE[stored_key[1]], stored_key[3]
             outer.delete(stored_key)
             ctx.timestamp_ms = t
             left, right = (value, None) if side == LEFT else (None, value)
@@ -160,7 +222,7 @@ class StreamJoinNode(Node):
     def purge(self, ctx: ProcessorContext) -> int:
         """Drop this side's buffered records past the join's retention."""
         retention = self.join.windows.retention_ms
-        horizon = ctx.observed_ms.get(self.join.stores[0], -1) - retention
+        horizon = ctx.observed_ms.get(_observed(self.join.stores[self.side]), -1) - retention + 1
         if horizon <= 0 or not purge_due(ctx, self.name, horizon, retention // 2):
             return 0
         store = ctx.store(self.join.stores[self.side])

@@ -136,6 +136,7 @@ class Node:
     def __init__(self, name: str) -> None:
         self.name = name
         self.children: list[Node] = []
+        self._preparers: list[Callable[[ProcessorContext, Any, Any], None]] | None = None
 
     def add_child(self, child: Node) -> Node:
         self.children.append(child)
@@ -155,6 +156,15 @@ class Node:
         self._forward_to_all(ctx, key, value)
 
     def _forward_to_all(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        preparers = self._preparers
+        if preparers is None:
+            preparers = self._preparers = [c.prepare for c in self.children
+                                           if hasattr(c, "prepare")]
+        # A table update reaching several table-table joins is first recorded by all of
+        # them: a join it reaches through another then sees this update, as Kafka Streams'
+        # value getters read the table's store, already updated.
+        for prepare in preparers:
+            prepare(ctx, key, value)
         for child in self.children:
             child.process(ctx, key, value)
 

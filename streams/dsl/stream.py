@@ -428,6 +428,10 @@ class Table(DeprecatedTableOperations):
         #: values): a stored table, a table-table join, or a filter or mapping of one. A
         #: filter of such a table sends no tombstone for a row that was not in it.
         self.knows_old_rows = store is not None if knows_old_rows is None else knows_old_rows
+        #: The filters between this table and the nearest point whose old rows are known
+        #: (a foreign-key join's result): a re-grouping downstream makes them keep their rows,
+        #: as it makes Kafka Streams materialize that point and send old values down.
+        self.forgetful_filters: tuple[TableFilterNode, ...] = ()
 
     def to_stream(self) -> Stream:
         return self._stream._like(self._node, key_changed=False)
@@ -437,6 +441,8 @@ class Table(DeprecatedTableOperations):
         table = Table(Stream(self._topology, node), store,
                       knows_old_rows=store is not None or self.knows_old_rows)
         table.key_serde = self.key_serde
+        if store is None:
+            table.forgetful_filters = self.forgetful_filters
         return table
 
     def _materialized(self) -> str:
@@ -474,7 +480,18 @@ class Table(DeprecatedTableOperations):
             rows = f"{name}-rows"
             self._topology.declare_store(StoreDecl(rows))
         node = TableFilterNode(name, predicate, keep, rows)
-        return self._maybe_stored(self._then(node), store)
+        filtered = self._then(node)
+        if rows is None:
+            filtered.forgetful_filters = (*self.forgetful_filters, node)
+        return self._maybe_stored(filtered, store)
+
+    def _send_old_values(self) -> None:
+        """What a re-grouping asks of its parents: the filters above it keep which rows they
+        hold, and send no tombstone for a row they never held."""
+        for node in self.forgetful_filters:
+            node.rows_store = f"{node.name}-rows"
+            self._topology.declare_store(StoreDecl(node.rows_store))
+        self.forgetful_filters = ()
 
     def map_values(self, fn: Callable[[Any], Any], store: str | None = None) -> Table:
         node = TableMapValuesNode(self._topology.node_name("table-map-values"), fn)
@@ -594,6 +611,7 @@ class GroupedTable:
                     adder: Callable[[Any, Any, Any], Any],
                     subtractor: Callable[[Any, Any, Any], Any], store: str) -> Table:
         table = self._table
+        table._send_old_values()
         topology = table._topology
         prior = f"{store}-prior"
         topology.declare_store(StoreDecl(prior))

@@ -19,6 +19,15 @@ from streams.dsl.processors import Node, ProcessorContext, _has_key
 LEFT, RIGHT = 0, 1
 
 
+def prepare_children(node: Node, ctx: ProcessorContext, key: Any, value: Any) -> None:
+    """Pass an update ahead to the table-table joins below ``node`` (see
+    ``Node._forward_to_all``)."""
+    for child in node.children:
+        prepare = getattr(child, "prepare", None)
+        if prepare is not None:
+            prepare(ctx, key, value)
+
+
 class TableFilterNode(Node):
     """Forwards the rows that pass, and a tombstone for those that do not (a row that stops
     passing leaves the filtered table).
@@ -36,6 +45,15 @@ class TableFilterNode(Node):
 
     def store_names(self) -> list[str]:
         return [] if self.rows_store is None else [self.rows_store]
+
+    def prepare(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        """Pass an update on to the table-table joins below before it is processed."""
+        if value is not None and bool(self.predicate(key, value)) != self.keep:
+            value = None
+        if (value is None and self.rows_store is not None and key is not None
+                and ctx.store(self.rows_store).get(key) is None):
+            return  # process() forwards nothing either
+        prepare_children(self, ctx, key, value)
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         if value is not None and bool(self.predicate(key, value)) != self.keep:
@@ -57,6 +75,9 @@ class TableMapValuesNode(Node):
         super().__init__(name)
         self.fn = fn
 
+    def prepare(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        prepare_children(self, ctx, key, None if value is None else self.fn(value))
+
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         self.forward(ctx, key, None if value is None else self.fn(value))
 
@@ -77,7 +98,9 @@ class TableJoinNode(Node):
     the two rows'. An inner join holds a result where both sides hold a row, a left join
     where the left side does (``joiner(left, None)`` without a right row), an outer join
     where either does (None for the missing side). An update forwards the new result, or a
-    tombstone where a result existed and no longer does; nothing where there was none."""
+    tombstone where there is none; without the other side's row, only where a result existed
+    (Kafka Streams cannot tell otherwise, and sends a tombstone for a row this side never
+    held when the other side holds one)."""
 
     def __init__(self, name: str, shared: TableJoinSide, side: int) -> None:
         super().__init__(name)
@@ -87,19 +110,35 @@ class TableJoinNode(Node):
     def store_names(self) -> list[str]:
         return [self.shared.store]
 
+    def prepare(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
+        """Record this side's new row ahead of :meth:`process`, keeping the old one for it."""
+        if key is None:
+            return
+        store = ctx.store(self.shared.store)
+        pending = ctx.node_state.setdefault(f"{self.name}/prepared", {})
+        if key not in pending:
+            pending[key] = store.get((self.side, key))
+        store.put((self.side, key), None if value is None else [value, ctx.timestamp_ms])
+
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         if key is None:
             return  # a table row without a key joins nothing (Kafka Streams skips it)
         shared = self.shared
         store = ctx.store(shared.store)
         timestamp = ctx.timestamp_ms
-        old_row = store.get((self.side, key))
+        pending = ctx.node_state.get(f"{self.name}/prepared")
+        # The row before this update (prepare() may have written the new one already).
+        old_row = (pending.pop(key) if pending and key in pending
+                   else store.get((self.side, key)))
         store.put((self.side, key), None if value is None else [value, timestamp])
         other_row = store.get((1 - self.side, key))
         other, other_ts = (None, -1) if other_row is None else other_row
         joined = self._joined(value, other)
-        if not joined and not (old_row is not None and self._joined(old_row[0], other)):
-            return  # no result before, none now: nothing to update or delete
+        if (other is None and not joined
+                and not (old_row is not None and self._joined(old_row[0], other))):
+            # No result before, none now: nothing to update or delete. With the other
+            # side's row there, Kafka Streams sends the update (a tombstone too) regardless.
+            return
         if joined:
             left, right = (value, other) if self.side == LEFT else (other, value)
             result = shared.joiner(left, right)

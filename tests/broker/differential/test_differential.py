@@ -6,9 +6,9 @@ driver has).
 Where Relay differs on purpose the comparison maps the encodings (docs/kafka-streams.md):
 keys and values are msgpack on Relay's side and longs on the oracle's, a windowed key is
 ``[key, start, end]`` on both after decoding; the timestamps of records written downstream of
-an aggregation are not compared (Relay stamps an update with the record that made it, Kafka
-Streams with the largest timestamp aggregated), and no windowed aggregation reads such
-records.
+an aggregation or a foreign-key join are not compared (Relay stamps an update with the record
+that made it, Kafka Streams with the largest timestamp combined), and no windowed aggregation
+reads such records.
 
 ``DIFFERENTIAL_EXAMPLES`` sets how many examples to run (default sized for the test
 suite's budget).
@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from streams import TopologyTestDriver
 from tests.broker.differential.oracle import Oracle
 from tests.broker.differential.topologies import records, topologies
-from tests.broker.differential.vocabulary import aggregated_topics, build_app, output_topics
+from tests.broker.differential.vocabulary import build_app, output_topics, untimed_topics
 
 EXAMPLES = int(os.environ.get("DIFFERENTIAL_EXAMPLES", "150"))
 
@@ -58,7 +58,7 @@ def run_relay(topology: dict[str, Any], inputs: list[dict[str, Any]]
 
 def assert_same(topology: dict[str, Any], inputs: list[dict[str, Any]],
                 relay: dict[str, list[list[Any]]], kafka: dict[str, list[list[Any]]]) -> None:
-    untimed = aggregated_topics(topology)
+    untimed = untimed_topics(topology)
     for topic in output_topics(topology):
         ours, theirs = relay.get(topic, []), kafka.get(topic, [])
         if topic in untimed:

@@ -6,7 +6,6 @@ tombstones)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from hypothesis import strategies as st
@@ -15,10 +14,6 @@ SOURCE = "in"
 TABLE = "tbl"
 OTHER_SOURCE = "in2"
 OTHER_TABLE = "tbl2"
-
-#: Left and outer stream-stream joins still differ from Kafka Streams in when (and in which
-#: order) they emit unmatched records (docs/kafka-streams.md): drawn only when this is set.
-STREAM_OUTER_JOINS = os.environ.get("DIFFERENTIAL_STREAM_OUTER_JOINS") == "1"
 
 _stateless = st.one_of(
     st.builds(lambda k, r: {"op": "filter", "k": k, "r": r % k},
@@ -151,23 +146,14 @@ def _table_topologies(draw: st.DrawFn) -> dict[str, Any]:
         if draw(st.booleans()):
             other = chain.add(draw(_value_only))
         chain.current = at
-    after_fk_join = joined = False
     for _ in range(draw(st.integers(0, 3))):
-        # One join per topology: two joins with one table, re-grouped, still differ
-        # (docs/kafka-streams.md).
-        if other is not None and not joined and draw(st.integers(0, 2)) == 0:
-            joined = True
+        if other is not None and draw(st.integers(0, 2)) == 0:
             if draw(st.booleans()):
                 chain.add({"op": "table_join", "other": other,
                            "kind": draw(st.sampled_from(["inner", "left", "outer"]))})
             else:
                 chain.add({"op": "fk_join", "other": other, "k": draw(st.integers(2, 5)),
                            "kind": draw(st.sampled_from(["inner", "left"]))})
-                after_fk_join = True
-        elif after_fk_join:
-            # A filter of a foreign-key join's result still differs when a re-grouping
-            # follows (docs/kafka-streams.md): mapped only.
-            chain.add(draw(_value_only.filter(lambda step: step["op"] == "map_values")))
         else:
             chain.add(draw(_value_only))
     table = chain.current
@@ -199,8 +185,7 @@ def _stream_join_topologies(draw: st.DrawFn) -> dict[str, Any]:
     before, after = draw(st.sampled_from([(0, 5), (5, 0), (5, 5), (2, 10), (10, 3), (1, 1)]))
     chain.add({"op": "stream_join", "other": other, "before": before, "after": after,
                "grace": draw(st.sampled_from([0, 3, 20])),
-               "kind": draw(st.sampled_from(["inner", "left", "outer"] if STREAM_OUTER_JOINS
-                                            else ["inner"]))}, reads=left)
+               "kind": draw(st.sampled_from(["inner", "left", "outer"]))}, reads=left)
     for _ in range(draw(st.integers(0, 2))):
         chain.add(draw(_stateless))
     if draw(st.booleans()):

@@ -169,15 +169,18 @@ def output_topics(topology: dict[str, Any]) -> list[str]:
 
 
 AGGREGATIONS = ("count", "reduce", "aggregate")
+#: Steps whose outputs' timestamps Relay does not yet stamp as Kafka Streams does: an
+#: aggregation's update and a foreign-key join's result take the largest timestamp of what
+#: they combine in Kafka Streams, which keeps timestamps in its stores (docs/kafka-streams.md).
+UNTIMED = (*AGGREGATIONS, "fk_join")
 
 
-def aggregated_topics(topology: dict[str, Any]) -> set[str]:
-    """The output topics written downstream of an aggregation: their timestamps are those of
-    the record that updated the aggregate on Relay's side, the largest timestamp aggregated
-    on Kafka Streams' (docs/kafka-streams.md)."""
+def untimed_topics(topology: dict[str, Any]) -> set[str]:
+    """The output topics written downstream of an aggregation or a foreign-key join: their
+    timestamps are compared on neither side (docs/kafka-streams.md)."""
     steps = topology["steps"]
-    aggregated: list[bool] = []
+    untimed: list[bool] = []
     for i, step in enumerate(steps):
         up = step.get("from", i - 1)
-        aggregated.append(step["op"] in AGGREGATIONS or (up >= 0 and aggregated[up]))
-    return {s["topic"] for s, a in zip(steps, aggregated, strict=True) if s["op"] == "to" and a}
+        untimed.append(step["op"] in UNTIMED or (up >= 0 and untimed[up]))
+    return {s["topic"] for s, u in zip(steps, untimed, strict=True) if s["op"] == "to" and u}

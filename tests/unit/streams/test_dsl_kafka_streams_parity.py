@@ -137,3 +137,150 @@ def test_a_new_row_of_a_foreign_key_inner_join_without_its_right_row_writes_noth
         driver.pipe("users", "u", "Ursula")
         driver.pipe("orders", "o1", {"user": "v", "n": 2})  # an update: its result goes
         assert driver.read_key_values("enriched") == [("o1", [1, "Ursula"]), ("o1", None)]
+
+
+def _outputs(driver: TopologyTestDriver, topic: str) -> list[tuple[object, object, int]]:
+    return [(r.key, r.value, r.timestamp_ms) for r in driver.read_output(topic)]
+
+
+def test_an_unmatched_record_whose_window_end_is_past_is_emitted_at_once_within_grace() -> None:
+    a = app()
+    a.stream("left").left_join(a.stream("right"), lambda v, o: [v, o],
+                               JoinWindows(0, 5, grace_ms=3)).to("joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("left", "k", 1, timestamp_ms=6)  # waits until stream time 15
+        # Its window ended at 5, before the stream time 6: Kafka Streams emits it at once,
+        # the grace period notwithstanding.
+        driver.pipe("left", "k", 2, timestamp_ms=0)
+        assert _outputs(driver, "joined") == [("k", [2, None], 0)]
+        driver.pipe("right", "x", 9, timestamp_ms=14)  # 6 + 5 + 3 is not behind 14
+        assert _outputs(driver, "joined") == []
+        driver.pipe("right", "x", 9, timestamp_ms=15)
+        assert _outputs(driver, "joined") == [("k", [1, None], 6)]
+
+
+def test_closed_unmatched_records_wait_for_the_arriving_sides_window_past_the_min_time() -> None:
+    a = app()
+    a.stream("left").outer_join(a.stream("right"), lambda v, o: [v, o],
+                                JoinWindows(0, 10)).to("joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("right", "a", 1, timestamp_ms=0)  # its window closes past 0
+        # Kafka Streams looks for closed records only when its smallest time (0) plus the
+        # arriving side's after (10 for a left record) is behind the stream time (5): not yet.
+        driver.pipe("left", "b", 2, timestamp_ms=5)
+        assert _outputs(driver, "joined") == []
+        # A right record looks ahead 0: 0 + 0 < 6, so it looks, and "a" has closed.
+        driver.pipe("right", "c", 3, timestamp_ms=6)
+        assert _outputs(driver, "joined") == [("a", [None, 1], 0)]
+
+
+def test_closed_unmatched_records_come_out_in_kafka_streams_store_order() -> None:
+    a = app()
+    a.stream("left").outer_join(a.stream("right"), lambda v, o: [v, o],
+                                JoinWindows(5)).to("joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("left", -1, "l-1", timestamp_ms=0)
+        driver.pipe("left", 2, "l2", timestamp_ms=0)
+        driver.pipe("right", 3, "r3", timestamp_ms=0)
+        driver.pipe("right", 4, "r4", timestamp_ms=20)
+        # By time, then a right record before a left one, then by the key's long bytes:
+        # a negative key after the others.
+        assert _outputs(driver, "joined") == [
+            (3, [None, "r3"], 0), (2, ["l2", None], 0), (-1, ["l-1", None], 0)]
+
+
+def _filtered_enrichment(regrouped: bool) -> App:
+    a = app()
+    users = a.table("users", store="users")
+    orders = a.table("orders", store="orders")
+    kept = orders.left_join(users, lambda o, u: [o["n"], u],
+                            foreign_key=lambda o: o["user"]).filter(lambda _k, v: v[1] is not None)
+    kept.to_stream().to("kept")
+    if regrouped:
+        kept.group_by(lambda k, v: (v[1], k)).count(store="per-user").to_stream().to("per-user")
+    return a
+
+
+def test_a_filter_of_a_foreign_key_join_re_grouped_downstream_keeps_its_rows() -> None:
+    for regrouped in (False, True):
+        with TopologyTestDriver(_filtered_enrichment(regrouped)) as driver:
+            driver.pipe("users", "u", "Ursula")
+            driver.pipe("orders", "o1", {"user": "x", "n": 1})  # no user x: filtered out
+            driver.pipe("orders", "o2", {"user": "u", "n": 2})
+            # A re-grouping makes Kafka Streams materialize the join's result and send old
+            # values down: the filter then knows o1 was never in it. Without, it does not.
+            never_held = [] if regrouped else [("o1", None)]
+            assert driver.read_key_values("kept") == [*never_held, ("o2", [2, "Ursula"])]
+            if regrouped:
+                assert driver.read_key_values("per-user") == [("Ursula", 1)]
+
+
+def test_a_table_joined_twice_is_read_with_its_update_by_the_join_reached_through_the_other(
+) -> None:
+    a = app()
+    left, right = a.table("left", store="left"), a.table("right", store="right")
+    add = lambda x, y: x + y  # noqa: E731
+    left.join(right, add).join(right, add).to_stream().to("joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("left", 1, 5, timestamp_ms=1)
+        driver.pipe("right", 1, 7, timestamp_ms=2)
+        driver.pipe("right", 1, 8, timestamp_ms=3)
+        # Each update of "right" reaches the second join twice: through the first join (whose
+        # result the second joins with "right" as its store already holds it, in Kafka
+        # Streams), then directly.
+        assert _outputs(driver, "joined") == [(1, 19, 2), (1, 19, 2), (1, 21, 3), (1, 21, 3)]
+
+
+def test_an_update_of_a_foreign_key_inner_join_row_keeping_its_missing_key_writes_nothing(
+) -> None:
+    a = app()
+    users = a.table("users", store="users")
+    orders = a.table("orders", store="orders")
+    orders.join(users, lambda o, u: [o["n"], u], foreign_key=lambda o: o["user"]).to_stream(
+    ).to("enriched")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("orders", "o1", {"user": "x", "n": 1})  # no user x: no result
+        driver.pipe("orders", "o1", {"user": "x", "n": 2})  # same key: still none, no delete
+        assert driver.read_key_values("enriched") == []
+        # Another foreign key: Kafka Streams cannot tell whether the old one joined, and
+        # deletes the result (PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE).
+        driver.pipe("orders", "o1", {"user": "y", "n": 3})
+        assert driver.read_key_values("enriched") == [("o1", None)]
+
+
+def test_each_side_of_a_stream_join_expires_its_records_by_its_own_time() -> None:
+    for first, expected in (
+            # The left store's own time is 5: it answers from 5 - 5 + 1 = 1 on.
+            (("left", 1, "x", 5), [(0, ["b", "r"], 5)]),
+            # The join's time is 10, but the left store's is 1: both are still there.
+            (("right", 3, "s", 10), [(0, ["a", "r"], 5), (0, ["b", "r"], 5)])):
+        a = app()
+        a.stream("left").join(a.stream("right"), lambda v, o: [v, o],
+                              JoinWindows(0, 5)).to("joined")
+        with TopologyTestDriver(a) as driver:
+            topic, key, value, timestamp = first
+            if topic == "right":
+                driver.pipe(topic, key, value, timestamp_ms=timestamp)
+            driver.pipe("left", 0, "a", timestamp_ms=0)
+            driver.pipe("left", 0, "b", timestamp_ms=1)
+            if topic == "left":
+                driver.pipe(topic, key, value, timestamp_ms=timestamp)
+            driver.pipe("right", 0, "r", timestamp_ms=5)
+            assert _outputs(driver, "joined") == expected
+
+
+def test_a_table_join_sends_a_tombstone_for_a_row_never_held_when_the_other_side_has_one(
+) -> None:
+    a = app()
+    left, right = a.table("left", store="left"), a.table("right", store="right")
+    left.join(right, lambda x, y: [x, y]).to_stream().to("inner-joined")
+    left.left_join(right, lambda x, y: [x, y]).to_stream().to("left-joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("left", 1, "a")
+        driver.pipe("right", 1, None)  # "right" never held 1; "left" does
+        driver.pipe("right", 2, "b")
+        driver.pipe("left", 2, None)  # "left" never held 2; "right" does
+        driver.pipe("left", 3, None)  # neither holds 3: nothing
+        assert driver.read_key_values("inner-joined") == [(1, None), (2, None)]
+        assert driver.read_key_values("left-joined") == [
+            (1, ["a", None]), (1, ["a", None]), (2, None)]

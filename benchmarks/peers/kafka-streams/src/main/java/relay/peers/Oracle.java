@@ -121,6 +121,10 @@ public final class Oracle {
         props.put(StreamsConfig.APPLICATION_ID_CONFIG, "oracle");
         props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, "127.0.0.1:1");
         props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0);
+        // A left or outer stream-stream join looks for closed unmatched records at every record
+        // that reaches its stream time, as Relay does; by default it throttles that to once a
+        // second of wall-clock time, which the driver's clock never passes.
+        props.put(StreamsConfig.InternalConfig.EMIT_INTERVAL_MS_KSTREAMS_OUTER_JOIN_SPURIOUS_RESULTS_FIX, 0L);
         props.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.LongSerde.class);
         props.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.LongSerde.class);
         ObjectNode outputs = JSON.createObjectNode();

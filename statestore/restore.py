@@ -217,6 +217,10 @@ class ChangelogReader:
     def caught_up(self, store: KeyValueStore) -> bool:
         return self.lag(store) == 0
 
+    def is_registered(self, store: KeyValueStore) -> bool:
+        tp = TopicPartition(store.changelog_topic or "", store.partition)
+        return self._stores.get(tp) is store
+
     def read_position(self, store: KeyValueStore) -> int:
         """How far the store's changelog was read (collected changes included)."""
         tp = TopicPartition(store.changelog_topic or "", store.partition)
@@ -458,7 +462,10 @@ class ChangelogReader:
         draw = sys.stderr.isatty() if show_progress is None else show_progress
         progress_bar = _RestoreProgress(stores, self) if draw else None
         try:
-            while not all(self.caught_up(store) for store in stores):
+            # A store unregistered meanwhile (its task was closed: revoked while restoring)
+            # holds the restoration no longer: its end is forgotten, so it would never catch up.
+            while not all(self.caught_up(store) for store in stores
+                          if self.is_registered(store)):
                 if deadline is not None and time.monotonic() > deadline:
                     raise StateStoreError(
                         f"restoration did not reach the changelog end within {timeout_s}s"

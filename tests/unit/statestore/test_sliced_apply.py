@@ -143,3 +143,29 @@ async def test_a_store_unregistered_between_slices_keeps_its_position(
     assert writes == 2  # nothing written after it stopped being read
     assert store.position == 0  # its next reader reads all of it again
     store.close()
+
+
+async def test_a_restore_ends_when_its_store_is_unregistered_before_it_caught_up(
+    tmp_path: Path,
+) -> None:
+    # A task revoked while restoring is closed, which unregisters its store: the restoration
+    # must end, not wait for ever for the end of a changelog it no longer reads (a stop-the-
+    # world rolling restart at 800 MB hung its thread for ten minutes so).
+    fetcher = ScriptedFetcher([[(key(n), VALUE) for n in range(100)] for _ in range(50)])
+    store = KeyValueStore(StoreSpec("counts"), store_directory(tmp_path, "app", "0_0", "counts"),
+                          TP.topic, 0).open(bulk_load=True)
+    reader = reader_for(fetcher)
+    original = store.apply_restore_batch
+    batches = 0
+
+    def closed_after_two(records: list[tuple[bytes, bytes]], next_offset: int) -> None:
+        nonlocal batches
+        batches += 1
+        original(records, next_offset)
+        if batches == 2:
+            reader.unregister(store)
+
+    store.apply_restore_batch = closed_after_two  # type: ignore[method-assign]
+    await asyncio.wait_for(reader.restore([store], show_progress=False), timeout=5)
+    assert batches == 2 and 0 < store.position < fetcher.end
+    store.close()

@@ -12,7 +12,6 @@ import java.util.Locale;
 import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.CountDownLatch;
-import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.utils.Bytes;
@@ -82,23 +81,7 @@ public final class CountingApp {
                 running.countDown();
             }
         });
-        long joinTimeoutS = Long.parseLong(env.getOrDefault("BENCH_JOIN_TIMEOUT_S", "120"));
-        Thread watchdog = new Thread(() -> {
-            try {
-                if (!running.await(joinTimeoutS, TimeUnit.SECONDS)) {
-                    System.err.println("kafka-streams counting app: the group did not form within "
-                            + joinTimeoutS + " s (no task assigned); does the broker serve Kafka "
-                            + "Streams' consumer? On Tansu it does not: its stream thread's consumer is "
-                            + "disconnected at every ApiVersions to the group coordinator");
-                    exitCode[0] = 2;
-                    stop.countDown();
-                }
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-            }
-        }, "join-watchdog");
-        watchdog.setDaemon(true);
-        watchdog.start();
+        JoinWatchdog.start("kafka-streams counting app", env, running, stop, exitCode);
         Signal.handle(new Signal("TERM"), signal -> stop.countDown());
         Signal.handle(new Signal("INT"), signal -> stop.countDown());
         startProgress(env);

@@ -124,23 +124,7 @@ public final class ScalingApp {
         });
         streams.setGlobalStateRestoreListener(new Restores());
         streams.setStandbyUpdateListener(new StandbyUpdates());
-        long joinTimeoutS = Long.parseLong(env.getOrDefault("BENCH_JOIN_TIMEOUT_S", "120"));
-        Thread watchdog = new Thread(() -> {
-            try {
-                if (!running.await(joinTimeoutS, TimeUnit.SECONDS)) {
-                    System.err.println("kafka-streams scaling app: the group did not form within "
-                            + joinTimeoutS + " s (no task assigned); on Tansu it never does: its "
-                            + "stream thread's consumer is disconnected at every ApiVersions to the "
-                            + "group coordinator");
-                    exitCode[0] = 2;
-                    stop.countDown();
-                }
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-            }
-        }, "join-watchdog");
-        watchdog.setDaemon(true);
-        watchdog.start();
+        JoinWatchdog.start("kafka-streams scaling app", env, running, stop, exitCode);
         Signal.handle(new Signal("TERM"), signal -> stop.countDown());
         Signal.handle(new Signal("INT"), signal -> stop.countDown());
         Signal.handle(new Signal("USR1"), signal -> {

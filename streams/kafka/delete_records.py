@@ -10,10 +10,13 @@ librdkafka's and are awaited here without blocking the event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from aiokafka.structs import TopicPartition
+
+log = logging.getLogger(__name__)
 
 #: How long one DeleteRecords may take, lookup of the leaders included.
 DELETE_TIMEOUT_S = 30.0
@@ -37,7 +40,8 @@ class RecordDeleter:
         from confluent_kafka.admin import AdminClient
 
         if self._admin is None:
-            self._admin = AdminClient(self._config)
+            # librdkafka's own log lines (a broker gone) go through Python's logging.
+            self._admin = AdminClient(self._config, logger=log)
         futures = self._admin.delete_records(
             [AdminPartition(tp.topic, tp.partition, offset) for tp, offset in offsets.items()],
             request_timeout=self._timeout_s, operation_timeout=self._timeout_s)
@@ -51,3 +55,7 @@ class RecordDeleter:
             except Exception as exc:
                 results[tp] = exc
         return results
+
+    def close(self) -> None:
+        """Let the admin client go (it has no close of its own): its connections end."""
+        self._admin = None

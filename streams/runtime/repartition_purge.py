@@ -37,6 +37,8 @@ class Deleter(Protocol):
     async def delete_before(self, offsets: Mapping[TopicPartition, int],
                             ) -> dict[TopicPartition, int | Exception]: ...
 
+    def close(self) -> None: ...
+
 
 def purge_due(now_ms: float, last_ms: float, interval_ms: int, in_flight: bool) -> bool:
     """Whether a commit at ``now_ms`` purges: the interval has passed since the last purge
@@ -122,9 +124,11 @@ class RepartitionPurger:
         log.debug("%s: purged repartition partitions up to %s", self._name, self.purged)
 
     async def close(self) -> None:
-        """Cancel a request under way: the next owner of the tasks purges them."""
+        """Cancel a request under way (the next owner of the tasks purges them) and close
+        the deleter."""
         request, self._request = self._request, None
         if request is not None and not request.done():
             request.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await request
+        self._deleter.close()

@@ -87,6 +87,7 @@ class FakeDeleter:
         self.answers: dict[TopicPartition, int | Exception] = {}
         self.raises: Exception | None = None
         self.hold: asyncio.Event | None = None
+        self.closed = False
 
     async def delete_before(self, offsets: Mapping[TopicPartition, int],
                             ) -> dict[TopicPartition, int | Exception]:
@@ -96,6 +97,9 @@ class FakeDeleter:
         if self.raises is not None:
             raise self.raises
         return {tp: self.answers.get(tp, offset) for tp, offset in offsets.items()}
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class Clock:
@@ -197,6 +201,7 @@ async def test_closing_cancels_a_request_under_way() -> None:
     assert purger.in_flight
     await purger.close()
     assert not purger.in_flight and purger.purged == {}
+    assert deleter.closed
 
 
 def thread_with(tmp_path: Path, subs: list[SubTopology], hooks: RoundHooks,

@@ -1092,7 +1092,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                  "RELAY_HEARTBEAT_INTERVAL_MS": "1000",
                  "RELAY_NUM_STANDBYS": str(args.standbys),
                  "RELAY_NUM_THREADS": str(args.threads),
-                 "RELAY_DEFAULT_PARTITIONS": str(P)}
+                 "RELAY_DEFAULT_PARTITIONS": str(P),
+                 # The repartition topic is read whole afterwards (repartition_duplicates):
+                 # no purge deletes its records during a run.
+                 "RELAY_REPARTITION_PURGE_INTERVAL_MS": str(3_600_000)}
     if guarantee:
         relay_env["RELAY_PROCESSING_GUARANTEE"] = guarantee
     if args.static:

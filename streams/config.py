@@ -43,6 +43,8 @@ APP_TOPIC_SUFFIXES = ("-dead-letters", "-status", "-control")
 #: The default of ``learner_batch_wait_ms``: long enough for copies of similar stores placed
 #: together to catch up together, short next to a store's restore from scratch.
 LEARNER_BATCH_WAIT_MS = 30_000
+#: The default of ``repartition_purge_interval_ms``: Kafka Streams' default.
+REPARTITION_PURGE_INTERVAL_MS = 30_000
 
 
 class ConfigError(ValueError):
@@ -65,6 +67,10 @@ class AppConfig:
     #: Static membership: each thread joins as ``<group_instance_id>-thread-<n>``.
     group_instance_id: str | None = None
     commit_interval_ms: int = 1_000
+    #: How often, at most, a thread deletes the records of its repartition topics' partitions
+    #: below their committed offsets, after a commit (Kafka Streams'
+    #: ``repartition.purge.interval.ms``); 0: after every commit.
+    repartition_purge_interval_ms: int = REPARTITION_PURGE_INTERVAL_MS
     #: Changelog records a thread's stores may hold, coalesced to the latest write per key,
     #: before they are sent ahead of the next commit (bytes as written, before coalescing);
     #: 0 sends them after every batch.
@@ -157,7 +163,7 @@ class AppConfig:
                 raise ConfigError(f"{name} must be >= 1, not {getattr(self, name)}")
         for name in ("num_standbys", "acceptable_lag", "lost_task_delay_ms",
                      "initial_delay_ms", "scale_down_timeout_ms", "learner_batch_wait_ms",
-                     "warm_up_timeout_ms",
+                     "warm_up_timeout_ms", "repartition_purge_interval_ms",
                      "changelog_buffer_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)}")

@@ -70,6 +70,8 @@ class RoundHooks:
     records_positions: bool = False
     #: Where they record them, once the app has created the topic.
     positions: TaskPositions | None = None
+    #: ``no-delete-records``: repartition topics are not purged after commits.
+    keeps_repartition_records: bool = False
 
     # -- the leader's assignor ------------------------------------------------------------
 
@@ -283,5 +285,6 @@ def hooks_for(quirks: BrokerQuirks, control: ControlSender | None = None) -> Rou
         remove_departed=Quirk.DEPARTED_STATIC_LEADER in quirks,
         committed_by_markers=Quirk.STUCK_LAST_STABLE_OFFSET in quirks,
         records_positions=Quirk.DEFERRED_TRANSACTIONAL_OFFSETS in quirks,
+        keeps_repartition_records=Quirk.NO_DELETE_RECORDS in quirks,
     )
 

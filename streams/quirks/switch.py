@@ -29,8 +29,11 @@ has a name here, lives in one module, and is on only when the broker needs it:
 - ``leave-needs-member-id`` (``relay remove-members``, :mod:`tools.cli`): a LeaveGroup
   naming a static member by its instance id alone (KIP-345) is answered UNKNOWN_MEMBER_ID and
   ignored, so the tool looks each member id up (DescribeGroups) and sends both.
+- ``no-delete-records`` (:mod:`streams.runtime.repartition_purge`): the broker lists
+  DeleteRecords among its API versions but closes the connection when asked for it, so
+  repartition topics are not purged after commits (they grow until deleted by hand).
 
-Tansu (the embedded broker) needs all seven. Apache Kafka needs none of them; they are
+Tansu (the embedded broker) needs all eight. Apache Kafka needs none of them; they are
 harmless there but cost messages and waits. The setting ``broker_quirks`` chooses: ``auto``
 (detected: all for the embedded broker and for brokers whose cluster id says Tansu, none
 otherwise), ``all``, ``none``, or a comma-separated list of names.
@@ -57,6 +60,7 @@ class Quirk(StrEnum):
     STUCK_LAST_STABLE_OFFSET = "stuck-last-stable-offset"
     DEFERRED_TRANSACTIONAL_OFFSETS = "deferred-transactional-offsets"
     LEAVE_NEEDS_MEMBER_ID = "leave-needs-member-id"
+    NO_DELETE_RECORDS = "no-delete-records"
 
 
 #: Cluster ids (prefixes, lower case) of brokers that have every quirk.

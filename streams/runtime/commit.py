@@ -22,6 +22,7 @@ from aiokafka.structs import TopicPartition
 from streams.kafka.driver import COMMIT_DEFERRED_ERRORS, GroupConsumer
 from streams.metrics import Metrics
 from streams.runtime.record_collector import RecordCollector
+from streams.runtime.repartition_purge import RepartitionPurger
 from streams.runtime.task import StreamTask, task_counts
 
 log = logging.getLogger(__name__)
@@ -33,13 +34,16 @@ OFFSET_COMMIT_TIMEOUT_S = 15.0
 class Committer:
     def __init__(self, collector: RecordCollector, consumer: GroupConsumer,
                  tasks: Callable[[], list[StreamTask]], name: str,
-                 metrics: Metrics | None = None, metrics_label: str = "") -> None:
+                 metrics: Metrics | None = None, metrics_label: str = "",
+                 purger: RepartitionPurger | None = None) -> None:
         self._collector = collector
         self._consumer = consumer
         self._tasks = tasks
         self._name = name
         self._metrics = metrics
         self._label = metrics_label or name
+        #: Deletes what the tasks committed on their repartition topics; None: nothing does.
+        self.purger = purger
         #: The offsets this thread committed last, per partition.
         self.committed: dict[TopicPartition, int] = {}
 
@@ -74,10 +78,16 @@ class Committer:
         for task in tasks:
             for store in task.stores.values():
                 store.commit()
+        if self.purger is not None:
+            self.purger.after_commit(tasks, self.committed)
         if self._metrics is not None:
             self._metrics.observe_commit(self._label, time.perf_counter() - started)
             self._metrics.record_task_counts(self._label, task_counts(tasks))
             self._record_input_lag(tasks)
+
+    async def close(self) -> None:
+        if self.purger is not None:
+            await self.purger.close()
 
     def _record_input_lag(self, tasks: list[StreamTask]) -> None:
         """Per task: its input's end (the fetch high watermark) minus its committed

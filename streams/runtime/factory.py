@@ -33,6 +33,7 @@ from streams.group.partition_assignor import RelayAssignor, TaskLayout
 from streams.group.predecessors import MemberFiles
 from streams.group.promotion_asks import PromotionAsks
 from streams.group.warm_up import WarmUpGate
+from streams.kafka.delete_records import RecordDeleter
 from streams.kafka.driver import GroupConsumer, new_group_consumer, new_producer
 from streams.metrics import Metrics
 from streams.quirks.hooks import RoundHooks
@@ -41,6 +42,7 @@ from streams.runtime.commit import Committer
 from streams.runtime.delivery import new_data_producer
 from streams.runtime.lifecycle import Lifecycle
 from streams.runtime.record_collector import RecordCollector
+from streams.runtime.repartition_purge import Deleter, RepartitionPurger
 from streams.runtime.state_updater import StateUpdater
 from streams.runtime.store_handover import ProcessStores
 from streams.runtime.task import open_task_stores
@@ -76,6 +78,9 @@ class ThreadClients:
     #: At-least-once outputs, dead letters and changelog records (confluent-kafka's
     #: interface; see :mod:`streams.runtime.delivery`).
     data_producer: Any = None
+    #: Deletes committed records of repartition topics (left out and no
+    #: ``bootstrap_servers``: nothing does).
+    record_deleter: Deleter | None = None
 
 
 def build_stream_thread(
@@ -177,6 +182,7 @@ def build_stream_thread(
     # Only a snapshot bootstrap takes long enough to matter; other stores open on the loop.
     manager = TaskManager(name, layout, tasks, consumer, updater, process_stores, stores.open,
                           reader, open_off_loop=snapshots is not None)
+    purger = repartition_purger(config, subs, hooks, clients, bootstrap_servers, label)
     collector: RecordCollector | TransactionalCollector
     committer: Committer | TransactionalCommitter
     if producers is not None:
@@ -187,13 +193,13 @@ def build_stream_thread(
             clients.group_metadata or GroupMetadata(bootstrap_servers,
                                                     config.application_id).fetch,
             tasks.running, tasks.held, name,
-            FailedTransactions(manager, member).task_failed, metrics, label, positions)
+            FailedTransactions(manager, member).task_failed, metrics, label, positions, purger)
     else:
         data_producer = (clients.data_producer if clients.data_producer is not None
                          else new_data_producer(bootstrap_servers or "", f"{label}-data"))
         collector = RecordCollector(data_producer, config.dead_letters, metrics, label,
                                     config.changelog_buffer_bytes)
-        committer = Committer(collector, consumer, tasks.running, name, metrics, label)
+        committer = Committer(collector, consumer, tasks.running, name, metrics, label, purger)
     handover = LearnerHandover(promotion_asks, config.cooperative, subs, tasks, lock,
                                committer, manager, reporter, name)
     listener = RebalanceListener(config, lock, lifecycle, consumer, producer, tasks, manager,
@@ -218,6 +224,21 @@ def build_stream_thread(
         reporter=reporter, join_watch=join_watch, hooks=hooks, metrics=metrics,
         member_files=member_files, warm_up=warm_up,
     )
+
+
+def repartition_purger(config: AppConfig, subs: list[SubTopology], hooks: RoundHooks,
+                       clients: ThreadClients, bootstrap_servers: str | None, label: str,
+                       ) -> RepartitionPurger | None:
+    """What purges the thread's repartition topics after commits: none for a topology
+    without them, or on a broker without DeleteRecords (quirk ``no-delete-records``)."""
+    if hooks.keeps_repartition_records or not any(sub.repartition_sources for sub in subs):
+        return None
+    deleter = clients.record_deleter
+    if deleter is None and bootstrap_servers is not None:
+        deleter = RecordDeleter(bootstrap_servers, f"{label}-purge")
+    if deleter is None:
+        return None
+    return RepartitionPurger(deleter, config.repartition_purge_interval_ms, label)
 
 
 @dataclass

@@ -323,6 +323,7 @@ class StreamThread:
         self.task_manager.close_all()
         with contextlib.suppress(Exception):
             await self.collector.close()
+        await self.committer.close()
         leaves_explicitly = self.listener.leaves_explicitly
         # A dynamic member's consumer sends LeaveGroup on stop; a static one only when it
         # leaves explicitly.

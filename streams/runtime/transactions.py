@@ -40,6 +40,7 @@ from streams.metrics import Metrics
 from streams.quirks.task_positions import TaskPositions
 from streams.runtime.delivery import hand_changelog, hand_outputs
 from streams.runtime.record_collector import changelogs_due
+from streams.runtime.repartition_purge import RepartitionPurger
 from streams.runtime.task import RecordError, StreamTask, drop_reason, task_counts
 
 log = logging.getLogger(__name__)
@@ -366,7 +367,8 @@ class TransactionalCommitter:
                  tasks: Callable[[], list[StreamTask]], held: Callable[[], Iterable[str]],
                  name: str, on_failed: Callable[[str, BaseException], Awaitable[None] | None],
                  metrics: Metrics | None = None, metrics_label: str = "",
-                 positions: TaskPositions | None = None) -> None:
+                 positions: TaskPositions | None = None,
+                 purger: RepartitionPurger | None = None) -> None:
         self._collector = collector
         #: Where each task also records its input offsets (broker quirk
         #: ``deferred-transactional-offsets``); None where the group's offsets suffice.
@@ -379,6 +381,9 @@ class TransactionalCommitter:
         self._on_failed = on_failed
         self._metrics = metrics
         self._label = metrics_label or name
+        #: Deletes what the tasks' transactions committed on their repartition topics; None:
+        #: nothing does.
+        self.purger = purger
         #: The offsets this thread committed last, per partition.
         self.committed: dict[TopicPartition, int] = {}
         #: Transactions committed and failed, for tests and status.
@@ -408,9 +413,16 @@ class TransactionalCommitter:
                     await outcome
         # Restoring tasks keep the producer that fenced their previous owner.
         await self._collector.producers.retain(self._held())
+        if self.purger is not None:
+            # Only the offsets of transactions that committed are in ``committed``.
+            self.purger.after_commit(self._tasks(), self.committed)
         if self._metrics is not None:
             self._metrics.observe_commit(self._label, time.perf_counter() - started)
             self._metrics.record_task_counts(self._label, task_counts(tasks))
+
+    async def close(self) -> None:
+        if self.purger is not None:
+            await self.purger.close()
 
     async def _commit_task(self, task: StreamTask) -> None:
         task.purge_expired_windows()

@@ -114,7 +114,10 @@ async def test_workers_killed_mid_transaction_leave_every_result_exactly_once(
     app_id = unique("eos-kill")
     source, sink, traffic = await counting_topics(bootstrap, app_id)
     launched.traffic_for(traffic)
-    settings = {**static_group(bootstrap), **EXACTLY_ONCE}
+    # The count of aborted records below reads the whole repartition topic: no purge may
+    # delete them meanwhile (an hour is past the test's timeout).
+    settings = {**static_group(bootstrap), **EXACTLY_ONCE,
+                "repartition_purge_interval_ms": 3_600_000}
 
     def start(name: str) -> Any:
         # Two stages: each worker's stateless first-stage task writes the repartition topic

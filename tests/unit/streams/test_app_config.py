@@ -92,3 +92,15 @@ def test_the_changelog_buffer_is_a_size_in_bytes_from_a_keyword_or_the_environme
         App("a", bootstrap_servers="127.0.0.1:1", changelog_buffer_bytes=-1)
     with pytest.raises(ConfigError, match="changelog_buffer_bytes"):
         AppConfig.from_env({"RELAY_CHANGELOG_BUFFER_BYTES": "ten"}, application_id="a")
+
+
+def test_the_repartition_purge_interval_is_kafka_streams_default_and_checked() -> None:
+    assert AppConfig("a").repartition_purge_interval_ms == 30_000
+    assert AppConfig.from_env({"RELAY_REPARTITION_PURGE_INTERVAL_MS": "0"},
+                              application_id="a").repartition_purge_interval_ms == 0
+    assert App("a", bootstrap_servers="127.0.0.1:1",
+               repartition_purge_interval_ms=500).config.repartition_purge_interval_ms == 500
+    with pytest.raises(ConfigError, match="repartition_purge_interval_ms must be >= 0, not -1"):
+        App("a", bootstrap_servers="127.0.0.1:1", repartition_purge_interval_ms=-1)
+    with pytest.raises(ConfigError, match="repartition_purge_interval_ms must be int"):
+        AppConfig.from_env({"RELAY_REPARTITION_PURGE_INTERVAL_MS": "30s"}, application_id="a")

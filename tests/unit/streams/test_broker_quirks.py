@@ -154,6 +154,11 @@ def test_the_transaction_quirks_switch_what_exactly_once_reads_and_writes(on: bo
         quirks_with(Quirk.DEFERRED_TRANSACTIONAL_OFFSETS, on)).records_positions is on
 
 
+@pytest.mark.parametrize("on", [True, False], ids=["on", "off"])
+def test_no_delete_records_keeps_the_repartition_topics_records(on: bool) -> None:
+    assert hooks_for(quirks_with(Quirk.NO_DELETE_RECORDS, on)).keeps_repartition_records is on
+
+
 async def assign_to(thread: StreamThread, consumer: FakeConsumer, **extra: object) -> None:
     assignment = MemberAssignment(**extra)  # type: ignore[arg-type]
     thread.assignor.on_assignment(ConsumerProtocolMemberAssignment(

@@ -20,12 +20,15 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
+# --no-compile: pip would byte-compile every installed module (Spark's and the plotting
+# library's thousands among them, a quarter of the install's CPU); Python compiles, and
+# caches, only the modules a run imports.
 $(BASE): pyproject.toml $(VENV)/bin/python
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet --no-compile -e .
 	@touch $(BASE)
 
 $(DEV): pyproject.toml $(VENV)/bin/python
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-compile -e '.[dev]'
 	@touch $(DEV) $(BASE)
 
 demo: $(BASE)

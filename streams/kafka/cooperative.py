@@ -6,7 +6,8 @@ that for consumers whose assignor opts in (``cooperative = True``):
 
 - at join-prepare it revokes nothing, so fetching and processing go on while the group
   rebalances (a listener's ``before_join`` may give tasks up there, before the subscription
-  is built);
+  is built); a member whose membership the broker ended (its generation reset) instead
+  loses every partition it held, through the listener's ``on_partitions_lost``;
 - at join-complete it revokes only the partitions that moved away, keeps the positions of the
   partitions it keeps, and hands the new assignment over.
 
@@ -31,7 +32,7 @@ from typing import Any
 import aiokafka.consumer.consumer as consumer_module
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.coordinator.protocol import ConsumerProtocol
-from aiokafka.protocol.commit import OffsetFetchRequest
+from aiokafka.protocol.commit import OffsetCommitRequest, OffsetFetchRequest
 from aiokafka.structs import TopicPartition
 
 from streams.kafka.membership import (
@@ -122,6 +123,9 @@ class CooperativeGroupCoordinator(GroupCoordinator):
             return
         # Keep the assignment, positions and fetching; only forget the leader's view.
         self._group_subscription = None
+        if (self.generation == OffsetCommitRequest.DEFAULT_GENERATION_ID
+                and previous_assignment is not None and previous_assignment.tps):
+            await self._lose(set(previous_assignment.tps))
         # Relay's listener may give tasks up before the subscription is built (learners
         # that take them over in this round: streams.group.promotion_asks).
         before_join = getattr(self._subscription.listener, "before_join", None)
@@ -130,6 +134,22 @@ class CooperativeGroupCoordinator(GroupCoordinator):
                 await before_join()
             except Exception:
                 log.exception("before_join failed; joining with what the member runs")
+
+    async def _lose(self, partitions: set[TopicPartition]) -> None:
+        """The broker ended this member's membership (its session expired while it was
+        stopped or stalled; its generation was reset) while it still held partitions: they
+        may have a new owner already, so they are lost, not revoked (KIP-429's
+        ``onPartitionsLost``). The listener stops their tasks before the member rejoins and
+        commits nothing: a member that went on processing them would write outputs and
+        changelog records older than the new owner's after them (a window's last count
+        going back)."""
+        listener = self._subscription.listener
+        if listener is None:
+            return
+        log.warning("group %s: this member's membership ended; its %d partitions are lost",
+                    self.group_id, len(partitions))
+        lost = getattr(listener, "on_partitions_lost", None) or listener.on_partitions_revoked
+        await self._call(lost, partitions, "on_partitions_lost")
 
     async def _on_join_complete(
         self, generation: int, member_id: str, protocol: str, member_assignment_bytes: bytes

@@ -1,7 +1,8 @@
 """A member whose membership the broker ended (its session expired while it was stopped:
 its generation reset) loses its partitions before it rejoins: the cooperative coordinator
-calls the listener's ``on_partitions_lost``, and the listener stops the tasks uncommitted,
-so that the member writes no output older than the new owner's (no broker)."""
+calls the listener's ``on_partitions_lost``, and the listener stops the tasks uncommitted;
+until then, and while nothing has confirmed the member for a session, the driver hands out
+no fetched record. So the member writes no output older than the new owner's (no broker)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from aiokafka.structs import TopicPartition
 
 from streams.kafka.cooperative import CooperativeGroupCoordinator
+from streams.kafka.driver import GroupConsumer
 from tests.unit.streams.fakes import assign, rig
 
 TP = TopicPartition("orders", 4)
@@ -32,12 +34,16 @@ class _Listener:
 class _Coordinator(CooperativeGroupCoordinator):
     """Only what ``_on_join_prepare`` touches: a cooperative assignor and the subscription."""
 
-    def __init__(self, generation: int, listener: _Listener) -> None:  # no client, no tasks
+    def __init__(self, generation: int, listener: _Listener | None = None,
+                 owned: frozenset[TopicPartition] = frozenset({TP})) -> None:  # no client
         self.group_id = "app"
         self.generation = generation
         self._assignors = [SimpleNamespace(cooperative=True)]
-        self._subscription = SimpleNamespace(listener=listener)
+        self._subscription = SimpleNamespace(
+            listener=listener,
+            subscription=SimpleNamespace(assignment=SimpleNamespace(tps=set(owned))))
         self._group_instance_id = "w3"
+        self._session_timeout_ms = 10_000
 
 
 @pytest.mark.parametrize("generation", [-1, 7])
@@ -65,3 +71,36 @@ async def test_the_listener_stops_lost_tasks_without_committing(tmp_path: Path) 
         assert set(r.thread.registry.active) == {"0_1"}
     finally:
         r.thread.task_manager.close_all()
+
+
+def test_a_member_is_in_doubt_once_expired_or_unconfirmed_for_a_session() -> None:
+    member = _Coordinator(7)
+    assert not member.membership_in_doubt(now=100.0)  # never confirmed yet: just joined
+    member.confirmed_at = 95.0
+    assert not member.membership_in_doubt(now=100.0)
+    assert member.membership_in_doubt(now=105.1)  # SIGCONT after a stop past the session
+    member.confirmed_at = 104.0  # its heartbeat was answered: a member after all
+    assert not member.membership_in_doubt(now=105.1)
+    member.generation = -1  # ... or the broker said it knows it no more
+    assert member.membership_in_doubt(now=105.1)
+    assert not _Coordinator(-1, owned=frozenset()).membership_in_doubt(now=105.1)
+
+
+class _Fetching:
+    def __init__(self, coordinator: _Coordinator) -> None:
+        self._coordinator = coordinator
+        self.fetches = 0
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list]:
+        self.fetches += 1
+        return {TP: [1, 2, 3]}
+
+
+async def test_the_driver_holds_fetched_records_while_the_membership_is_in_doubt() -> None:
+    member = _Coordinator(-1)
+    fetching = _Fetching(member)
+    consumer = GroupConsumer(fetching)  # type: ignore[arg-type]
+    assert await consumer.getmany(timeout_ms=0, max_records=10) == {}
+    assert fetching.fetches == 0  # left in the fetcher: nothing read, nothing dropped
+    member.generation = 8  # the next round made it a member again
+    assert await consumer.getmany(timeout_ms=0, max_records=10) == {TP: [1, 2, 3]}

@@ -83,8 +83,11 @@ class GroupConsumer:
         processed its first record seconds after it started, behind the backlogs of the
         other tasks moved with it)."""
         if self.membership_in_doubt:
-            # Held in the fetcher, not dropped: the member may be in the group after all.
+            # Held in the fetcher, not dropped: the member may be in the group after all. The
+            # group's errors (a fenced member) reach the thread as aiokafka's getmany raises
+            # them.
             await asyncio.sleep(timeout_ms / 1000)
+            self._coordinator.check_errors()
             return {}
         batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         buffered = getattr(getattr(self._consumer, "_fetcher", None), "_records", None)

@@ -31,6 +31,10 @@ class _Listener:
         self.revoked.append(set(partitions))
 
 
+class FencedError(Exception):
+    pass
+
+
 class _Coordinator(CooperativeGroupCoordinator):
     """Only what ``_on_join_prepare`` touches: a cooperative assignor and the subscription."""
 
@@ -44,6 +48,11 @@ class _Coordinator(CooperativeGroupCoordinator):
             subscription=SimpleNamespace(assignment=SimpleNamespace(tps=set(owned))))
         self._group_instance_id = "w3"
         self._session_timeout_ms = 10_000
+        self.pending: Exception | None = None
+
+    def check_errors(self) -> None:
+        if self.pending is not None:
+            raise self.pending
 
 
 @pytest.mark.parametrize("generation", [-1, 7])
@@ -104,3 +113,13 @@ async def test_the_driver_holds_fetched_records_while_the_membership_is_in_doubt
     assert fetching.fetches == 0  # left in the fetcher: nothing read, nothing dropped
     member.generation = 8  # the next round made it a member again
     assert await consumer.getmany(timeout_ms=0, max_records=10) == {TP: [1, 2, 3]}
+
+
+async def test_a_fenced_member_hears_of_it_while_its_records_are_held() -> None:
+    """The group's errors come through getmany: a frozen duplicate of a static member whose
+    place a newcomer took learns it is fenced, and stops, while its records are held."""
+    member = _Coordinator(-1)
+    member.pending = FencedError()
+    consumer = GroupConsumer(_Fetching(member))  # type: ignore[arg-type]
+    with pytest.raises(FencedError):
+        await consumer.getmany(timeout_ms=0, max_records=10)

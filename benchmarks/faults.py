@@ -1103,6 +1103,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     bench = Bench(args, bootstrap, run_dir,
                   broker if isinstance(broker, KafkaCluster) else None)
     bench.topics = topics
+    # The timeline's zero on the wall clock, to read the workers' logs against the faults.
+    report["t0_epoch_s"] = round(bench.t0, 3)
     inp: Input | None = None
     warm: float | None = None
     background: list[asyncio.Task[Any]] = []

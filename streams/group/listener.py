@@ -3,7 +3,8 @@ tasks through the task manager, and hands any failure of a callback to
 :meth:`RebalanceListener.failed` instead of letting the client log and forget it.
 
 Beyond aiokafka's two callbacks, the cooperative coordinator calls ``before_join`` as the
-member joins a round (:mod:`streams.kafka.cooperative`), and the state updater calls
+member joins a round and ``on_partitions_lost`` when the broker ended its membership
+(:mod:`streams.kafka.cooperative`), and the state updater calls
 ``start_restored`` when a new active's state is restored. Every change to the tasks happens
 under the thread's lock, between two of its processing passes.
 """
@@ -81,6 +82,29 @@ class RebalanceListener(ConsumerRebalanceListener):
             await self._assigned()
         except Exception as exc:
             self.failed("on_partitions_assigned", exc)
+
+    async def on_partitions_lost(self, lost: Any) -> None:
+        try:
+            await self._lost()
+        except Exception as exc:
+            self.failed("on_partitions_lost", exc)
+
+    async def _lost(self) -> None:
+        # The broker ended this member's membership: its tasks may run elsewhere already.
+        # They stop now, committing nothing (a commit would fail, and outputs or changelog
+        # records written from here on would land after their new owner's); their input is
+        # read again from the group's offsets by whoever gets them in the coming round.
+        async with self.lock:
+            self.lifecycle.set_state(ThreadState.REBALANCING)
+            self.awaiting_assignment = True
+            self.reporter.round_revoked()
+            lost = [*self.registry.active, *self.registry.restoring]
+            for task_id in lost:
+                self.task_manager.close_task(task_id)
+            if lost:
+                log.warning("%s: lost %s with its membership; stopped them uncommitted",
+                            self.name, sorted(lost))
+                self.reporter.update()
 
     async def before_join(self) -> None:
         """As the member joins a round: give up running tasks whose ready learners are asked

@@ -6,7 +6,9 @@ that for consumers whose assignor opts in (``cooperative = True``):
 
 - at join-prepare it revokes nothing, so fetching and processing go on while the group
   rebalances (a listener's ``before_join`` may give tasks up there, before the subscription
-  is built);
+  is built); a member whose membership the broker ended (its generation reset) instead
+  loses every partition it held, through the listener's ``on_partitions_lost``, and its
+  fetched records are held meanwhile (:meth:`CooperativeGroupCoordinator.membership_in_doubt`);
 - at join-complete it revokes only the partitions that moved away, keeps the positions of the
   partitions it keeps, and hands the new assignment over.
 
@@ -31,7 +33,7 @@ from typing import Any
 import aiokafka.consumer.consumer as consumer_module
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.coordinator.protocol import ConsumerProtocol
-from aiokafka.protocol.commit import OffsetFetchRequest
+from aiokafka.protocol.commit import OffsetCommitRequest, OffsetFetchRequest
 from aiokafka.structs import TopicPartition
 
 from streams.kafka.membership import (
@@ -54,6 +56,35 @@ class CooperativeGroupCoordinator(GroupCoordinator):
     #: When (monotonic seconds) the member entered its latest round; kept after it ends, so
     #: that the round's duration can be measured once its assignment is applied.
     round_started: float | None = None
+
+    #: When (monotonic seconds) the broker last confirmed this member: a heartbeat answered
+    #: without error, or a round completed (None: not yet).
+    confirmed_at: float | None = None
+
+    async def _do_heartbeat(self) -> bool:
+        ok = bool(await super()._do_heartbeat())
+        if ok:
+            self.confirmed_at = time.monotonic()
+        return ok
+
+    def membership_in_doubt(self, now: float | None = None) -> bool:
+        """Whether this member holding partitions may no longer be in the group: the broker
+        ended its membership (its generation was reset) and the partitions are not handed
+        to the listener as lost yet, or nothing has confirmed it for longer than its session
+        timeout (the process was stopped: the broker has most likely expired it, and the
+        next heartbeat tells). Its records are then held, not processed: the partitions may
+        have a new owner already."""
+        subscription = self._subscription.subscription
+        if subscription is None or subscription.assignment is None:
+            return False
+        if not subscription.assignment.tps:
+            return False
+        if self.generation == OffsetCommitRequest.DEFAULT_GENERATION_ID:
+            return True
+        if self.confirmed_at is None:
+            return False
+        now = time.monotonic() if now is None else now
+        return now - self.confirmed_at > self._session_timeout_ms / 1000
 
     def _cooperative(self) -> bool:
         return any(getattr(a, "cooperative", False) for a in self._assignors)
@@ -114,6 +145,9 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         return super()._push_error_to_user(exc)
 
     async def _on_join_prepare(self, previous_assignment: Any) -> None:
+        if (self._cooperative() and self.generation == OffsetCommitRequest.DEFAULT_GENERATION_ID
+                and previous_assignment is not None and previous_assignment.tps):
+            await self._lose(set(previous_assignment.tps))
         await self._check_not_replaced()
         self.rebalancing = True
         self.rebalancing_since = self.round_started = time.monotonic()
@@ -131,11 +165,28 @@ class CooperativeGroupCoordinator(GroupCoordinator):
             except Exception:
                 log.exception("before_join failed; joining with what the member runs")
 
+    async def _lose(self, partitions: set[TopicPartition]) -> None:
+        """The broker ended this member's membership (its session expired while it was
+        stopped or stalled; its generation was reset) while it still held partitions: they
+        may have a new owner already, so they are lost, not revoked (KIP-429's
+        ``onPartitionsLost``). The listener stops their tasks before the member rejoins and
+        commits nothing: a member that went on processing them would write outputs and
+        changelog records older than the new owner's after them (a window's last count
+        going back)."""
+        listener = self._subscription.listener
+        if listener is None:
+            return
+        log.warning("group %s: this member's membership ended; its %d partitions are lost",
+                    self.group_id, len(partitions))
+        lost = getattr(listener, "on_partitions_lost", None) or listener.on_partitions_revoked
+        await self._call(lost, partitions, "on_partitions_lost")
+
     async def _on_join_complete(
         self, generation: int, member_id: str, protocol: str, member_assignment_bytes: bytes
     ) -> None:
         self.rebalancing = False
         self.rebalancing_since = None
+        self.confirmed_at = time.monotonic()
         if not self._cooperative():
             await super()._on_join_complete(
                 generation, member_id, protocol, member_assignment_bytes

@@ -17,6 +17,7 @@ committed. Reading the markers is correct on every broker, so this has no switch
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable
@@ -81,6 +82,13 @@ class GroupConsumer:
         rebalance waited until every partition fetched before it was drained (a moved task
         processed its first record seconds after it started, behind the backlogs of the
         other tasks moved with it)."""
+        if self.membership_in_doubt:
+            # Held in the fetcher, not dropped: the member may be in the group after all. The
+            # group's errors (a fenced member) reach the thread as aiokafka's getmany raises
+            # them.
+            await asyncio.sleep(timeout_ms / 1000)
+            self._coordinator.check_errors()
+            return {}
         batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         buffered = getattr(getattr(self._consumer, "_fetcher", None), "_records", None)
         if isinstance(buffered, dict):
@@ -153,6 +161,13 @@ class GroupConsumer:
     @property
     def generation(self) -> int:
         return int(getattr(self._coordinator, "generation", -1))
+
+    @property
+    def membership_in_doubt(self) -> bool:
+        """The member holds partitions that may have a new owner (see the cooperative
+        coordinator): :meth:`getmany` hands out nothing until the broker tells."""
+        check = getattr(self._coordinator, "membership_in_doubt", None)
+        return bool(check()) if check is not None else False
 
     @property
     def rebalancing(self) -> bool:

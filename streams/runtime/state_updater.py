@@ -2,7 +2,8 @@
 and learner copies following their changelogs, reporting their lag.
 
 Two changelog readers (:class:`statestore.restore.ChangelogReader`) do the fetching: one
-restores actives (one task at a time, to its changelog's end), one follows every copy. A
+restores actives (one task at a time, to its changelog's end; tasks with no changelog
+first, see :func:`next_to_restore`), one follows every copy. A
 learner at or under ``acceptable_lag`` is ready; when the thread asks for a rebalance for its
 ready learners is :func:`streams.group.learner_readiness.asks_now`'s decision (``learner_rejoin``:
 at once, once all of them are ready, or batched with the group's other learners).
@@ -14,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,6 +42,15 @@ class _CatchUp:
     started: float
     records: int = 0
     size_bytes: float = 0.0
+
+
+def next_to_restore(restoring: Mapping[str, Mapping[str, KeyValueStore]]) -> str:
+    """The restoring active to restore next: one with no changelog to read first (a
+    stateless task, such as a first stage that feeds a repartition topic, runs as soon as
+    its offsets are known, as in Kafka Streams, instead of waiting behind every stateful
+    task's restoration; the stages downstream wait on it), then by task id."""
+    return min(restoring, key=lambda task_id: (
+        any(s.changelog_topic is not None for s in restoring[task_id].values()), task_id))
 
 
 class RestoredTasks(Protocol):
@@ -326,7 +336,7 @@ class StateUpdater:
 
     async def _restore_each(self, stop: asyncio.Event | None) -> None:
         while self._tasks.restoring and not (stop is not None and stop.is_set()):
-            task_id = sorted(self._tasks.restoring)[0]
+            task_id = next_to_restore(self._tasks.restoring)
             stores = self._tasks.restoring[task_id]
             if self._before_restore is not None:
                 await self._before_restore(task_id)

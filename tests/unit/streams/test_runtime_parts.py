@@ -42,6 +42,8 @@ def test_the_registry_finds_tasks_by_id_and_partition() -> None:
 
 
 class _Store:
+    changelog_topic: str | None = None
+
     def __init__(self, partition: int) -> None:
         self.partition = partition
         self.name = "counts"
@@ -66,6 +68,31 @@ def test_learners_ready_are_reported_once_by_policy(policy: str) -> None:
     updater.check_learners_ready()
     updater.check_learners_ready()  # no news: not again
     assert ready == ([["0_1"], ["0_2"]] if policy == "eager" else [["0_1", "0_2"]])
+
+
+class _ChangelogStore(_Store):
+    changelog_topic = "app-counts-changelog"
+
+
+async def test_a_task_with_no_changelog_starts_before_stateful_tasks_restore() -> None:
+    """A stateless first stage (1_x) that feeds a repartition topic must not wait behind the
+    restoration of stateful tasks (0_x) that sort before it: the second stage waits on it."""
+    tasks = Tasks()
+    started: list[str] = []
+
+    async def on_restored(task_id: str, stores: dict[str, Any]) -> None:
+        started.append(task_id)
+        tasks.restoring.pop(task_id)
+
+    updater = StateUpdater(FakeChangelogReader(), FakeChangelogReader(), tasks,
+                           commit_interval_ms=1000, acceptable_lag=10, learner_rejoin="eager",
+                           on_restored=on_restored)
+    tasks.add_restoring("0_1", {"counts": _ChangelogStore(1)})  # type: ignore[dict-item]
+    tasks.add_restoring("0_3", {"counts": _ChangelogStore(3)})  # type: ignore[dict-item]
+    tasks.add_restoring("1_2", {})
+    tasks.add_restoring("1_4", {"cache": _Store(4)})  # type: ignore[dict-item]  # no changelog
+    await updater.restore_pending()
+    assert started == ["1_2", "1_4", "0_1", "0_3"]
 
 
 class _BlockingProducer:

@@ -101,7 +101,12 @@ class StatusReporter:
         self.query_endpoint: str | None = None
         #: How long this thread's last rounds took, each from its join to its assignment
         #: applied: a newcomer plans its warm-up's end on the shortest (streams.group.warm_up).
+        #: The thread's first round is left out: it waited for the group to form (the other
+        #: members starting, the broker's initial delay), which says nothing of how long a
+        #: newcomer's join takes, and a newcomer that counts on a long round hands its tasks
+        #: over before their learners caught up.
         self.recent_rounds: deque[float] = deque(maxlen=RECENT_ROUNDS)
+        self._rounds_seen = 0
         #: When (monotonic) the thread stopped processing for the current round, if it did.
         self._revoked_at: float | None = None
         self._store_layouts: dict[str, dict[str, Any]] | None = None
@@ -217,7 +222,8 @@ class StatusReporter:
         revoked_at, self._revoked_at = self._revoked_at, None
         round_s = (now - round_started if round_started is not None and round_started <= now
                    else 0.0)
-        if round_s > 0:
+        self._rounds_seen += 1
+        if round_s > 0 and self._rounds_seen > 1:
             self.recent_rounds.append(round_s)
         revoked_s = now - revoked_at if revoked_at is not None else 0.0
         self.metrics.rebalance_done(label, max(round_s, revoked_s), revoked_s)

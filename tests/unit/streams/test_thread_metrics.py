@@ -60,10 +60,15 @@ async def test_the_status_record_carries_what_the_web_view_reads(tmp_path: Path)
 @pytest.mark.asyncio
 async def test_the_status_gives_the_shortest_of_the_last_rounds(tmp_path: Path) -> None:
     """What a newcomer plans its warm-up's end on (streams.group.warm_up): a round that waited for
-    a crashed member's session says nothing of how long a join takes."""
+    a crashed member's session says nothing of how long a join takes, nor does the thread's
+    first, which waited for the group to form."""
     r = rig(tmp_path)
     try:
         assert r.thread.reporter.status_record()["round_s"] is None  # no round yet
+        r.consumer.round_started = time.monotonic() - 2.0  # the group forming
+        await assign(r, ("0_0",))
+        record = r.thread.reporter.status_record()
+        assert record["round_s"] is None and record["last_round_s"] is None
         # Each round's figure is its time from join to applied, at least what it was given;
         # the status gives the shortest of the last few, whatever the machine's load added.
         lasts: list[float] = []

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import IO, Any
@@ -34,6 +35,15 @@ STATIC = {"session_timeout_ms": 30_000, "heartbeat_interval_ms": 2_000}
 #: Apache Kafka keeps a static member's place for the session whatever its length: half
 #: Tansu's, so that tests waiting for an eviction wait half as long.
 STATIC_KAFKA = {"session_timeout_ms": 15_000, "heartbeat_interval_ms": 1_500}
+#: Apache Kafka deletes a record older than the topic's time retention (7 days by default) at
+#: its next check (every 5 minutes, the first 30 s after it starts), the whole log at once: a
+#: test's records with timestamps near 1970 vanish, inputs and outputs, whenever a check falls
+#: in the test. :func:`produce` refuses timestamps older than this.
+OLDEST_TIMESTAMP_AGE_MS = 6 * 24 * 3_600_000
+#: A day ago, on a whole minute: a base for tests' record timestamps, recent for the broker's
+#: retention and far enough back that offsets of hours from it are not in the future (Apache
+#: Kafka 4 refuses timestamps more than an hour ahead).
+BASE_MS = (int(time.time()) // 60 - 24 * 60) * 60_000
 
 
 def static_group(bootstrap: str) -> dict[str, int]:
@@ -54,6 +64,16 @@ async def produce(
     bootstrap: str, topic: str, records: Iterable[tuple[Any, Any] | tuple[Any, Any, int]],
     raw: bool = False,
 ) -> None:
+    """Write ``records`` (key, value[, timestamp in ms]) to ``topic``; a timestamp must be
+    recent (see :data:`OLDEST_TIMESTAMP_AGE_MS`, and :data:`BASE_MS` for a base)."""
+    oldest_ms = int(time.time() * 1000) - OLDEST_TIMESTAMP_AGE_MS
+    records = list(records)
+    stale = [r for r in records if len(r) > 2 and r[2] is not None and r[2] < oldest_ms]
+    if stale:
+        raise ValueError(
+            f"{len(stale)} records for {topic} are timestamped before {oldest_ms} (e.g. "
+            f"{stale[0][2]}): the broker's time retention would delete them, and what the app "
+            f"wrote from them, at its next check; offset them from BASE_MS")
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     await producer.start()
     try:

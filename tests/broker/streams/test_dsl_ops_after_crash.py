@@ -22,6 +22,7 @@ from streams.group.status_topic import read_status
 from streams.testing import TopologyTestDriver
 from tests.broker.streams.apps.dsl_ops import build
 from tests.broker.streams.harness import (
+    BASE_MS,
     FAST_GROUP,
     ROOT,
     STATIC,
@@ -42,8 +43,9 @@ USERS = 300
 
 def clicks(rounds: range) -> list[tuple[str, dict[str, int], int]]:
     """Clicks of every user per round, 700 ms apart, with a 3 s pause every fifth round (a
-    new session) and some disorder within a round."""
-    return [(f"u{i % USERS}", {"n": i}, r * 700 + (r // 5) * 3000 + (i % 7) * 100)
+    new session) and some disorder within a round; from a recent base (records near 1970
+    would leave the topics at the broker's next time-retention check)."""
+    return [(f"u{i % USERS}", {"n": i}, BASE_MS + r * 700 + (r // 5) * 3000 + (i % 7) * 100)
             for r in rounds for i in range(r * USERS, (r + 1) * USERS)]
 
 
@@ -95,7 +97,7 @@ async def test_sessions_final_results_and_table_joins_are_exact_through_a_sigkil
     prefix = unique("dslops")
     app_id = prefix
     first, second = clicks(range(0, 12)), clicks(range(12, 20))
-    closer = [("closer", {"n": -1}, 10_000_000)]
+    closer = [("closer", {"n": -1}, BASE_MS + 10_000_000)]
     with TopologyTestDriver(build(App(app_id, bootstrap_servers="127.0.0.1:1"), prefix),
                             partitions={f"{prefix}-left": 2, f"{prefix}-right": 2,
                                         f"{prefix}-orders": 3}) as driver:

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker.streams.harness import create_topics, make_app, produce, read_all, running
+from tests.broker.streams.harness import (
+    BASE_MS,
+    create_topics,
+    make_app,
+    produce,
+    read_all,
+    running,
+)
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.broker
@@ -26,10 +33,12 @@ async def test_orders_written_after_their_users_all_join_from_a_cold_start(
     app_id = unique("join-start")
     users, orders, out = f"{app_id}-users", f"{app_id}-orders", f"{app_id}-out"
     await create_topics(bootstrap, {users: 1, orders: 1, out: 1})
-    await produce(bootstrap, users, ((f"u{i}", {"name": f"n{i}", "pad": PADDING}, 1_000 + i)
+    await produce(bootstrap, users, ((f"u{i}", {"name": f"n{i}", "pad": PADDING},
+                                      BASE_MS + 1_000 + i)
                                      for i in range(USERS)))
     # Each order names one of the last users: their rows come in the backlog's last fetches.
-    await produce(bootstrap, orders, ((f"u{USERS - 1 - i % 100}", {"id": i}, 100_000 + i)
+    await produce(bootstrap, orders, ((f"u{USERS - 1 - i % 100}", {"id": i},
+                                       BASE_MS + 100_000 + i)
                                       for i in range(ORDERS)))
     app = make_app(app_id, bootstrap, tmp_path)
     table = app.table(users, store="users")

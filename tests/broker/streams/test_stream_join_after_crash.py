@@ -18,6 +18,7 @@ from streams.app import App
 from streams.testing import TopologyTestDriver
 from tests.broker.streams.apps.stream_join import build
 from tests.broker.streams.harness import (
+    BASE_MS,
     STATIC,
     create_topics,
     produce,
@@ -33,15 +34,18 @@ PARTITIONS = 2
 
 
 def phase_one(side: str) -> list[tuple[str, str, int]]:
-    """Every key clicked and viewed around 200,000 ms: within one window, so each pair joins
-    in any order of the two topics."""
-    return [(f"k{i}", f"{side}{i}", 200_000 + i % 10 + (side == "view")) for i in range(KEYS)]
+    """Every key clicked and viewed around 200 s past the base (recent: records near 1970 would
+    leave the topics at the broker's next time-retention check): within one window, so each
+    pair joins in any order of the two topics."""
+    return [(f"k{i}", f"{side}{i}", BASE_MS + 200_000 + i % 10 + (side == "view"))
+            for i in range(KEYS)]
 
 
 def phase_two(side: str) -> list[tuple[str, str, int]]:
     """Records of new keys 200 s behind the join's time: late. A click comes out at once
     joined with None; its view is dropped, never joined with it."""
-    return [(f"a{i}", f"{side}{i}", i % 10 + 5 * (side == "view")) for i in range(KEYS)]
+    return [(f"a{i}", f"{side}{i}", BASE_MS + i % 10 + 5 * (side == "view"))
+            for i in range(KEYS)]
 
 
 def by_key(records: list[tuple[Any, Any]]) -> dict[Any, list[Any]]:

@@ -445,8 +445,9 @@ class KeyValueStore:
         if value is None:
             self.delete(key)
             return
-        raw_key = self._encoded_key(key)
-        raw_value = self.spec.value_serde.dumps(value)
+        self._put_raw(self._encoded_key(key), self.spec.value_serde.dumps(value))
+
+    def _put_raw(self, raw_key: bytes, raw_value: bytes) -> None:
         self._require_open()
         if self.changelog_topic is not None:
             size = len(raw_key) + len(raw_value)
@@ -457,6 +458,43 @@ class KeyValueStore:
             self._pending[raw_key] = raw_value
             self.changelog_bytes += size
         self._buffer.entries[raw_key] = raw_value
+
+    def get_timestamped(self, key: Any) -> list[Any] | None:
+        """``[timestamp, value]`` of a store whose values carry timestamps (its value serde is
+        a :class:`~statestore.serdes.TimestampedSerde`), or None; a value written without one
+        has :data:`~statestore.serdes.UNKNOWN_TIMESTAMP`."""
+        raw_key = self.spec.key_serde.dumps(key)
+        self._last_key, self._last_raw_key = key, raw_key
+        # _raw_get inlined: an aggregation's per-record read.
+        raw = self._buffer.entries.get(raw_key, _ABSENT)
+        if raw is _ABSENT:
+            raw = self._db_get(self._require_open(), raw_key)
+        return None if raw is None else self._loads_timestamped(raw)  # type: ignore[arg-type]
+
+    def put_timestamped(self, key: Any, value: Any, timestamp: int) -> None:
+        """Write ``value`` with ``timestamp`` (None deletes); the changelog carries both, so
+        a restored store has the same timestamps."""
+        if value is None:
+            self.delete(key)
+            return
+        self._put_raw(self._encoded_key(key), self._dumps_timestamped(value, timestamp))
+
+    def _loads_timestamped(self, raw: bytes) -> list[Any]:
+        # Replaced by the serde's own method on first use (one lookup per store).
+        loads = getattr(self.spec.value_serde, "loads_timestamped", None)
+        if loads is None:
+            raise StateStoreError(f"{self!r}: its values carry no timestamps (value serde "
+                                  f"{self.spec.value_serde.name!r}, not 'timestamped')")
+        self._loads_timestamped = loads  # type: ignore[method-assign]
+        return loads(raw)  # type: ignore[no-any-return]
+
+    def _dumps_timestamped(self, value: Any, timestamp: int) -> bytes:
+        dumps = getattr(self.spec.value_serde, "dumps_timestamped", None)
+        if dumps is None:
+            raise StateStoreError(f"{self!r}: its values carry no timestamps (value serde "
+                                  f"{self.spec.value_serde.name!r}, not 'timestamped')")
+        self._dumps_timestamped = dumps  # type: ignore[method-assign]
+        return dumps(value, timestamp)  # type: ignore[no-any-return]
 
     def delete(self, key: Any) -> None:
         raw_key = self._encoded_key(key)

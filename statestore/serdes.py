@@ -93,7 +93,7 @@ class TimestampedSerde:
     def loads(self, data: bytes) -> Any:
         if data[:1] != _TIMESTAMPED_PREFIX:
             return _MSGPACK.loads(data)
-        pair = _MSGPACK.loads(data[1:])
+        pair = self.loads_timestamped(data)
         if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not int:
             raise SerdeError(f"not a valid timestamped value ({len(data)} bytes): the tag is "
                              f"followed by {type(pair).__name__}, not [timestamp, value]")

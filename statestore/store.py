@@ -465,10 +465,16 @@ class KeyValueStore:
         has :data:`~statestore.serdes.UNKNOWN_TIMESTAMP`."""
         raw_key = self.spec.key_serde.dumps(key)
         self._last_key, self._last_raw_key = key, raw_key
-        # _raw_get inlined: an aggregation's per-record read.
+        # _raw_get and _db_get inlined: an aggregation's per-record read.
         raw = self._buffer.entries.get(raw_key, _ABSENT)
         if raw is _ABSENT:
-            raw = self._db_get(self._require_open(), raw_key)
+            db = self._db
+            if db is None:
+                db = self._require_open()
+            try:
+                raw = db.get(raw_key)
+            except Exception as exc:
+                raise StoreReadError(f"{self!r}: read failed: {exc}") from exc
         return None if raw is None else self._loads_timestamped(raw)  # type: ignore[arg-type]
 
     def put_timestamped(self, key: Any, value: Any, timestamp: int) -> None:
@@ -477,7 +483,21 @@ class KeyValueStore:
         if value is None:
             self.delete(key)
             return
-        self._put_raw(self._encoded_key(key), self._dumps_timestamped(value, timestamp))
+        # _encoded_key and _put_raw inlined: an aggregation's per-record write.
+        if key is self._last_key and type(key) in _IMMUTABLE_KEY_TYPES:
+            raw_key = self._last_raw_key
+        else:
+            raw_key = self.spec.key_serde.dumps(key)
+        raw_value = self._dumps_timestamped(value, timestamp)
+        if self._db is None:
+            self._require_open()
+        if self.changelog_topic is not None:
+            size = len(raw_key) + len(raw_value)
+            if size > MAX_RECORD_BYTES:
+                check_record_size(self.changelog_topic, raw_key, raw_value)
+            self._pending[raw_key] = raw_value
+            self.changelog_bytes += size
+        self._buffer.entries[raw_key] = raw_value
 
     def _loads_timestamped(self, raw: bytes) -> list[Any]:
         # Replaced by the serde's own method on first use (one lookup per store).

@@ -317,13 +317,23 @@ class AggregateNode(Node):
         if value is None:
             # A tombstone has nothing to aggregate: skipped, as Kafka Streams does.
             return
-        store = ctx.store(self.store)
+        # ctx.store(), stamped() and forward_at() inlined: the counting app's per-record
+        # path (the topology declared the store: every task has it).
+        store = ctx.stores[self.store]
         stored = store.get_timestamped(key)
-        timestamp = stamped(stored, ctx.timestamp_ms)
-        updated = self.aggregator(key, value,
-                                  self.initializer() if stored is None else stored[1])
+        timestamp = ctx.timestamp_ms
+        if stored is None:
+            current = self.initializer()
+        else:
+            current = stored[1]
+            if stored[0] > timestamp:
+                timestamp = stored[0]
+        updated = self.aggregator(key, value, current)
         store.put_timestamped(key, updated, timestamp)
-        self.forward_at(ctx, key, updated, timestamp)
+        if timestamp == ctx.timestamp_ms:
+            self.forward(ctx, key, updated)
+        else:
+            self.forward_at(ctx, key, updated, timestamp)
 
     def store_names(self) -> list[str]:
         return [self.store]

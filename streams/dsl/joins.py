@@ -26,11 +26,20 @@ record before a left one, then by key as its long serde's bytes sort (non-negati
 before negative ones). Each side's window store keeps its own time, as Kafka Streams' does
 (the largest timestamp put in it, not the join's): a record at ``t`` is joined only while
 ``t`` is past that time - ``before + after + grace``, and purged after.
+
+Times: the join's stream time, each side's store time and the outer store's min time are
+kept with the task's state (in its stores' input position, which their changelogs carry, so
+learners and standbys get them too) and taken back when the task opens: a run through a
+restart or a move gives what an uninterrupted run gives. Kafka Streams keeps its shared time
+tracker in memory, from nothing at each start of a task, and rebuilds its window stores' time
+only from the records it restores (see docs/kafka-streams.md). State written before the join
+kept its times has them rebuilt that way: each side's time the largest timestamp its store
+holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +56,38 @@ _OUTER_SIDE = {rank: side for side, rank in enumerate(_OUTER_RANK)}
 def _observed(store: str) -> str:
     """The entry of a side's window store's own time in the task's observed times."""
     return f"{store}/observed"
+
+
+def _min_time(outer_store: str) -> str:
+    """The entry of the outer store's min time (Kafka Streams' ``minTime``) in the task's
+    observed times: absent while it is unknown (Kafka Streams' ``Long.MAX_VALUE``)."""
+    return f"{outer_store}/min-time"
+
+
+def saved_join_times(join: StreamJoin, saved: Mapping[str, Sequence[int]]) -> dict[str, int] | None:
+    """The join's times as the task's state recorded them, given each observed-time entry's
+    values over the task's stores: the smallest of each (the state furthest behind, as for
+    input offsets). None if the state holds none of the join's times (written before the
+    join kept them, or before the join saw a record)."""
+    shared = join.stores[0]
+    if not saved.get(shared):
+        return None
+    entries = [shared, *(_observed(store) for store in join.stores)]
+    if join.outer_store is not None:
+        entries.append(_min_time(join.outer_store))
+    return {entry: min(saved[entry]) for entry in entries if saved.get(entry)}
+
+
+def held_join_times(join: StreamJoin, latest_held: Mapping[str, int]) -> dict[str, int]:
+    """The join's times rebuilt from what its stores hold (``latest_held``: the largest
+    timestamp in each store that holds any), for state that did not record them: each side's
+    time the largest timestamp its store holds, as Kafka Streams' window store rebuilds its
+    own from the records it restores; the join's stream time the largest of all. The min
+    time stays unknown (the next look reads the outer store)."""
+    times = {_observed(store): latest_held[store] for store in join.stores if store in latest_held}
+    if latest_held:
+        times[join.stores[0]] = max(latest_held.values())
+    return times
 
 
 def _segment(t: int, retention: int) -> int:
@@ -168,8 +209,8 @@ class StreamJoinNode(Node):
             if outer is None or max(0, t + self.after) < stream_time:
                 self._emit(ctx, key, value, t)
             else:
-                min_time = f"{join.outer_store}/min-time"
-                ctx.node_state[min_time] = min(ctx.node_state.get(min_time, t), t)
+                min_time = _min_time(join.outer_store)
+                ctx.observed_ms[min_time] = min(ctx.observed_ms.get(min_time, t), t)
                 outer.put((*_outer_prefix(t, self.side, key), ctx.offset, ctx.topic), value)
         finally:
             ctx.timestamp_ms = previous
@@ -186,10 +227,10 @@ class StreamJoinNode(Node):
         join = self.join
         assert join.outer_store is not None
         grace = join.windows.grace_ms
-        min_time_entry = f"{join.outer_store}/min-time"
-        # Absent when nothing was put since the start (the store empty, or its time unknown
-        # after a restart: then the store is read, as Kafka Streams' overflowing check does).
-        min_time = ctx.node_state.get(min_time_entry)
+        min_time_entry = _min_time(join.outer_store)
+        # Absent when the store is empty, or its time unknown (state written before the join
+        # kept it): then the store is read, as Kafka Streams' overflowing check does.
+        min_time = ctx.observed_ms.get(min_time_entry)
         if min_time is not None and min_time + self.after + grace >= stream_time:
             return
         outer = ctx.store(join.outer_store)
@@ -208,9 +249,9 @@ class StreamJoinNode(Node):
                 continue
             closed.append((stored_key, value))
         if last_seen is None:
-            ctx.node_state.pop(min_time_entry, None)
+            ctx.observed_ms.pop(min_time_entry, None)
         else:
-            ctx.node_state[min_time_entry] = last_seen
+            ctx.observed_ms[min_time_entry] = last_seen
         for stored_key, value in closed:
             t, side, key = stored_key[0], _OUTER_SIDE[stored_key[1]], stored_key[3]
             outer.delete(stored_key)
@@ -218,6 +259,25 @@ class StreamJoinNode(Node):
             left, right = (value, None) if side == LEFT else (None, value)
             key = tuple(key) if isinstance(key, list) else key
             self.forward(ctx, key, join.joiner(left, right))
+
+    def restore_times(self, ctx: ProcessorContext, saved: Mapping[str, Sequence[int]]) -> None:
+        """Take the join's times back from the task's restored state (``saved``: each
+        observed-time entry's values over the task's stores), or, for state that did not
+        record them, rebuild them from what the join's stores hold."""
+        join = self.join
+        if join.stores[0] in ctx.observed_ms:
+            return  # the join's other side took them back
+        times = saved_join_times(join, saved)
+        if times is None:
+            latest: dict[str, int] = {}
+            for store in (*join.stores, *([join.outer_store] if join.outer_store else [])):
+                # Window stores are keyed (key, time, ...), the outer store (time, ...).
+                at = 0 if store == join.outer_store else 1
+                held = [stored[at] for stored, _ in ctx.store(store).items()]
+                if held:
+                    latest[store] = max(held)
+            times = held_join_times(join, latest)
+        ctx.observed_ms.update(times)
 
     def purge(self, ctx: ProcessorContext) -> int:
         """Drop this side's buffered records past the join's retention."""

@@ -368,6 +368,10 @@ class StreamTask:
             # Like the offsets, the stream time of the state that is furthest behind.
             self.context.stream_time_ms = max(self.context.stream_time_ms, min(stream_times))
         for node in self._window_nodes:
+            restore_times = getattr(node, "restore_times", None)
+            if restore_times is not None:
+                restore_times(self.context, observed)  # a node keeping times of its own
+                continue
             # State written before windowed aggregations kept their own time has the task's.
             times = observed.get(node.name) or (stream_times if stream_times else [-1])
             if min(times) >= 0:
@@ -385,7 +389,8 @@ class StreamTask:
         """Move every windowed aggregation's stream time to at least ``to_ms``."""
         observed = self.context.observed_ms
         for node in self._window_nodes:
-            observed[node.name] = max(observed.get(node.name, -1), to_ms)
+            if not hasattr(node, "restore_times"):  # not a node keeping times of its own
+                observed[node.name] = max(observed.get(node.name, -1), to_ms)
 
     def purge_expired_windows(self) -> int:
         return sum(node.purge(self.context) for node in self._window_nodes)

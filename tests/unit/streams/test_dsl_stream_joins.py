@@ -103,3 +103,70 @@ def test_records_of_merged_topics_with_one_offset_are_buffered_apart() -> None:
         driver.pipe("app", "k", "a", timestamp_ms=1)   # offset 0 of app
         driver.pipe("views", "k", "v", timestamp_ms=2)
         assert sorted(driver.read_key_values("out")) == [("k", "a+v"), ("k", "w+v")]
+
+
+# Before the restart: z's pair moves every time of the join to 200,000. After it: a's records
+# at 0 and 5 are far behind each side's time (their segment expired: not buffered, nothing
+# fetched) and behind the join's, so an uninterrupted run never pairs them.
+BEFORE_RESTART = [("clicks", "z", "lz", 200_000), ("views", "z", "rz", 200_000)]
+AFTER_RESTART = [("clicks", "a", "la", 0), ("views", "a", "ra", 5)]
+THROUGH_A_RESTART = {
+    "inner": [("z", "lz+rz", 200_000)],
+    # 0 + 10 is behind the join's stream time: each unmatched record comes out at once.
+    "left": [("z", "lz+rz", 200_000), ("a", "la+None", 0)],
+    "outer": [("z", "lz+rz", 200_000), ("a", "la+None", 0), ("a", "None+ra", 5)],
+}
+
+
+@pytest.mark.parametrize("kind", ["inner", "left", "outer"])
+@pytest.mark.parametrize("restart", [None, "local state", "changelog"])
+def test_the_join_keeps_its_times_through_a_restart(kind: str, restart: str | None) -> None:
+    with TopologyTestDriver(joined(kind)) as driver:
+        run(driver, BEFORE_RESTART)
+        if restart is not None:
+            driver.restart(from_changelog=restart == "changelog")
+        run(driver, AFTER_RESTART)
+        assert out(driver) == THROUGH_A_RESTART[kind]
+
+
+def asymmetric_outer_join() -> App:
+    a = App("joins", bootstrap_servers="127.0.0.1:1")
+    a.stream("clicks").outer_join(a.stream("views"), lambda c, v: f"{c}+{v}",
+                                  JoinWindows(10, 2)).to("out")
+    return a
+
+
+@pytest.mark.parametrize("restart", [None, "local state", "changelog"])
+def test_the_outer_store_look_keeps_its_min_time_through_a_restart(restart: str | None) -> None:
+    """A right record looks for closed records only once the min time + its own wait (10)
+    is behind the join's time, though a left record waits 2: the min time decides when
+    ``la`` comes out, so it must survive the restart."""
+    with TopologyTestDriver(asymmetric_outer_join()) as driver:
+        run(driver, [("clicks", "x", "lx", 105), ("clicks", "a", "la", 104)])
+        if restart is not None:
+            driver.restart(from_changelog=restart == "changelog")
+        # 104 + 10 >= 107: the right record does not look, and joins lx in [105, 117].
+        run(driver, [("views", "x", "rx", 107)])
+        assert out(driver) == [("x", "lx+rx", 107)]
+        # 104 + 2 < 120: the left record looks; la closed, rx (107 + 10) still open.
+        run(driver, [("clicks", "y", "ly", 120)])
+        assert out(driver) == [("a", "la+None", 104)]
+
+
+@pytest.mark.parametrize("kind", ["inner", "left", "outer"])
+def test_state_written_before_the_join_kept_its_times_rebuilds_them_from_its_stores(
+        kind: str) -> None:
+    """Such state's input position has no time of the join's: each side's is the largest
+    timestamp its store holds (here z's, 200,000), as Kafka Streams' window stores rebuild
+    theirs, and the output is the uninterrupted run's."""
+    with TopologyTestDriver(joined(kind)) as driver:
+        run(driver, BEFORE_RESTART)
+        driver.commit()
+        for task in driver.tasks.values():
+            for store in task.stores.values():
+                position = store.read_input_position()
+                store.write_input_position(
+                    {k: v for k, v in position.items() if "-join-" not in k})
+        driver.restart(from_changelog=True)
+        run(driver, AFTER_RESTART)
+        assert out(driver) == THROUGH_A_RESTART[kind]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -283,7 +283,7 @@ class SinkNode(Node):
         ctx.send(self.topic, raw_key, raw_value)
 
 
-def stamped(stored: list[Any] | None, timestamp: int) -> int:
+def stamped(stored: Sequence[Any] | None, timestamp: int) -> int:
     """An updated aggregate's timestamp: the larger of the record's and the one stored with
     the aggregate it updates (Kafka Streams' KStreamAggregate, KTableAggregate and their
     windowed and reducing kin); the record's for a new aggregate. A value stored without a

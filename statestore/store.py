@@ -21,7 +21,7 @@ import fcntl
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,8 @@ RESERVED_PREFIX = b"\xff\xff"
 #: Key types whose encoding cannot change while the object lives: a key object ``get`` just
 #: encoded is not encoded again by the ``put`` after it.
 _IMMUTABLE_KEY_TYPES = (str, bytes, int)
+#: Values put_timestamped may hand back as they were put (no caller can change them).
+_IMMUTABLE_VALUE_TYPES = (int, float, str, bytes, bool)
 #: What a lookup of a key the write buffer does not hold returns (None is a buffered delete).
 _ABSENT = object()
 
@@ -119,6 +121,10 @@ class KeyValueStore:
         self._db: Rdict | None = None
         self._lock_fd: int | None = None
         self._buffer = WriteBuffer()
+        # Per key, the encoded value put_timestamped last buffered and its [timestamp, value]
+        # when the value is immutable: get_timestamped answers from it, undecoded, while the
+        # buffer still holds that very value (a count read again before the commit).
+        self._decoded: dict[bytes, tuple[bytes, tuple[int, Any]]] = {}
         # Changelog records not drained yet, the latest per key. ``_covered``: written before
         # the last input position (which ends it); ``_pending``: written after it. Coalescing
         # never moves a write across an input position: a restored state then reflects
@@ -308,6 +314,7 @@ class KeyValueStore:
         """Drop the writes since the last commit and the changelog records not acknowledged
         yet; the database and its position stay at the last commit."""
         self._buffer.clear()
+        self._decoded.clear()
         self._covered.clear()
         self._pending.clear()
         self.changelog_bytes = 0
@@ -379,6 +386,7 @@ class KeyValueStore:
                 # batch durable before the checkpoint says so.
                 db.write(batch, _NO_WAL)
                 self._buffer.clear()
+                self._decoded.clear()
             db.flush()
             self.position = max(self.position, self._acked_to)
             if self.changelog_topic is not None:
@@ -445,8 +453,9 @@ class KeyValueStore:
         if value is None:
             self.delete(key)
             return
-        raw_key = self._encoded_key(key)
-        raw_value = self.spec.value_serde.dumps(value)
+        self._put_raw(self._encoded_key(key), self.spec.value_serde.dumps(value))
+
+    def _put_raw(self, raw_key: bytes, raw_value: bytes) -> None:
         self._require_open()
         if self.changelog_topic is not None:
             size = len(raw_key) + len(raw_value)
@@ -457,6 +466,69 @@ class KeyValueStore:
             self._pending[raw_key] = raw_value
             self.changelog_bytes += size
         self._buffer.entries[raw_key] = raw_value
+
+    def get_timestamped(self, key: Any) -> Sequence[Any] | None:
+        """The ``(timestamp, value)`` pair of a store whose values carry timestamps (its value
+        serde is a :class:`~statestore.serdes.TimestampedSerde`), or None; a value written
+        without one has :data:`~statestore.serdes.UNKNOWN_TIMESTAMP`."""
+        raw_key = self.spec.key_serde.dumps(key)
+        self._last_key, self._last_raw_key = key, raw_key
+        # _raw_get and _db_get inlined: an aggregation's per-record read.
+        raw = self._buffer.entries.get(raw_key, _ABSENT)
+        if raw is not _ABSENT:
+            decoded = self._decoded.get(raw_key)
+            if decoded is not None and decoded[0] is raw:
+                return decoded[1]
+        else:
+            db = self._db
+            if db is None:
+                db = self._require_open()
+            try:
+                raw = db.get(raw_key)
+            except Exception as exc:
+                raise StoreReadError(f"{self!r}: read failed: {exc}") from exc
+        return None if raw is None else self._loads_timestamped(raw)  # type: ignore[arg-type]
+
+    def put_timestamped(self, key: Any, value: Any, timestamp: int) -> None:
+        """Write ``value`` with ``timestamp`` (None deletes); the changelog carries both, so
+        a restored store has the same timestamps."""
+        if value is None:
+            self.delete(key)
+            return
+        # _encoded_key and _put_raw inlined: an aggregation's per-record write.
+        if key is self._last_key and type(key) in _IMMUTABLE_KEY_TYPES:
+            raw_key = self._last_raw_key
+        else:
+            raw_key = self.spec.key_serde.dumps(key)
+        raw_value = self._dumps_timestamped(value, timestamp)
+        if type(value) in _IMMUTABLE_VALUE_TYPES:
+            self._decoded[raw_key] = (raw_value, (timestamp, value))
+        if self._db is None:
+            self._require_open()
+        if self.changelog_topic is not None:
+            size = len(raw_key) + len(raw_value)
+            if size > MAX_RECORD_BYTES:
+                check_record_size(self.changelog_topic, raw_key, raw_value)
+            self._pending[raw_key] = raw_value
+            self.changelog_bytes += size
+        self._buffer.entries[raw_key] = raw_value
+
+    def _loads_timestamped(self, raw: bytes) -> Sequence[Any]:
+        # Replaced by the serde's own method on first use (one lookup per store).
+        loads = getattr(self.spec.value_serde, "loads_timestamped", None)
+        if loads is None:
+            raise StateStoreError(f"{self!r}: its values carry no timestamps (value serde "
+                                  f"{self.spec.value_serde.name!r}, not 'timestamped')")
+        self._loads_timestamped = loads  # type: ignore[method-assign]
+        return loads(raw)  # type: ignore[no-any-return]
+
+    def _dumps_timestamped(self, value: Any, timestamp: int) -> bytes:
+        dumps = getattr(self.spec.value_serde, "dumps_timestamped", None)
+        if dumps is None:
+            raise StateStoreError(f"{self!r}: its values carry no timestamps (value serde "
+                                  f"{self.spec.value_serde.name!r}, not 'timestamped')")
+        self._dumps_timestamped = dumps  # type: ignore[method-assign]
+        return dumps(value, timestamp)  # type: ignore[no-any-return]
 
     def delete(self, key: Any) -> None:
         raw_key = self._encoded_key(key)

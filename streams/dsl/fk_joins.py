@@ -18,6 +18,10 @@ Kafka Streams' design, in three steps across two repartition topics:
 
 Deletes of either side flow through: a deleted left row unsubscribes and answers with a
 tombstone; a deleted right row answers its subscribers with None.
+
+Timestamps are Kafka Streams': an answer to a subscription carries the larger of the left
+update's timestamp and the right row's (kept with the row in the right table's store), an
+answer to a right update carries that update's, and the result carries its answer's.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 
 import msgpack
 
-from streams.dsl.processors import Node, ProcessorContext
+from streams.dsl.processors import Node, ProcessorContext, stamped
 
 
 def value_hash(value: Any) -> bytes | None:
@@ -75,6 +79,12 @@ class SubscribeNode(ForeignKeyStep):
         old_fk = None if old is None else self.join.foreign_key(old)
         new_fk = None if value is None else self.join.foreign_key(value)
         if old_fk is not None and old_fk != new_fk:
+            if new_fk is None and not self.join.left:
+                # The inner join's result goes: answered by the old right row's side, so that
+                # the tombstone is stamped with that row's time too (Kafka Streams'
+                # DELETE_KEY_AND_PROPAGATE).
+                self.forward(ctx, old_fk, [key, None, True, value_hash(value)])
+                return
             self.forward(ctx, old_fk, [key, None])
         if new_fk is not None:
             # An inner join's row whose foreign key stayed had no result if the right row
@@ -94,7 +104,12 @@ _RESPOND_DIRECTLY = "\x00relay.fk.none"
 
 
 class SubscriptionNode(ForeignKeyStep):
-    """Step 2, on a subscription: record it, answer with the right row."""
+    """Step 2, on a subscription: record it, answer with the right row. The answer is stamped
+    with the larger of the subscription's timestamp (the left row's) and the right row's, or
+    the subscription's without a right row (Kafka Streams' SubscriptionJoinProcessor).
+
+    An unsubscription ``[left_key, None]`` is not answered; ``[left_key, None, True, hash]``
+    (an inner join's row that names no right row any more) is, with no right value."""
 
     def store_names(self) -> list[str]:
         return [self.join.subscriptions_store, self.join.right_store]
@@ -110,16 +125,25 @@ class SubscriptionNode(ForeignKeyStep):
         subscriptions = ctx.store(self.join.subscriptions_store)
         if digest is None:
             subscriptions.delete((key, left_key))
+            if len(value) > 3:
+                self.forward_at(ctx, left_key, [value[3], None],
+                                self._stamp(ctx, key))
             return
         subscriptions.put((key, left_key), digest)
-        right = ctx.store(self.join.right_store).get(key)
-        if right is not None or answer_without_right:
-            self.forward(ctx, left_key, [digest, right])
+        right_row = ctx.store(self.join.right_store).get_timestamped(key)
+        if right_row is not None or answer_without_right:
+            self.forward_at(ctx, left_key, [digest, None if right_row is None else right_row[1]],
+                            stamped(right_row, ctx.timestamp_ms))
+
+    def _stamp(self, ctx: ProcessorContext, foreign_key: Any) -> int:
+        return stamped(ctx.store(self.join.right_store).get_timestamped(foreign_key),
+                       ctx.timestamp_ms)
 
 
 class RightUpdateNode(ForeignKeyStep):
     """Step 2, on an update of a right row: answer every subscription to it, with the hash
-    the subscription carried."""
+    the subscription carried, stamped with the update's timestamp (as Kafka Streams'
+    ForeignTableJoinProcessor does: not the left rows')."""
 
     def store_names(self) -> list[str]:
         return [self.join.subscriptions_store]

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from statestore.record_size import MAX_RECORD_BYTES, check_record_size
-from statestore.serdes import MsgPackSerde, Serde
+from statestore.serdes import MsgPackSerde, Serde, TimestampedSerde
 from statestore.store import KeyValueStore
 from streams.dsl.punctuation import Punctuations, PunctuationType, Schedule
 from streams.dsl.windows import HoppingWindows, Windowed, windowed_key_serde
@@ -155,6 +155,20 @@ class Node:
         """Send a record on to every child (replaced by a direct call when there is one)."""
         self._forward_to_all(ctx, key, value)
 
+    def forward_at(self, ctx: ProcessorContext, key: Any, value: Any, timestamp: int) -> None:
+        """Forward a record stamped ``timestamp`` (an aggregate's or a join's own timestamp,
+        not the current record's): what the steps below see as its timestamp, and what a
+        sink writes."""
+        previous = ctx.timestamp_ms
+        if timestamp == previous:
+            self.forward(ctx, key, value)
+            return
+        ctx.timestamp_ms = timestamp
+        try:
+            self.forward(ctx, key, value)
+        finally:
+            ctx.timestamp_ms = previous
+
     def _forward_to_all(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         preparers = self._preparers
         if preparers is None:
@@ -269,9 +283,21 @@ class SinkNode(Node):
         ctx.send(self.topic, raw_key, raw_value)
 
 
+def stamped(stored: Sequence[Any] | None, timestamp: int) -> int:
+    """An updated aggregate's timestamp: the larger of the record's and the one stored with
+    the aggregate it updates (Kafka Streams' KStreamAggregate, KTableAggregate and their
+    windowed and reducing kin); the record's for a new aggregate. A value stored without a
+    timestamp (-1) gives the record's."""
+    if stored is None:
+        return timestamp
+    return stored[0] if stored[0] > timestamp else timestamp
+
+
 class AggregateNode(Node):
-    """Aggregates by key into a store and forwards each updated aggregate. Records with a
-    None value are skipped (a windowed aggregation takes them: Kafka Streams does both)."""
+    """Aggregates by key into a store and forwards each updated aggregate, stamped with the
+    largest timestamp among the records aggregated (kept beside it in the store). Records
+    with a None value are skipped (a windowed aggregation takes them: Kafka Streams does
+    both)."""
 
     def __init__(
         self,
@@ -291,13 +317,23 @@ class AggregateNode(Node):
         if value is None:
             # A tombstone has nothing to aggregate: skipped, as Kafka Streams does.
             return
-        store = ctx.store(self.store)
-        current = store.get(key)
-        if current is None:
+        # ctx.store(), stamped() and forward_at() inlined: the counting app's per-record
+        # path (the topology declared the store: every task has it).
+        store = ctx.stores[self.store]
+        stored = store.get_timestamped(key)
+        timestamp = ctx.timestamp_ms
+        if stored is None:
             current = self.initializer()
+        else:
+            current = stored[1]
+            if stored[0] > timestamp:
+                timestamp = stored[0]
         updated = self.aggregator(key, value, current)
-        store.put(key, updated)
-        self.forward(ctx, key, updated)
+        store.put_timestamped(key, updated, timestamp)
+        if timestamp == ctx.timestamp_ms:
+            self.forward(ctx, key, updated)
+        else:
+            self.forward_at(ctx, key, updated, timestamp)
 
     def store_names(self) -> list[str]:
         return [self.store]
@@ -315,10 +351,11 @@ class ReduceNode(Node):
         if value is None:
             return
         store = ctx.store(self.store)
-        current = store.get(key)
-        updated = value if current is None else self.reducer(current, value)
-        store.put(key, updated)
-        self.forward(ctx, key, updated)
+        stored = store.get_timestamped(key)
+        timestamp = stamped(stored, ctx.timestamp_ms)
+        updated = value if stored is None else self.reducer(stored[1], value)
+        store.put_timestamped(key, updated, timestamp)
+        self.forward_at(ctx, key, updated, timestamp)
 
     def store_names(self) -> list[str]:
         return [self.store]
@@ -375,12 +412,12 @@ class WindowAggregateNode(WindowedAggregation):
             if end + self.windows.grace_ms <= stream_time:
                 ctx.drop_late(self.name, self.store, start, end, self.windows.grace_ms)
                 continue
-            current = store.get((key, start))
-            if current is None:
-                current = self.initializer()
-            updated = self.aggregator(key, value, current)
-            store.put((key, start), updated)
-            self.forward(ctx, Windowed(key, start, end), updated)
+            stored = store.get_timestamped((key, start))
+            stamp = stamped(stored, timestamp)
+            updated = self.aggregator(key, value,
+                                      self.initializer() if stored is None else stored[1])
+            store.put_timestamped((key, start), updated, stamp)
+            self.forward_at(ctx, Windowed(key, start, end), updated, stamp)
 
     def purge(self, ctx: ProcessorContext) -> int:
         """Delete windows past retention; returns how many."""
@@ -396,7 +433,9 @@ class WindowAggregateNode(WindowedAggregation):
 
 
 class TableNode(Node):
-    """Materializes a topic as a table: the latest value per key, tombstones delete."""
+    """Materializes a topic as a table: the latest value per key with its record's timestamp
+    (Kafka Streams' KTableSource: a foreign-key join stamps its results with it), tombstones
+    delete."""
 
     def __init__(self, name: str, store: str) -> None:
         super().__init__(name)
@@ -405,7 +444,7 @@ class TableNode(Node):
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         if not _has_key(self, ctx, key, "a table"):
             return
-        ctx.store(self.store).put(key, value)  # put(None) deletes
+        ctx.store(self.store).put_timestamped(key, value, ctx.timestamp_ms)  # None deletes
         self.forward(ctx, key, value)
 
     def store_names(self) -> list[str]:
@@ -546,6 +585,12 @@ class StoreDecl:
 
     name: str
     value_serde: Serde = field(default_factory=MsgPackSerde)
+
+    @classmethod
+    def timestamped(cls, name: str) -> StoreDecl:
+        """A store whose values carry the timestamp of the record that set them (an
+        aggregation's, a table's): reads that want the value alone see it alone."""
+        return cls(name, TimestampedSerde())
 
 
 def walk_nodes(roots: Iterable[Node]) -> list[Node]:

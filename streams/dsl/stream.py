@@ -185,7 +185,7 @@ class Stream:
         source = self._repartitioned("to-table") if self._key_changed else self
         name = self._name("to-table")
         store = store or f"{name}-store"
-        self._topology.declare_store(StoreDecl(store))
+        self._topology.declare_store(StoreDecl.timestamped(store))
         return Table(source._then(TableNode(name, store)), store)
 
     # -- joins and grouping ---------------------------------------------------------------
@@ -319,7 +319,7 @@ class GroupedStream:
         self._value_serde = value_serde
 
     def _prepared(self, store: str) -> Stream:
-        self._stream._topology.declare_store(StoreDecl(store))
+        self._stream._topology.declare_store(StoreDecl.timestamped(store))
         if self._stream._key_changed:
             return self._stream._repartitioned(store, key_serde=self._key_serde or "msgpack",
                                                value_serde=self._value_serde)
@@ -451,7 +451,7 @@ class Table(DeprecatedTableOperations):
         if self.store is None:
             store = f"{self._node.name}-store"
             if store not in self._topology.stores:
-                self._topology.declare_store(StoreDecl(store))
+                self._topology.declare_store(StoreDecl.timestamped(store))
                 self._node.add_child(TableNode(f"{self._node.name}-materialize", store))
             self.store = store
         return self.store
@@ -459,7 +459,7 @@ class Table(DeprecatedTableOperations):
     def _maybe_stored(self, table: Table, store: str | None) -> Table:
         if store is None:
             return table
-        self._topology.declare_store(StoreDecl(store))
+        self._topology.declare_store(StoreDecl.timestamped(store))
         return table._then(TableNode(self._topology.node_name("table-materialize"), store),
                            store)
 
@@ -615,7 +615,7 @@ class GroupedTable:
         topology = table._topology
         prior = f"{store}-prior"
         topology.declare_store(StoreDecl(prior))
-        topology.declare_store(StoreDecl(store))
+        topology.declare_store(StoreDecl.timestamped(store))
         regroup = TableGroupByNode(topology.node_name("table-group-by"), prior, self._selector)
         table._node.add_child(regroup)
         stream = Stream(topology, regroup)._repartitioned(store)
@@ -652,7 +652,7 @@ def table_from_topic(
     keys, values = topology.serdes_for(name, key_serde, value_serde)
     source = SourceNode(topology.node_name("table-source"), name, keys, values)
     topology.add_source(source)
-    topology.declare_store(StoreDecl(store))
+    topology.declare_store(StoreDecl.timestamped(store))
     node = TableNode(topology.node_name("table"), store)
     source.add_child(node)
     return Table(Stream(topology, node, key_serde=keys), store, keys)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from streams.dsl.processors import Node, ProcessorContext, _has_key
+from streams.dsl.processors import Node, ProcessorContext, _has_key, stamped
 
 #: The two sides of a table-table join in its store's keys.
 LEFT, RIGHT = 0, 1
@@ -196,7 +196,8 @@ class TableGroupByNode(Node):
 
 class TableAggregateNode(Node):
     """The aggregation of a re-grouped table: ``subtractor`` takes the old value out of its
-    group, then ``adder`` puts the new one in (Kafka Streams' KTableAggregate). ``reducer``
+    group, then ``adder`` puts the new one in (Kafka Streams' KTableAggregate); the update is
+    stamped with the larger of its record's timestamp and the group's. ``reducer``
     mode (no initializer) starts a group from its first value and deletes a group that
     becomes None."""
 
@@ -218,7 +219,11 @@ class TableAggregateNode(Node):
             return
         new, old = value
         store = ctx.store(self.store)
-        aggregate = store.get(key)
+        stored = store.get_timestamped(key)
+        # The larger of the update's timestamp and the group's, where the group exists
+        # (Kafka Streams' KTableAggregate and KTableReduce, subtracting or adding).
+        timestamp = stamped(stored, ctx.timestamp_ms)
+        aggregate = None if stored is None else stored[1]
         if old is not None and aggregate is not None:
             aggregate = self.subtractor(key, old, aggregate)
         if new is not None:
@@ -230,5 +235,5 @@ class TableAggregateNode(Node):
                     aggregate = self.initializer()
             if new is not None:
                 aggregate = self.adder(key, new, aggregate)
-        store.put(key, aggregate)
-        self.forward(ctx, key, aggregate)
+        store.put_timestamped(key, aggregate, timestamp)
+        self.forward_at(ctx, key, aggregate, timestamp)

@@ -167,20 +167,3 @@ def build_app(topology: dict[str, Any], application_id: str = "differential") ->
 def output_topics(topology: dict[str, Any]) -> list[str]:
     return [step["topic"] for step in topology["steps"] if step["op"] == "to"]
 
-
-AGGREGATIONS = ("count", "reduce", "aggregate")
-#: Steps whose outputs' timestamps Relay does not yet stamp as Kafka Streams does: an
-#: aggregation's update and a foreign-key join's result take the largest timestamp of what
-#: they combine in Kafka Streams, which keeps timestamps in its stores (docs/kafka-streams.md).
-UNTIMED = (*AGGREGATIONS, "fk_join")
-
-
-def untimed_topics(topology: dict[str, Any]) -> set[str]:
-    """The output topics written downstream of an aggregation or a foreign-key join: their
-    timestamps are compared on neither side (docs/kafka-streams.md)."""
-    steps = topology["steps"]
-    untimed: list[bool] = []
-    for i, step in enumerate(steps):
-        up = step.get("from", i - 1)
-        untimed.append(step["op"] in UNTIMED or (up >= 0 and untimed[up]))
-    return {s["topic"] for s, u in zip(steps, untimed, strict=True) if s["op"] == "to" and u}

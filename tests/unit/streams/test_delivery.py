@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from statestore.serdes import TimestampedSerde
 from statestore.store import INPUT_POSITION_KEY, KeyValueStore, StoreSpec
 from streams.runtime.delivery import DeliveryError
 from streams.runtime.record_collector import RecordCollector
@@ -26,7 +27,9 @@ CHANGELOG = "unit-counts-changelog"
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[KeyValueStore]:
-    store = KeyValueStore(StoreSpec("counts"), tmp_path / "counts", CHANGELOG, 2).open()
+    # The count's store, as the topology declares it.
+    spec = StoreSpec("counts", value_serde=TimestampedSerde())
+    store = KeyValueStore(spec, tmp_path / "counts", CHANGELOG, 2).open()
     yield store
     store.close()
 
@@ -130,7 +133,7 @@ def counted(store: KeyValueStore, keys: list[str], buffer_bytes: int,
 async def test_changelog_records_wait_for_the_commit_and_go_as_one_per_key(
     store: KeyValueStore,
 ) -> None:
-    producer, collector, task = counted(store, ["a", "b"] * 500, buffer_bytes=10_000)
+    producer, collector, task = counted(store, ["a", "b"] * 500, buffer_bytes=20_000)
     await collector.ship_outputs([task])
     # Every output goes after its batch; the changelog waits, under the buffer's bound.
     assert len(producer.to(SINK)) == 1_000 and producer.to(CHANGELOG) == []

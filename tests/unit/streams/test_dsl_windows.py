@@ -109,7 +109,8 @@ def test_final_results_of_tumbling_windows_wait_for_the_grace_period() -> None:
             driver.pipe("events", key, 1, timestamp_ms=ts)
         assert outputs(driver, "final") == []          # [0, 10) closes at 15
         driver.pipe("events", "b", 1, timestamp_ms=15)
-        assert outputs(driver, "final") == [(W("a", 0, 10), 3, 3)]
+        # Stamped with the largest timestamp among the window's records (9), not the last's.
+        assert outputs(driver, "final") == [(W("a", 0, 10), 3, 9)]
         driver.pipe("events", "b", 1, timestamp_ms=40)
         assert outputs(driver, "final") == [(W("a", 10, 20), 1, 14), (W("b", 10, 20), 2, 15)]
 

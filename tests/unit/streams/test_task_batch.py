@@ -12,6 +12,7 @@ import pytest
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from statestore.errors import StoreWriteError
+from statestore.serdes import TimestampedSerde
 from statestore.store import KeyValueStore, StoreSpec
 from streams.runtime.task import RecordError, StreamTask
 from tests.unit.streams.fakes import SOURCE, counting_subs, record
@@ -19,8 +20,8 @@ from tests.unit.streams.fakes import SOURCE, counting_subs, record
 
 @pytest.fixture
 def task(tmp_path: Path) -> Iterator[StreamTask]:
-    store = KeyValueStore(StoreSpec("counts"), tmp_path / "counts", "unit-counts-changelog",
-                          0).open()
+    spec = StoreSpec("counts", value_serde=TimestampedSerde())  # as the topology declares it
+    store = KeyValueStore(spec, tmp_path / "counts", "unit-counts-changelog", 0).open()
     yield StreamTask("0_0", counting_subs()[0], {"counts": store})
     store.close()
 
@@ -50,11 +51,11 @@ def test_a_machine_error_leaves_its_record_unprocessed(task: StreamTask) -> None
     tp = TopicPartition(SOURCE, 0)
     store = task.stores["counts"]
 
-    def failing_put(key: object, value: object) -> None:
+    def failing_put(key: object, value: object, timestamp: int) -> None:
         raise StoreWriteError("no space left")
 
     assert task.process_batch([record(0, 0, "a")]) == 1
-    store.put = failing_put  # type: ignore[method-assign]
+    store.put_timestamped = failing_put  # type: ignore[method-assign]
     with pytest.raises(StoreWriteError):
         task.process_batch([record(0, 1, "a"), record(0, 2, "a")])
     assert task.processed[tp] == 1 and task.records_processed == 1

@@ -5,17 +5,23 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.BufferedReader;
+import java.io.IOException;
 import java.io.InputStreamReader;
 import java.io.PrintStream;
+import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.Comparator;
 import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.function.BiFunction;
+import java.util.stream.Stream;
 import org.apache.kafka.common.serialization.LongDeserializer;
 import org.apache.kafka.common.serialization.LongSerializer;
 import org.apache.kafka.common.serialization.Serde;
@@ -112,6 +118,24 @@ public final class Oracle {
         }
     }
 
+    static final Path STATE_DIR = ownStateDir();
+
+    static Path ownStateDir() {
+        try {
+            Path dir = Files.createTempDirectory("relay-oracle-");
+            Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+                try (Stream<Path> paths = Files.walk(dir)) {
+                    paths.sorted(Comparator.reverseOrder()).forEach(path -> path.toFile().delete());
+                } catch (IOException ignored) {
+                    // a temporary directory: the system cleans it eventually
+                }
+            }));
+            return dir;
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
+    }
+
     static ObjectNode run(JsonNode request) {
         StreamsBuilder builder = new StreamsBuilder();
         List<Sink> sinks = new ArrayList<>();
@@ -121,6 +145,9 @@ public final class Oracle {
         props.put(StreamsConfig.APPLICATION_ID_CONFIG, "oracle");
         props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, "127.0.0.1:1");
         props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0);
+        // A state directory of this JVM's own: another oracle running beside it (its default
+        // is one fixed path) would hold the same stores' RocksDB locks.
+        props.put(StreamsConfig.STATE_DIR_CONFIG, STATE_DIR.toString());
         // A left or outer stream-stream join looks for closed unmatched records at every record
         // that reaches its stream time, as Relay does; by default it throttles that to once a
         // second of wall-clock time, which the driver's clock never passes.

@@ -1,0 +1,141 @@
+"""The timestamped value format: values with the timestamp of the record that set them, plain
+values written before (and their changelogs) still read, with timestamp -1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from statestore.errors import StateStoreError
+from statestore.serdes import (
+    TIMESTAMPED_TAG,
+    UNKNOWN_TIMESTAMP,
+    SerdeError,
+    TimestampedSerde,
+    serde_from_name,
+)
+from statestore.store import KeyValueStore, StoreSpec
+
+SERDE = TimestampedSerde()
+
+
+def test_a_timestamped_value_round_trips_and_reads_plain_where_the_value_alone_is_wanted(
+) -> None:
+    for value, timestamp in [(3, 10), ({"a": [1, None]}, 1_700_000_000_000), ("x", -1),
+                             (None, 0), ([1, 2], 2**63 - 1)]:
+        raw = SERDE.dumps_timestamped(value, timestamp)
+        assert raw[0] == TIMESTAMPED_TAG
+        assert SERDE.loads_timestamped(raw) == [timestamp, value]
+        assert SERDE.loads(raw) == value
+
+
+def test_a_plain_value_written_before_reads_with_an_unknown_timestamp() -> None:
+    for value in (5, [7, 8], {"k": "v"}, "s", None, b"\xc1"):
+        raw = msgpack.packb(value, use_bin_type=True)
+        assert raw[0] != TIMESTAMPED_TAG  # msgpack never starts a value with it
+        assert SERDE.loads_timestamped(raw) == [UNKNOWN_TIMESTAMP, value]
+        assert SERDE.loads(raw) == value
+        assert SERDE.dumps(value) == raw  # written without a timestamp: plain msgpack
+
+
+def test_a_broken_timestamped_value_is_a_serde_error() -> None:
+    for raw in (bytes([TIMESTAMPED_TAG]), bytes([TIMESTAMPED_TAG]) + msgpack.packb([1]),
+                bytes([TIMESTAMPED_TAG]) + msgpack.packb(["t", 1]),
+                bytes([TIMESTAMPED_TAG]) + b"\xc1"):
+        with pytest.raises(SerdeError, match="timestamped value"):
+            SERDE.loads(raw)
+    with pytest.raises(SerdeError, match="timestamp"):
+        SERDE.dumps_timestamped(1, 2**64)
+    with pytest.raises(SerdeError, match="msgpack cannot encode"):
+        SERDE.dumps_timestamped(object(), 1)
+
+
+def test_the_serde_has_a_name() -> None:
+    assert isinstance(serde_from_name("timestamped"), TimestampedSerde)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[KeyValueStore]:
+    opened = KeyValueStore(StoreSpec("s", value_serde=SERDE), tmp_path / "s", "app-s-changelog",
+                           0).open()
+    yield opened
+    opened.close()
+
+
+def test_a_store_keeps_timestamps_and_its_plain_reads_see_values(store: KeyValueStore) -> None:
+    store.put_timestamped("a", 1, 10)
+    store.put("b", 2)  # plain: no timestamp
+    assert list(store.get_timestamped("a")) == [10, 1]
+    assert list(store.get_timestamped("b")) == [UNKNOWN_TIMESTAMP, 2]
+    assert store.get_timestamped("c") is None
+    assert store.get("a") == 1 and list(store.items()) == [("a", 1), ("b", 2)]
+    records = store.drain_changelog()
+    store.acknowledged(len(records), records=len(records))
+    store.commit()
+    assert store.get_committed("a") == 1 and list(store.range_committed()) == [("a", 1), ("b", 2)]
+    store.put_timestamped("a", None, 11)
+    assert store.get_timestamped("a") is None
+
+
+def test_a_value_read_back_before_the_commit_is_the_one_last_put(store: KeyValueStore) -> None:
+    store.put_timestamped("a", 1, 10)
+    assert list(store.get_timestamped("a")) == [10, 1]  # answered from what was put
+    store.put("a", 2)  # written another way since: read from the buffer
+    assert list(store.get_timestamped("a")) == [UNKNOWN_TIMESTAMP, 2]
+    store.put_timestamped("a", [3], 11)  # a mutable value is decoded on every read
+    assert list(store.get_timestamped("a")) == [11, [3]]
+    store.put_timestamped("a", 4, 12)
+    store.delete("a")
+    assert store.get_timestamped("a") is None
+    store.put_timestamped("b", 5, 13)
+    store.abort()
+    assert store.get_timestamped("b") is None
+
+
+def restored(tmp_path: Path, records: list[tuple[bytes, bytes | None]]) -> KeyValueStore:
+    copy = KeyValueStore(StoreSpec("s", value_serde=SERDE), tmp_path / "copy", "app-s-changelog",
+                         0).open()
+    copy.apply_restore_batch(records, len(records))
+    return copy
+
+
+def test_a_store_restored_from_its_changelog_has_the_same_timestamps(
+        store: KeyValueStore, tmp_path: Path) -> None:
+    store.put_timestamped("a", 1, 10)
+    store.put_timestamped("b", {"n": 2}, 3)
+    copy = restored(tmp_path, store.drain_changelog())
+    try:
+        assert list(copy.get_timestamped("a")) == [10, 1]
+        assert list(copy.get_timestamped("b")) == [3, {"n": 2}]
+    finally:
+        copy.close()
+
+
+def test_a_store_restored_from_a_changelog_written_before_timestamps_reads_it(
+        tmp_path: Path) -> None:
+    keys = StoreSpec("s").key_serde
+    old = [(keys.dumps("a"), msgpack.packb(4)), (keys.dumps("b"), msgpack.packb([1, 2]))]
+    copy = restored(tmp_path, old)
+    try:
+        assert list(copy.get_timestamped("a")) == [UNKNOWN_TIMESTAMP, 4]
+        assert copy.get("b") == [1, 2]
+        copy.put_timestamped("a", 5, 7)  # then written in the new format
+        assert list(copy.get_timestamped("a")) == [7, 5]
+    finally:
+        copy.close()
+
+
+def test_a_plain_store_refuses_timestamped_reads_and_writes_with_a_clear_error(
+        tmp_path: Path) -> None:
+    plain = KeyValueStore(StoreSpec("p"), tmp_path / "p", None, 0).open()
+    try:
+        plain.put("a", 1)
+        with pytest.raises(StateStoreError, match="carry no timestamps"):
+            plain.get_timestamped("a")
+        with pytest.raises(StateStoreError, match="carry no timestamps"):
+            plain.put_timestamped("a", 1, 2)
+    finally:
+        plain.close()

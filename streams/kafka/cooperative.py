@@ -9,6 +9,8 @@ that for consumers whose assignor opts in (``cooperative = True``):
   is built); a member whose membership the broker ended (its generation reset) instead
   loses every partition it held, through the listener's ``on_partitions_lost``, and its
   fetched records are held meanwhile (:meth:`CooperativeGroupCoordinator.membership_in_doubt`);
+  so does a member that was itself silent for longer than its session (its process stopped:
+  :mod:`streams.kafka.silence`), as soon as it runs again, whatever the broker answers;
 - at join-complete it revokes only the partitions that moved away, keeps the positions of the
   partitions it keeps, and hands the new assignment over.
 
@@ -34,7 +36,9 @@ import aiokafka.consumer.consumer as consumer_module
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.coordinator.protocol import ConsumerProtocol
 from aiokafka.protocol.commit import OffsetCommitRequest, OffsetFetchRequest
+from aiokafka.protocol.group import HeartbeatRequest, SyncGroupRequest
 from aiokafka.structs import TopicPartition
+from aiokafka.util import create_task
 
 from streams.kafka.membership import (
     FencedMemberError,
@@ -44,8 +48,11 @@ from streams.kafka.membership import (
     register_errors,
 )
 from streams.kafka.offset_fetch import raise_group_error
+from streams.kafka.silence import SilenceWatch, watch_silence
 
 log = logging.getLogger(__name__)
+
+REBALANCE_IN_PROGRESS = 27
 
 
 class CooperativeGroupCoordinator(GroupCoordinator):
@@ -57,33 +64,100 @@ class CooperativeGroupCoordinator(GroupCoordinator):
     #: that the round's duration can be measured once its assignment is applied.
     round_started: float | None = None
 
-    #: When (monotonic seconds) the broker last confirmed this member: a heartbeat answered
-    #: without error, or a round completed (None: not yet).
+    #: When (monotonic seconds) this member last sent a heartbeat or a SyncGroup that the
+    #: broker answered without error (None: not yet). The sending counts, not the answer: an
+    #: answer read after the process was stopped says nothing of the time it was stopped.
     confirmed_at: float | None = None
+    #: Joining a round (JoinGroup to join-complete): the broker keeps a member waiting in a
+    #: round, which sends no heartbeat meanwhile.
+    _awaiting_round: int = 0
+    #: The event loop's gaps (None: not watched, as in tests that build no coordinator).
+    _silence: SilenceWatch | None = None
+    _silence_task: asyncio.Task[None] | None = None
+    #: Losing the partitions of a member found silent for its session (None: not).
+    _silent_loss: asyncio.Future[None] | None = None
+    #: The member's partitions were lost since its last round completed.
+    _lost_since_round = False
 
-    async def _do_heartbeat(self) -> bool:
-        ok = bool(await super()._do_heartbeat())
-        if ok:
-            self.confirmed_at = time.monotonic()
-        return ok
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._silence = SilenceWatch(self._session_timeout_ms / 1000)
+        self._silence_task = create_task(watch_silence(self._silence, self._silenced))
+
+    async def close(self) -> None:
+        if self._silence_task is not None:
+            self._silence_task.cancel()
+        await super().close()
+
+    async def _do_rejoin_group(self, subscription: Any) -> bool:
+        self._awaiting_round += 1
+        try:
+            return bool(await super()._do_rejoin_group(subscription))
+        finally:
+            self._awaiting_round -= 1
+
+    async def _send_req(self, request: Any) -> Any:
+        sent_at = time.monotonic()
+        response = await super()._send_req(request)
+        if isinstance(request, OffsetFetchRequest):
+            # aiokafka reads only per-partition errors: a group-level one would read as "no
+            # committed offset" (see streams.kafka.offset_fetch).
+            raise_group_error(response, self.coordinator_dead)
+        elif _confirms(request, response):
+            self.confirmed_at = max(sent_at, self.confirmed_at or sent_at)
+        return response
+
+    def _check_silence(self) -> None:
+        """A group step runs: the event loop runs. A gap longer than the session since it
+        last ran ends the membership (see :meth:`_silenced`)."""
+        if self._silence is not None:
+            gap = self._silence.tick(time.monotonic())
+            if gap is not None:
+                self._silenced(gap)
+
+    def _silenced(self, gap_s: float) -> None:
+        """This member's process did not run for ``gap_s`` seconds, longer than its session:
+        it sent nothing for that long, so the group has most likely moved its partitions on
+        (Apache Kafka expired it; Tansu may keep it in a round and tell it nothing). Its
+        partitions are lost now, before any of its tasks writes again, and it rejoins as a
+        member with no generation; the broker then tells it who it is (its member id is
+        kept: a broker that expired it answers UNKNOWN_MEMBER_ID, and it rejoins anew)."""
+        log.warning("group %s: this member did not run for %.1f s, longer than its session "
+                    "(%.1f s): its membership ended", self.group_id, gap_s,
+                    self._session_timeout_ms / 1000)
+        self.generation = OffsetCommitRequest.DEFAULT_GENERATION_ID
+        if self._silent_loss is None or self._silent_loss.done():
+            self._silent_loss = asyncio.ensure_future(self._lose_held())
+        self.request_rejoin()
+
+    async def _lose_held(self) -> None:
+        subscription = self._subscription.subscription
+        assignment = subscription.assignment if subscription is not None else None
+        if assignment is not None and assignment.tps and not self._lost_since_round:
+            await self._lose(set(assignment.tps))
 
     def membership_in_doubt(self, now: float | None = None) -> bool:
-        """Whether this member holding partitions may no longer be in the group: the broker
-        ended its membership (its generation was reset) and the partitions are not handed
-        to the listener as lost yet, or nothing has confirmed it for longer than its session
-        timeout (the process was stopped: the broker has most likely expired it, and the
-        next heartbeat tells). Its records are then held, not processed: the partitions may
-        have a new owner already."""
+        """Whether this member holding partitions may no longer be in the group: it was
+        itself silent for longer than its session (its partitions are being lost), the
+        broker ended its membership (its generation was reset) and the partitions are not
+        handed to the listener as lost yet, or nothing has confirmed it for longer than its
+        session outside a round (its heartbeats go unanswered: the broker has most likely
+        expired it, and the next heartbeat tells). Its records are then held, not processed,
+        and its tasks write nothing: the partitions may have a new owner already."""
         subscription = self._subscription.subscription
         if subscription is None or subscription.assignment is None:
             return False
         if not subscription.assignment.tps:
             return False
+        now = time.monotonic() if now is None else now
+        if self._silent_loss is not None and not self._silent_loss.done():
+            return True
+        if self._silence is not None and self._silence.silent(now):
+            return True  # resumed just now: the watch has not had its turn yet
         if self.generation == OffsetCommitRequest.DEFAULT_GENERATION_ID:
             return True
-        if self.confirmed_at is None:
+        if self.confirmed_at is None or self._awaiting_round:
             return False
-        now = time.monotonic() if now is None else now
         return now - self.confirmed_at > self._session_timeout_ms / 1000
 
     def _cooperative(self) -> bool:
@@ -128,14 +202,6 @@ class CooperativeGroupCoordinator(GroupCoordinator):
                       self.group_id, holder, self._group_instance_id, lost)
             raise fenced_member_error(self.group_id, self._group_instance_id)
 
-    async def _send_req(self, request: Any) -> Any:
-        response = await super()._send_req(request)
-        if isinstance(request, OffsetFetchRequest):
-            # aiokafka reads only per-partition errors: a group-level one would read as "no
-            # committed offset" (see streams.kafka.offset_fetch).
-            raise_group_error(response, self.coordinator_dead)
-        return response
-
     def _push_error_to_user(self, exc: Exception) -> Any:
         """Errors reach the consumer's caller from here; a broker's fencing of this static
         member (KIP-345) says so in words rather than as aiokafka's "unexpected error"."""
@@ -145,8 +211,12 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         return super()._push_error_to_user(exc)
 
     async def _on_join_prepare(self, previous_assignment: Any) -> None:
+        self._check_silence()
+        if self._silent_loss is not None:
+            await self._silent_loss
         if (self._cooperative() and self.generation == OffsetCommitRequest.DEFAULT_GENERATION_ID
-                and previous_assignment is not None and previous_assignment.tps):
+                and previous_assignment is not None and previous_assignment.tps
+                and not self._lost_since_round):
             await self._lose(set(previous_assignment.tps))
         await self._check_not_replaced()
         self.rebalancing = True
@@ -178,15 +248,22 @@ class CooperativeGroupCoordinator(GroupCoordinator):
             return
         log.warning("group %s: this member's membership ended; its %d partitions are lost",
                     self.group_id, len(partitions))
+        self._lost_since_round = True
         lost = getattr(listener, "on_partitions_lost", None) or listener.on_partitions_revoked
         await self._call(lost, partitions, "on_partitions_lost")
 
     async def _on_join_complete(
         self, generation: int, member_id: str, protocol: str, member_assignment_bytes: bytes
     ) -> None:
+        # A member stopped past its session while it waited for this round's answers loses
+        # its partitions before it takes the round's assignment up: nothing it held is
+        # committed or kept.
+        self._check_silence()
+        if self._silent_loss is not None:
+            await self._silent_loss
+        lost, self._lost_since_round = self._lost_since_round, False
         self.rebalancing = False
         self.rebalancing_since = None
-        self.confirmed_at = time.monotonic()
         if not self._cooperative():
             await super()._on_join_complete(
                 generation, member_id, protocol, member_assignment_bytes
@@ -198,7 +275,7 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         new_partitions = set(assignment.partitions())
 
         previous = self._subscription.subscription
-        old_assignment = previous.assignment if previous is not None else None
+        old_assignment = previous.assignment if previous is not None and not lost else None
         old_partitions: set[TopicPartition] = (
             set(old_assignment.tps) if old_assignment is not None else set()
         )
@@ -241,6 +318,13 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         except Exception:
             log.exception("rebalance listener failed in %s; rejoining", name)
             self.request_rejoin()
+
+
+def _confirms(request: Any, response: Any) -> bool:
+    """A heartbeat or SyncGroup the broker answered as a member's: without error, or (a
+    heartbeat) REBALANCE_IN_PROGRESS, which asks a member to rejoin."""
+    return (isinstance(request, HeartbeatRequest | SyncGroupRequest)
+            and response.error_code in (0, REBALANCE_IN_PROGRESS))
 
 
 def install() -> None:

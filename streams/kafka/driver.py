@@ -95,6 +95,15 @@ class GroupConsumer:
             to_the_back(buffered, batches)
         return batches
 
+    def give_back(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        """Records handed out but not processed go back: each partition's position returns
+        to its first one, so the next fetch reads them again (a member whose membership
+        came in doubt after the fetch: if it stays a member, it processes them then)."""
+        assigned = self._consumer.assignment()
+        for tp, records in batches.items():
+            if records and tp in assigned:
+                self._consumer.seek(tp, records[0].offset)
+
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._consumer.seek(tp, offset)
 

@@ -188,8 +188,16 @@ class StreamThread:
             async with self._lock:
                 if self.listener.awaiting_assignment:
                     continue
+                if self.consumer.membership_in_doubt:
+                    # Its tasks may run elsewhere already (a process stopped past its session
+                    # resumes here): nothing is processed, shipped or committed until the
+                    # group tells (streams.kafka.cooperative).
+                    self.consumer.give_back(batches)
+                    continue
                 await self.process(batches)
                 punctuate_all(self.registry.active.values())
+                if self.consumer.membership_in_doubt:
+                    continue  # stopped in mid-pass: its outputs stay unshipped
                 await self.collector.ship_outputs(self.registry.active.values())
                 if time.monotonic() - last_commit >= self.config.commit_interval_ms / 1000:
                     await self.committer.commit()

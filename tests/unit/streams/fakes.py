@@ -56,6 +56,10 @@ class FakeConsumer:
         #: Partition ends (high watermarks) as the last fetch would report them.
         self.highwaters: dict[TopicPartition, int] = {}
         self.rejoin_pending = False
+        #: The membership may have ended (see the cooperative coordinator): hold everything.
+        self.membership_in_doubt = False
+        #: Batches handed back unprocessed while in doubt.
+        self.given_back: list[dict[TopicPartition, list[Any]]] = []
         self.member_id = "member-1"
         self.generation = 1
         self.listener: Any = None
@@ -85,6 +89,13 @@ class FakeConsumer:
             return self._batches.get_nowait()
         except asyncio.QueueEmpty:
             return {}
+
+    def give_back(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        if batches:
+            self.given_back.append(batches)
+        for tp, records in batches.items():
+            if records:
+                self.seeks[tp] = records[0].offset
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.seeks[tp] = offset

@@ -2,10 +2,15 @@
 its generation reset) loses its partitions before it rejoins: the cooperative coordinator
 calls the listener's ``on_partitions_lost``, and the listener stops the tasks uncommitted;
 until then, and while nothing has confirmed the member for a session, the driver hands out
-no fetched record. So the member writes no output older than the new owner's (no broker)."""
+no fetched record. A member whose own process did not run for longer than its session (a
+SIGSTOP) does the same as it resumes, whatever the broker answers: Tansu may keep a member
+stopped in a forming round in the group and tell it nothing. So the member writes no output
+older than the new owner's (no broker)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,7 +19,9 @@ from aiokafka.structs import TopicPartition
 
 from streams.kafka.cooperative import CooperativeGroupCoordinator
 from streams.kafka.driver import GroupConsumer
-from tests.unit.streams.fakes import assign, rig
+from streams.kafka.silence import SilenceWatch
+from tests.conftest import wait_until
+from tests.unit.streams.fakes import SINK, SOURCE, assign, record, rig
 
 TP = TopicPartition("orders", 4)
 
@@ -49,6 +56,10 @@ class _Coordinator(CooperativeGroupCoordinator):
         self._group_instance_id = "w3"
         self._session_timeout_ms = 10_000
         self.pending: Exception | None = None
+        self.rejoin_requested = False
+
+    def request_rejoin(self) -> None:
+        self.rejoin_requested = True
 
     def check_errors(self) -> None:
         if self.pending is not None:
@@ -123,3 +134,88 @@ async def test_a_fenced_member_hears_of_it_while_its_records_are_held() -> None:
     consumer = GroupConsumer(_Fetching(member))  # type: ignore[arg-type]
     with pytest.raises(FencedError):
         await consumer.getmany(timeout_ms=0, max_records=10)
+
+
+def test_the_silence_watch_measures_the_event_loop_s_gaps() -> None:
+    watch = SilenceWatch(session_s=10.0)
+    assert watch.tick(100.0) is None and not watch.silent(105.0)
+    assert watch.tick(109.0) is None  # a slow loop, far below the session
+    assert watch.silent(119.5)  # stopped: what a check sees before the watch's turn
+    assert watch.tick(119.5) == pytest.approx(10.5)
+    assert not watch.silent(120.0)  # told once
+
+
+def _stopped_for(member: _Coordinator, seconds: float) -> None:
+    """The member's event loop last ran ``seconds`` ago: its process was stopped since."""
+    member._silence = SilenceWatch(member._session_timeout_ms / 1000,
+                                   alive_at=time.monotonic() - seconds)
+
+
+async def test_a_member_silent_past_its_session_loses_its_partitions_whatever_the_broker_says(
+) -> None:
+    """Stopped (SIGSTOP) in a forming round for longer than its session, it resumes with the
+    generation it had: no broker error tells it anything (Tansu). Its own silence does."""
+    listener = _Listener()
+    member = _Coordinator(7, listener)
+    member.confirmed_at = time.monotonic()  # a heartbeat answered after the SIGCONT
+    _stopped_for(member, 25.0)
+    assert member.membership_in_doubt()  # held from the first instant it runs again
+    await member._on_join_prepare(SimpleNamespace(tps={TP}))
+    assert listener.lost == [{TP}] and listener.revoked == []
+    assert member.generation == -1 and member.rejoin_requested
+    await member._on_join_prepare(SimpleNamespace(tps={TP}))
+    assert listener.lost == [{TP}]  # lost once
+
+
+async def test_a_member_that_ran_keeps_its_partitions() -> None:
+    """A slow loop, or a long round it waited in while running: nothing is lost."""
+    listener = _Listener()
+    member = _Coordinator(7, listener)
+    _stopped_for(member, 9.0)
+    await member._on_join_prepare(SimpleNamespace(tps={TP}))
+    assert listener.lost == [] and member.generation == 7
+
+
+def test_a_member_waiting_in_a_long_round_is_not_in_doubt() -> None:
+    """The broker keeps a member waiting for a round's answers; it sends no heartbeat then."""
+    member = _Coordinator(7)
+    member.confirmed_at = 95.0
+    member._awaiting_round = 1
+    assert not member.membership_in_doubt(now=130.0)
+    member._awaiting_round = 0
+    assert member.membership_in_doubt(now=130.0)
+
+
+async def test_the_watch_loses_a_silent_member_s_partitions_at_its_first_turn() -> None:
+    listener = _Listener()
+    member = _Coordinator(7, listener)
+    member._silenced(25.0)
+    assert member.membership_in_doubt()  # until the loss is done ...
+    assert member._silent_loss is not None
+    await member._silent_loss
+    assert listener.lost == [{TP}] and member.generation == -1
+    assert member.membership_in_doubt()  # ... and then until a round makes it a member again
+
+
+async def test_a_thread_in_doubt_processes_ships_and_commits_nothing(tmp_path: Path) -> None:
+    """Batches fetched before the doubt (a process stopped inside its fetch) go back to the
+    fetcher unprocessed; once the member is confirmed, they are processed."""
+    r = rig(tmp_path, commit_interval_ms=1)
+    run = asyncio.create_task(r.thread.run([SOURCE]))
+    try:
+        await assign(r, ("0_0",))
+        r.consumer.membership_in_doubt = True
+        commits = len(r.consumer.commits)
+        batch = {TopicPartition(SOURCE, 0): [record(0, 5, "a"), record(0, 6, "a")]}
+        r.consumer.feed(batch)
+        await wait_until(lambda: r.consumer.given_back, timeout_s=5, message="given back")
+        assert r.consumer.seeks[TopicPartition(SOURCE, 0)] == 5
+        assert r.thread.tasks["0_0"].records_processed == 0
+        assert r.producer.to(SINK) == [] and len(r.consumer.commits) == commits
+        r.consumer.membership_in_doubt = False
+        r.consumer.feed(batch)  # fetched again from where it was given back
+        await wait_until(lambda: len(r.producer.to(SINK)) == 2, timeout_s=5,
+                         message="processed once confirmed")
+    finally:
+        r.thread.stop()
+        await asyncio.wait_for(run, 15)

@@ -329,6 +329,27 @@ class TaskManager:
             store.close()  # commits what the changelog holds; says so and drops the rest
         log.info("%s: closed task %s (state stays on disk)", self._name, task_id)
 
+    def revive(self, task_id: str) -> bool:
+        """Close an active task of this thread dirty (its uncommitted writes dropped) and
+        start it again at once from its committed state, as a new assignment would: fenced
+        anew, restored from its changelog, its input sought to its committed position. False
+        (and closed) if the thread no longer holds all its partitions.
+
+        Its committed offsets are read once it is restored, not now: its transaction may be
+        undecided (a commit that timed out), and only the new producer's fencing, before the
+        restoration, settles it."""
+        if task_id not in self.tasks.active and task_id not in self.tasks.restoring:
+            return False
+        self.close_task(task_id)
+        partitions = self.partitions_of(task_id)
+        if not set(partitions) <= self._consumer.assignment():
+            return False
+        self._consumer.pause(*partitions)
+        self.tasks.add_restoring(task_id, self._stores_for(task_id))
+        self._updater.assignment_changed()
+        log.info("%s: revived task %s in place from its committed state", self._name, task_id)
+        return True
+
     def close_all(self) -> None:
         for task_id in self.tasks.ids():
             try:

@@ -42,6 +42,7 @@ from streams.runtime.delivery import hand_changelog, hand_outputs
 from streams.runtime.record_collector import changelogs_due
 from streams.runtime.repartition_purge import RepartitionPurger
 from streams.runtime.task import RecordError, StreamTask, drop_reason, task_counts
+from streams.runtime.transaction_errors import retriable
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,30 @@ def new_group_metadata(bootstrap_servers: str, group_id: str) -> Any:
 
 
 class TransactionFailed(Exception):
-    """A task's transaction could not commit; its writes are discarded."""
+    """A task's transaction could not commit; its writes are discarded. ``cause``: the
+    producer's error behind it, when there is one (a failed send's delivery report)."""
+
+    def __init__(self, message: str, cause: Any = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+async def commit_transaction(producer: Any, task_id: str,
+                             budget_s: float = TRANSACTION_TIMEOUT_S) -> None:
+    """Commit the producer's transaction. A retriable error (a timeout) leaves the commit
+    undecided: it may still go through, so the call is made again, as confluent-kafka asks,
+    until it succeeds, fails otherwise, or ``budget_s`` is spent (then the last error is
+    raised, and the task's next producer settles the transaction when it fences this one)."""
+    deadline = time.monotonic() + budget_s
+    while True:
+        left = max(0.1, deadline - time.monotonic())
+        try:
+            await asyncio.to_thread(producer.commit_transaction, left)
+            return
+        except Exception as exc:
+            if not retriable(exc) or time.monotonic() >= deadline:
+                raise
+            log.info("task %s: commit undecided (%s); committing again", task_id, exc)
 
 
 @dataclass
@@ -386,6 +410,8 @@ class TransactionalCommitter:
         self.purger = purger
         #: The offsets this thread committed last, per partition.
         self.committed: dict[TopicPartition, int] = {}
+        #: How long a commit that times out is made again before it counts as failed.
+        self.commit_budget_s = TRANSACTION_TIMEOUT_S
         #: Transactions committed and failed, for tests and status.
         self.commits = 0
         self.failures = 0
@@ -434,7 +460,8 @@ class TransactionalCommitter:
             return
         producer = transaction.producer
         if transaction.errors:
-            raise TransactionFailed(f"sends failed: {transaction.errors[0]}")
+            raise TransactionFailed(f"sends failed: {transaction.errors[0]}",
+                                    transaction.errors[0])
         if not transaction.open:
             producer.begin_transaction()
             transaction.open = True
@@ -447,7 +474,8 @@ class TransactionalCommitter:
                                           partition=partition)
         unsent = await asyncio.to_thread(producer.flush, TRANSACTION_TIMEOUT_S)
         if transaction.errors:
-            raise TransactionFailed(f"sends failed: {transaction.errors[0]}")
+            raise TransactionFailed(f"sends failed: {transaction.errors[0]}",
+                                    transaction.errors[0])
         if unsent:
             raise TransactionFailed(f"{unsent} records still unsent after the flush")
         if offsets:
@@ -460,7 +488,7 @@ class TransactionalCommitter:
                 [OffsetPartition(tp.topic, tp.partition, offset)
                  for tp, offset in offsets.items()],
                 self._metadata, TRANSACTION_TIMEOUT_S)
-        await asyncio.to_thread(producer.commit_transaction, TRANSACTION_TIMEOUT_S)
+        await commit_transaction(producer, task.task_id, self.commit_budget_s)
         self.commits += 1
         # Committed: the changelog holds every write, the stores may apply their buffers.
         for acks in transaction.acks.values():

@@ -10,7 +10,8 @@
   closed and the group asked to plan again (Kafka Streams' ``TaskMigratedException``).
 - **Anything else a Kafka error says** (``txn_requires_abort()``: ``NOT_COORDINATOR`` from the
   group's old coordinator after a broker's SIGKILL, a send that timed out, a call still
-  undecided after its retries): the task is still this thread's. It is revived in place:
+  undecided after its retries, a call that never returned): the task is still this
+  thread's. It is revived in place:
   closed dirty and started again from its committed state, without the group (Kafka Streams'
   ``TaskCorruptedException``). Its committed offsets are read only after its new producer
   fenced the old one, which settles an undecided transaction either way.
@@ -62,5 +63,6 @@ def fenced(error: BaseException) -> bool:
 
 
 def revivable(error: BaseException) -> bool:
-    """The task whose transaction failed with ``error`` may start again in place."""
-    return not fenced(error)
+    """The task whose transaction failed with ``error`` may start again in place (a call
+    that hung past its timeout included: a new producer finds the coordinators afresh)."""
+    return getattr(error, "hung", False) or not fenced(error)

@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 #: How long a blocking transactional call may take before it counts as failed.
 TRANSACTION_TIMEOUT_S = 30.0
+#: How long past its own timeout a transactional call is waited for (see CallHung).
+CALL_GRACE_S = 5.0
 #: How long an abort may take before the producer is released instead.
 ABORT_TIMEOUT_S = 5.0
 #: Attempts at fencing a task's previous owner before the error propagates.
@@ -98,8 +100,32 @@ class TransactionFailed(Exception):
         self.cause = cause
 
 
+class CallHung(TransactionFailed):
+    """A transactional call still had not returned well past its own timeout: librdkafka's
+    ``send_offsets_to_transaction`` can wait for a group coordinator that is gone without
+    end, its timeout ignored (librdkafka issues 5456 and 5511), and the stream thread, which
+    holds its lock through the commit, would wait with it. The producer is left to the
+    worker thread that waits; the task starts again with a new one."""
+
+    hung = True
+
+
+async def call_within(call: Callable[..., Any], *args: Any, timeout_s: float,
+                      grace_s: float = CALL_GRACE_S) -> Any:
+    """``call(*args, timeout_s)`` in a worker thread, waited for at most ``timeout_s`` +
+    ``grace_s``; :class:`CallHung` after that (the call goes on in its thread)."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(call, *args, timeout_s),
+                                      timeout_s + grace_s)
+    except TimeoutError:
+        name = getattr(call, "__name__", "a transactional call")
+        raise CallHung(f"{name} did not return within {timeout_s + grace_s:.0f} s "
+                       f"(its timeout: {timeout_s:.0f} s)") from None
+
+
 async def commit_transaction(producer: Any, task_id: str,
-                             budget_s: float = TRANSACTION_TIMEOUT_S) -> None:
+                             budget_s: float = TRANSACTION_TIMEOUT_S,
+                             grace_s: float = CALL_GRACE_S) -> None:
     """Commit the producer's transaction. A retriable error (a timeout) leaves the commit
     undecided: it may still go through, so the call is made again, as confluent-kafka asks,
     until it succeeds, fails otherwise, or ``budget_s`` is spent (then the last error is
@@ -108,7 +134,7 @@ async def commit_transaction(producer: Any, task_id: str,
     while True:
         left = max(0.1, deadline - time.monotonic())
         try:
-            await asyncio.to_thread(producer.commit_transaction, left)
+            await call_within(producer.commit_transaction, timeout_s=left, grace_s=grace_s)
             return
         except Exception as exc:
             if not retriable(exc) or time.monotonic() >= deadline:
@@ -412,6 +438,10 @@ class TransactionalCommitter:
         self.committed: dict[TopicPartition, int] = {}
         #: How long a commit that times out is made again before it counts as failed.
         self.commit_budget_s = TRANSACTION_TIMEOUT_S
+        #: The timeout given to ``send_offsets_to_transaction``, and how long past a call's
+        #: own timeout it is waited for (see CallHung).
+        self.offsets_timeout_s = TRANSACTION_TIMEOUT_S
+        self.call_grace_s = CALL_GRACE_S
         #: Transactions committed and failed, for tests and status.
         self.commits = 0
         self.failures = 0
@@ -472,7 +502,8 @@ class TransactionalCommitter:
             for key, value in self._positions.records(task.processed):
                 await transaction.produce(self._positions.topic, key, value,
                                           partition=partition)
-        unsent = await asyncio.to_thread(producer.flush, TRANSACTION_TIMEOUT_S)
+        unsent = await call_within(producer.flush, timeout_s=TRANSACTION_TIMEOUT_S,
+                                   grace_s=self.call_grace_s)
         if transaction.errors:
             raise TransactionFailed(f"sends failed: {transaction.errors[0]}",
                                     transaction.errors[0])
@@ -483,12 +514,13 @@ class TransactionalCommitter:
 
             if self._metadata is None:
                 self._metadata = await asyncio.to_thread(self._group_metadata)
-            await asyncio.to_thread(
+            await call_within(
                 producer.send_offsets_to_transaction,
                 [OffsetPartition(tp.topic, tp.partition, offset)
                  for tp, offset in offsets.items()],
-                self._metadata, TRANSACTION_TIMEOUT_S)
-        await commit_transaction(producer, task.task_id, self.commit_budget_s)
+                self._metadata, timeout_s=self.offsets_timeout_s, grace_s=self.call_grace_s)
+        await commit_transaction(producer, task.task_id, self.commit_budget_s,
+                                 self.call_grace_s)
         self.commits += 1
         # Committed: the changelog holds every write, the stores may apply their buffers.
         for acks in transaction.acks.values():

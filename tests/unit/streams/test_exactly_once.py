@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +253,53 @@ async def test_a_commit_that_timed_out_is_made_again_and_counts_once(tmp_path: P
         assert counts_out(log) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
         store = r.thread.tasks["0_0"].stores["counts"]
         assert store.get("a") == 2 and store.get("b") == 2
+
+
+class _Hangs:
+    """A producer whose ``send_offsets_to_transaction`` does not return, whatever its timeout,
+    until released: librdkafka's wait for a group coordinator that is gone."""
+
+    def __init__(self, producer: Any) -> None:
+        self._producer = producer
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def send_offsets_to_transaction(self, *args: Any) -> None:
+        # Returns at last, had the commit waited (it then goes through: the test fails).
+        self.release.wait(5)
+        self._producer.send_offsets_to_transaction(*args)
+
+
+async def test_a_transactional_call_that_hangs_past_its_timeout_revives_its_task(
+    tmp_path: Path,
+) -> None:
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    async with eos_rig(tmp_path) as r:
+        log = log_of(r)
+        committer = r.thread.committer
+        await assign(r, ("0_0",))
+        await process(r, *records[:1])
+        await committer.commit()
+        transaction = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
+        hangs = _Hangs(transaction.producer)
+        transaction.producer = hangs
+        try:
+            await process(r, *records[1:3])
+            # The commit gives up on the call instead of holding the thread with it (after a
+            # few ms here: the unit tier may not sit out a longer timer).
+            committer.offsets_timeout_s, committer.call_grace_s = 0.002, 0.003
+            await committer.commit()
+            committer.offsets_timeout_s, committer.call_grace_s = 30.0, 5.0
+            assert committer.failures == 1 and "0_0" in r.thread.registry.restoring
+            await r.thread.state_updater.restore_pending()
+            assert r.consumer.seeks[TP0] == 1
+            await run_to_end(r, records, 1)
+        finally:
+            hangs.release.set()
+        assert counts_out(log) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+        assert log.offsets == {(SOURCE, 0): 4} and r.consumer.rejoins == 0
 
 
 def stateless_subs() -> list[SubTopology]:

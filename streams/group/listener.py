@@ -202,9 +202,13 @@ class RebalanceListener(ConsumerRebalanceListener):
         self.member.request_rejoin(f"{callback} failed; starting over")
 
     async def start_restored(self, task_id: str, stores: dict[str, KeyValueStore]) -> None:
-        """The state updater's news: a new active's state is restored, so it may run."""
+        """The state updater's news: a new active's state is restored, so it may run. Its
+        offsets are read first, without the lock: the thread's other tasks go on meanwhile."""
+        offsets = await self.task_manager.start_offsets(task_id, stores)
+        if offsets is None:
+            return
         async with self.lock:
-            if await self.task_manager.start_restored(task_id, stores):
+            if await self.task_manager.start_restored(task_id, stores, offsets):
                 self.reporter.update()
 
 

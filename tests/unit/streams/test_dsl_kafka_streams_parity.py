@@ -320,3 +320,34 @@ def test_a_late_record_does_not_merge_a_session_the_segmented_store_no_longer_an
             (Windowed("k", 21, 34), None, 34), (Windowed("k", 1, 34), 3, 34)]
         assert driver.late_records_dropped == 0
 
+
+def test_a_keyless_record_crossing_a_stream_joins_repartition_topic_advances_its_time() -> None:
+    """A left join (before 0, after 5, no grace) whose right side changed its key; the
+    right record's new key is None. Kafka Streams' repartition topics filter nothing, so it
+    reaches the join, which counts its time in the shared stream time and then skips it.
+
+    - left 0=0 at 0: no right record; its window ends at 0 + 5, not behind the stream time
+      0: it waits in the outer store (min time 0).
+    - left 0=None at 0: skipped (no value); the stream time stays 0.
+    - right None at 9, through the repartition topic: the stream time is 9; skipped.
+    - left 0=0 at 6: no right record; 6 + 5 is not behind 9, so it waits too. It is not at
+      the stream time (9), so the join does not look for closed records: nothing. (Had the
+      keyless record not reached the join, the stream time would be 6, the join would look,
+      0 + 5 < 6, and emit 0=[0, None] at 0.)
+    - left 1=1 at 11, at the stream time: 0 + 5 < 11, it looks; 0 + 5 < 11 closed the first
+      record, 6 + 5 does not close the second: 0=[0, None] at 0.
+    """
+    a = app()
+    right = a.stream("right").select_key(lambda _k, v: v)
+    a.stream("left").left_join(right, lambda v, o: [v, o], JoinWindows(0, 5)).to("joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("left", 0, 0, timestamp_ms=0)
+        driver.pipe("left", 0, None, timestamp_ms=0)
+        driver.pipe("right", None, None, timestamp_ms=9)
+        driver.pipe("left", 0, 0, timestamp_ms=6)
+        assert _outputs(driver, "joined") == []
+        driver.pipe("left", 1, 1, timestamp_ms=11)
+        assert _outputs(driver, "joined") == [(0, [0, None], 0)]
+        # The keyless record is dead-lettered once the join has taken its time.
+        assert [d.stage for d in driver.dead_letters] == ["process"]
+        assert "has no key" in driver.dead_letters[0].error

@@ -31,9 +31,13 @@ def create_topic(bootstrap: str, topic: str, partitions: int, config: dict | Non
 
 
 def open_store(state_dir: Path, app: str, partition: int, store: str = "counts",
-               snapshot: SnapshotRef | None = None) -> KeyValueStore:
+               snapshot: SnapshotRef | None = None,
+               value_serde: str = "msgpack") -> KeyValueStore:
+    """``value_serde``: "timestamped" for the store of a DSL aggregation (a count keeps each
+    value's timestamp), the default for a store the test writes itself."""
     opened = KeyValueStore(
-        StoreSpec(store), store_directory(state_dir, app, f"0_{partition}", store),
+        StoreSpec(store, value_serde=value_serde),
+        store_directory(state_dir, app, f"0_{partition}", store),
         changelog_topic_name(app, store), partition,
     ).open()
     if snapshot is not None:

@@ -74,10 +74,11 @@ async def test_app_counts_on_from_a_dataframe_snapshot(
     # The changelog was seeded with the snapshot: a replay gives the app's state.
     replayed_counts: dict[str, int] = {}
     for partition in range(PARTITIONS):
-        replayed = open_store(tmp_path / "replay", app_id, partition)
+        # The app's count store keeps timestamps (its changelog carries them too).
+        replayed = open_store(tmp_path / "replay", app_id, partition, value_serde="timestamped")
         async with ChangelogReader(bootstrap) as reader:
             await reader.restore([replayed], show_progress=False, timeout_s=60)
-        kept = open_store(tmp_path / "state", app_id, partition)
+        kept = open_store(tmp_path / "state", app_id, partition, value_serde="timestamped")
         assert state(replayed) == state(kept)
         replayed_counts.update(replayed.items())
         replayed.close()

@@ -136,11 +136,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
+        if item.nodeid.startswith(SPARK_CLI_TESTS):
+            # `relay snapshot build` starts a JVM of its own in its process: these tests need
+            # not wait behind the shared session's, whose worker is the suite's longest chain.
+            continue
         if item.nodeid.startswith("tests/broker/pipeline/") or "snapshot_restore" in item.nodeid:
             _join_group(item, "spark")
         elif item.nodeid.startswith("tests/broker/differential/"):
             # One Kafka Streams oracle (a JVM) for them all.
             _join_group(item, "kafka-streams-oracle")
+
+
+#: Tests of the snapshot CLI, which runs Spark in a process of its own.
+SPARK_CLI_TESTS = "tests/broker/pipeline/test_cli.py"
 
 
 def _join_group(item: pytest.Item, group: str) -> None:

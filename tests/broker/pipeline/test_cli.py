@@ -10,8 +10,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
-from pyspark.sql import SparkSession
 
 from statestore.snapshot import MANIFEST_FILE, read_manifest
 from tests.broker.pipeline.conftest import create_changelog, open_store, write_history
@@ -58,10 +59,12 @@ def test_build_from_changelog_and_list(
     assert code == 1 and "corrupt snapshot manifest" in text and app in text
 
 
-def test_build_from_parquet(spark: SparkSession, tmp_path: Path) -> None:
+def test_build_from_parquet(tmp_path: Path) -> None:
+    # Written without Spark: the test runs apart from the shared Spark session's tests.
     history = tmp_path / "history.parquet"
-    spark.createDataFrame([(f"user-{i % 5}", i, i) for i in range(20)],
-                          "key string, value long, offset long").write.parquet(str(history))
+    pq.write_table(pa.table({"key": [f"user-{i % 5}" for i in range(20)],
+                             "value": pa.array(range(20), pa.int64()),
+                             "offset": pa.array(range(20), pa.int64())}), str(history))
     out = tmp_path / "snapshots"
     code, text = relay("snapshot", "build", "clicks", "counts", "--source", "parquet",
                        str(history), "--partitions", "3", "--out", str(out), "--master",

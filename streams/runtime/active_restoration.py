@@ -159,20 +159,24 @@ class RestorePass:
                 for t, reading in self._reading.items()}
 
     async def _hand_over_restored(self) -> bool:
-        handed = False
+        """Hand over the tasks whose stores are all read to their end. Their figures are
+        taken, and their stores let go, before the first hand-over: each one awaits the
+        thread (the task's offsets), which says nothing of how long its restoration took."""
+        now = time.monotonic()
+        done: list[tuple[str, Stores, Restoration]] = []
         for task_id in restored(self._lags()):
-            reading = self._reading.get(task_id)
-            if reading is None or self._restoring().get(task_id) is not reading.stores:
-                continue  # revoked while an earlier one was handed over
+            reading = self._reading[task_id]
             records = size = 0
             for store in reading.stores.values():
                 read = self._reader.read_since_registered(store)
                 records, size = records + read.records, size + read.bytes
             self._leave(task_id)
-            done = Restoration(records, size, time.monotonic() - reading.started)
-            await self._hand_over(task_id, reading.stores, done)
-            handed = True
-        return handed
+            done.append((task_id, reading.stores,
+                         Restoration(records, size, now - reading.started)))
+        for task_id, stores, restoration in done:
+            if self._restoring().get(task_id) is stores:  # else revoked meanwhile
+                await self._hand_over(task_id, stores, restoration)
+        return bool(done)
 
     def _leave(self, task_id: str) -> None:
         reading = self._reading.pop(task_id, None)

@@ -18,17 +18,18 @@ setup: $(DEV)
 $(VENV)/bin/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Relay needs Python 3.11 or newer (PYTHON=$(PYTHON))")'
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --upgrade pip 'setuptools>=64' wheel
 
 # --no-compile: pip would byte-compile every installed module (Spark's and the plotting
 # library's thousands among them, a quarter of the install's CPU); Python compiles, and
-# caches, only the modules a run imports.
+# caches, only the modules a run imports. --no-build-isolation: Relay's own editable wheel
+# is built with the venv's setuptools, not in a fresh environment of its own each time.
 $(BASE): pyproject.toml $(VENV)/bin/python
-	$(PY) -m pip install --quiet --no-compile -e .
+	$(PY) -m pip install --quiet --no-compile --no-build-isolation -e .
 	@touch $(BASE)
 
 $(DEV): pyproject.toml $(VENV)/bin/python
-	$(PY) -m pip install --quiet --no-compile -e '.[dev]'
+	$(PY) -m pip install --quiet --no-compile --no-build-isolation -e '.[dev]'
 	@touch $(DEV) $(BASE)
 
 demo: $(BASE)

@@ -490,7 +490,7 @@ async def run_strategy(name: str, args: argparse.Namespace, sizes: Sizes, bootst
             pool = FaustPool(settings)
         elif java:
             pool = KafkaStreamsPool(settings, args.acceptable_lag, args.max_learners,
-                                    PROBING_REBALANCE_MS)
+                                    PROBING_REBALANCE_MS, args.start_timeout)
         else:
             pool = RelayPool(
                 settings, "eager" if name == "relay-stop-the-world" else "cooperative",

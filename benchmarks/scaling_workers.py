@@ -216,11 +216,12 @@ class KafkaStreamsPool(WorkerPool):
     LEAVE_SIGNAL = signal.SIGUSR1
 
     def __init__(self, settings: PoolSettings, acceptable_lag: int, max_warmups: int,
-                 probing_ms: int) -> None:
+                 probing_ms: int, start_timeout_s: float) -> None:
         super().__init__(settings)
         self.acceptable_lag = acceptable_lag
         self.max_warmups = max_warmups
         self.probing_ms = probing_ms
+        self.start_timeout_s = start_timeout_s
         self._command: list[str] | None = None
 
     def command(self) -> list[str]:
@@ -241,4 +242,8 @@ class KafkaStreamsPool(WorkerPool):
             "BENCH_MAX_WARMUPS": str(self.max_warmups),
             "BENCH_ACCEPTABLE_LAG": str(self.acceptable_lag),
             "BENCH_PROBING_MS": str(self.probing_ms),
+            # Kafka Streams is RUNNING only once its first assignment is restored: with
+            # hundreds of MB per task that can take longer than the app's default wait for
+            # its group (120 s), so the app waits as long as the benchmark does.
+            "BENCH_JOIN_TIMEOUT_S": str(max(1, round(self.start_timeout_s))),
         }

@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from streams.dsl.processors import Node, ProcessorContext
+from streams.dsl.processors import Node, ProcessorContext, _has_key
 from streams.dsl.sessions import purge_due
 
 LEFT, RIGHT = 0, 1
@@ -176,7 +176,9 @@ class StreamJoinNode(Node):
         if key is None or value is None:
             if join.outer[self.side] and key is None and value is not None:
                 self._emit(ctx, None, value, t)  # nothing to join with: at once, as Kafka does
-            return  # Kafka Streams skips it
+            elif key is None:
+                _has_key(self, ctx, key, "this side of a stream-stream join")
+            return  # Kafka Streams skips it (its time counted)
         this_store = ctx.store(join.stores[self.side])
         if _segment(t, retention) >= _segment(ctx.observed_ms[this_observed] - retention,
                                               retention):

@@ -10,6 +10,12 @@ session's end as their timestamp. A record whose merged session ended before str
 (the largest timestamp the node has seen) minus gap minus grace is late: dropped and
 counted.
 
+Kafka Streams' session store is segmented, its retention the gap plus the grace: it answers
+``findSessions`` only with sessions ending at or after its own time (the largest session end
+put in it) minus the retention plus one. An older session is not merged, even when a late
+record within the gap of it is accepted (it extends a newer session); Relay's store answers
+the same, and its purge deletes what it no longer answers.
+
 The store is keyed ``(key, end, start)``: a key's sessions sorted by end, so the candidates
 for a merge are one range scan.
 """
@@ -67,13 +73,17 @@ class SessionAggregateNode(WindowedAggregation):
             return
         store = ctx.store(self.store)
         timestamp = ctx.timestamp_ms
+        # The store's time before this record: the largest session end put in it, which is
+        # the node's stream time (the record that moves it is never late).
+        store_time = ctx.observed_ms.get(self.name, -1)
         stream_time = self.advance_stream_time(ctx, timestamp)
         close_time = stream_time - self.windows.close_after_ms
         gap = self.windows.inactivity_gap_ms
         merged: list[tuple[int, int, Any]] = []
         start, end = timestamp, timestamp
         aggregate = self.initializer()
-        for (_, s_end, s_start), s_agg in store.range((key, timestamp - gap), (key, _MAX_TIME)):
+        earliest_end = max(timestamp - gap, _earliest_held(store_time, self.windows))
+        for (_, s_end, s_start), s_agg in store.range((key, earliest_end), (key, _MAX_TIME)):
             if s_start > timestamp + gap:
                 continue
             merged.append((s_start, s_end, s_agg))
@@ -97,20 +107,24 @@ class SessionAggregateNode(WindowedAggregation):
             ctx.timestamp_ms = previous
 
     def purge(self, ctx: ProcessorContext) -> int:
-        """Delete the sessions no record can extend any more; returns how many. The oldest
-        record still accepted is at stream time minus gap and grace, and it merges sessions
-        ending up to a gap before it."""
+        """Delete the sessions the store no longer answers (ending before its time minus the
+        retention plus one); returns how many."""
         windows = self.windows
-        horizon = (ctx.observed_ms.get(self.name, -1) - windows.close_after_ms
-                   - windows.inactivity_gap_ms)
-        if horizon <= 0 or not purge_due(ctx, self.name, horizon,
-                                         (windows.close_after_ms + windows.inactivity_gap_ms) // 2):
+        horizon = _earliest_held(ctx.observed_ms.get(self.name, -1), windows)
+        if horizon <= 0 or not purge_due(ctx, self.name, horizon, windows.close_after_ms // 2):
             return 0
         store = ctx.store(self.store)
         expired = [k for k, _ in store.items() if k[1] < horizon]
         for key in expired:
             store.delete(key)
         return len(expired)
+
+
+def _earliest_held(store_time: int, windows: SessionWindows) -> int:
+    """The earliest session end Kafka Streams' session store answers at ``store_time``: its
+    retention is the gap plus the grace (``SessionStoreMaterializer``), and its fetches start
+    at its time minus the retention plus one (``AbstractRocksDBSegmentedBytesStore``)."""
+    return store_time - windows.close_after_ms + 1
 
 
 def purge_due(ctx: ProcessorContext, key: str, horizon: int, step: int) -> bool:

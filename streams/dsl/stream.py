@@ -235,11 +235,11 @@ class Stream:
                      windows: JoinWindows, kind: str) -> Stream:
         topology = self._topology
         name = self._name(f"stream-{kind}-join")
-        # A side whose unmatched records are emitted answers records without a key too (at
-        # once, with None): they cross its repartition topic, as in Kafka Streams (KIP-962).
-        left = (self._repartitioned("join-left", requires_key=kind == "inner")
-                if self._key_changed else self)
-        right = (other._repartitioned("join-right", requires_key=kind != "outer")
+        # Records without a key cross either side's repartition topic, as in Kafka Streams
+        # (whose repartition topics filter nothing): the join counts their time, and a side
+        # whose unmatched records are emitted answers them at once, with None (KIP-962).
+        left = self._repartitioned("join-left", requires_key=False) if self._key_changed else self
+        right = (other._repartitioned("join-right", requires_key=False)
                  if other._key_changed else other)
         stores = (f"{name}-left", f"{name}-right")
         outer_store = None if kind == "inner" else f"{name}-outer"

@@ -32,6 +32,7 @@ from streams.runtime.state_updater import StateUpdater
 from streams.runtime.task_manager import TaskManager
 from streams.runtime.tasks import Tasks
 from streams.runtime.thread_status import StatusReporter
+from streams.runtime.transaction_errors import revivable
 from streams.runtime.transactions import TransactionalCommitter
 
 log = logging.getLogger(__name__)
@@ -225,20 +226,28 @@ class RebalanceListener(ConsumerRebalanceListener):
         self.member.request_rejoin(f"{callback} failed; starting over")
 
     async def start_restored(self, task_id: str, stores: dict[str, KeyValueStore]) -> None:
-        """The state updater's news: a new active's state is restored, so it may run."""
+        """The state updater's news: a new active's state is restored, so it may run. Its
+        offsets are read first, without the lock: the thread's other tasks go on meanwhile."""
+        offsets = await self.task_manager.start_offsets(task_id, stores)
+        if offsets is None:
+            return
         async with self.lock:
-            if await self.task_manager.start_restored(task_id, stores):
+            if await self.task_manager.start_restored(task_id, stores, offsets):
                 self.reporter.update()
 
 
 class FailedTransactions:
-    """Exactly-once: a task whose transaction failed had its writes discarded. Closed, it
-    reopens from its committed state when the group hands it back, in the round asked for."""
+    """Exactly-once: a task whose transaction failed had its writes discarded. A failure
+    that no other producer caused (see :mod:`streams.runtime.transaction_errors`) revives
+    the task in place, without the group; after a fencing the task is closed, and reopens
+    from its committed state when the group hands it back, in the round asked for."""
 
     def __init__(self, task_manager: TaskManager, member: GroupMember) -> None:
         self.task_manager = task_manager
         self.member = member
 
     def task_failed(self, task_id: str, error: BaseException) -> None:
+        if revivable(error) and self.task_manager.revive(task_id):
+            return
         self.task_manager.close_task(task_id)
         self.member.request_rejoin(f"the transaction of {task_id} failed: {error}")

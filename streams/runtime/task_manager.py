@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from aiokafka.structs import TopicPartition
 
@@ -44,6 +45,15 @@ from streams.runtime.tasks import Tasks
 from streams.runtime.transitions import Plan, Role, plan_transitions
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StartOffsets:
+    """A restored task's offsets from the broker: recorded by its transactions (broker quirk
+    ``deferred-transactional-offsets``) and committed in the group."""
+
+    recorded: dict[TopicPartition, int]
+    committed: dict[TopicPartition, int]
 
 
 class TaskManager:
@@ -213,16 +223,28 @@ class TaskManager:
                          task_id, exc)
         return await self._read_committed(partitions)
 
-    async def start_restored(self, task_id: str, stores: dict[str, KeyValueStore]) -> bool:
-        """Run ``task_id`` if it is still restoring these stores; False if it was revoked."""
+    async def start_offsets(self, task_id: str, stores: dict[str, KeyValueStore],
+                            ) -> StartOffsets | None:
+        """What a restored task's start needs from the broker: the offsets its committed
+        transactions recorded and the group's offsets. The thread's lock need not be held:
+        read after a revival, from a group coordinator that is still loading, they took over
+        a minute, and the thread's other tasks would have waited with it. None if the task is
+        no longer restoring these stores."""
         if self.tasks.restoring.get(task_id) is not stores:
-            return False
-        partitions = [TopicPartition(t, p) for t, p in self._layout.partitions_of(task_id)]
+            return None
+        partitions = self.partitions_of(task_id)
         recorded: dict[TopicPartition, int] = {}
         if self._positions is not None:
             recorded = await self._positions.latest(task_id, partitions)
-        committed = await self._committed_offsets(task_id, partitions)
-        if self.tasks.restoring.get(task_id) is not stores:
+        return StartOffsets(recorded, await self._committed_offsets(task_id, partitions))
+
+    async def start_restored(self, task_id: str, stores: dict[str, KeyValueStore],
+                             offsets: StartOffsets | None = None) -> bool:
+        """Run ``task_id`` if it is still restoring these stores; False if it was revoked.
+        ``offsets``: read beforehand (:meth:`start_offsets`), or read now."""
+        if offsets is None:
+            offsets = await self.start_offsets(task_id, stores)
+        if offsets is None or self.tasks.restoring.get(task_id) is not stores:
             return False  # revoked (or the thread closed) while its offsets were read
         # Nothing awaits from here until the task is registered as running: stores that sat
         # in neither registry across an await would be missed by whatever closes the
@@ -231,6 +253,7 @@ class TaskManager:
         for store in stores.values():
             store.end_bulk_load()  # the task reads it from now on
         task = StreamTask(task_id, self._layout.sub_of(task_id), stores)
+        recorded, committed = offsets.recorded, dict(offsets.committed)
         restored_position = task.restored_input_position()
         for tp in task.partitions:
             # The group's offset may lag the last committed transaction (see
@@ -328,6 +351,27 @@ class TaskManager:
         for store in stores.values():
             store.close()  # commits what the changelog holds; says so and drops the rest
         log.info("%s: closed task %s (state stays on disk)", self._name, task_id)
+
+    def revive(self, task_id: str) -> bool:
+        """Close an active task of this thread dirty (its uncommitted writes dropped) and
+        start it again at once from its committed state, as a new assignment would: fenced
+        anew, restored from its changelog, its input sought to its committed position. False
+        (and closed) if the thread no longer holds all its partitions.
+
+        Its committed offsets are read once it is restored, not now: its transaction may be
+        undecided (a commit that timed out), and only the new producer's fencing, before the
+        restoration, settles it."""
+        if task_id not in self.tasks.active and task_id not in self.tasks.restoring:
+            return False
+        self.close_task(task_id)
+        partitions = self.partitions_of(task_id)
+        if not set(partitions) <= self._consumer.assignment():
+            return False
+        self._consumer.pause(*partitions)
+        self.tasks.add_restoring(task_id, self._stores_for(task_id))
+        self._updater.assignment_changed()
+        log.info("%s: revived task %s in place from its committed state", self._name, task_id)
+        return True
 
     def close_all(self) -> None:
         for task_id in self.tasks.ids():

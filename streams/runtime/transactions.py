@@ -42,11 +42,14 @@ from streams.runtime.delivery import hand_changelog, hand_outputs
 from streams.runtime.record_collector import changelogs_due
 from streams.runtime.repartition_purge import RepartitionPurger
 from streams.runtime.task import RecordError, StreamTask, drop_reason, task_counts
+from streams.runtime.transaction_errors import retriable
 
 log = logging.getLogger(__name__)
 
 #: How long a blocking transactional call may take before it counts as failed.
 TRANSACTION_TIMEOUT_S = 30.0
+#: How long past its own timeout a transactional call is waited for (see CallHung).
+CALL_GRACE_S = 5.0
 #: How long an abort may take before the producer is released instead.
 ABORT_TIMEOUT_S = 5.0
 #: Attempts at fencing a task's previous owner before the error propagates.
@@ -89,7 +92,54 @@ def new_group_metadata(bootstrap_servers: str, group_id: str) -> Any:
 
 
 class TransactionFailed(Exception):
-    """A task's transaction could not commit; its writes are discarded."""
+    """A task's transaction could not commit; its writes are discarded. ``cause``: the
+    producer's error behind it, when there is one (a failed send's delivery report)."""
+
+    def __init__(self, message: str, cause: Any = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class CallHung(TransactionFailed):
+    """A transactional call still had not returned well past its own timeout: librdkafka's
+    ``send_offsets_to_transaction`` can wait for a group coordinator that is gone without
+    end, its timeout ignored (librdkafka issues 5456 and 5511), and the stream thread, which
+    holds its lock through the commit, would wait with it. The producer is left to the
+    worker thread that waits; the task starts again with a new one."""
+
+    hung = True
+
+
+async def call_within(call: Callable[..., Any], *args: Any, timeout_s: float,
+                      grace_s: float = CALL_GRACE_S) -> Any:
+    """``call(*args, timeout_s)`` in a worker thread, waited for at most ``timeout_s`` +
+    ``grace_s``; :class:`CallHung` after that (the call goes on in its thread)."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(call, *args, timeout_s),
+                                      timeout_s + grace_s)
+    except TimeoutError:
+        name = getattr(call, "__name__", "a transactional call")
+        raise CallHung(f"{name} did not return within {timeout_s + grace_s:.0f} s "
+                       f"(its timeout: {timeout_s:.0f} s)") from None
+
+
+async def commit_transaction(producer: Any, task_id: str,
+                             budget_s: float = TRANSACTION_TIMEOUT_S,
+                             grace_s: float = CALL_GRACE_S) -> None:
+    """Commit the producer's transaction. A retriable error (a timeout) leaves the commit
+    undecided: it may still go through, so the call is made again, as confluent-kafka asks,
+    until it succeeds, fails otherwise, or ``budget_s`` is spent (then the last error is
+    raised, and the task's next producer settles the transaction when it fences this one)."""
+    deadline = time.monotonic() + budget_s
+    while True:
+        left = max(0.1, deadline - time.monotonic())
+        try:
+            await call_within(producer.commit_transaction, timeout_s=left, grace_s=grace_s)
+            return
+        except Exception as exc:
+            if not retriable(exc) or time.monotonic() >= deadline:
+                raise
+            log.info("task %s: commit undecided (%s); committing again", task_id, exc)
 
 
 @dataclass
@@ -386,6 +436,12 @@ class TransactionalCommitter:
         self.purger = purger
         #: The offsets this thread committed last, per partition.
         self.committed: dict[TopicPartition, int] = {}
+        #: How long a commit that times out is made again before it counts as failed.
+        self.commit_budget_s = TRANSACTION_TIMEOUT_S
+        #: The timeout given to ``send_offsets_to_transaction``, and how long past a call's
+        #: own timeout it is waited for (see CallHung).
+        self.offsets_timeout_s = TRANSACTION_TIMEOUT_S
+        self.call_grace_s = CALL_GRACE_S
         #: Transactions committed and failed, for tests and status.
         self.commits = 0
         self.failures = 0
@@ -434,7 +490,8 @@ class TransactionalCommitter:
             return
         producer = transaction.producer
         if transaction.errors:
-            raise TransactionFailed(f"sends failed: {transaction.errors[0]}")
+            raise TransactionFailed(f"sends failed: {transaction.errors[0]}",
+                                    transaction.errors[0])
         if not transaction.open:
             producer.begin_transaction()
             transaction.open = True
@@ -445,9 +502,11 @@ class TransactionalCommitter:
             for key, value in self._positions.records(task.processed):
                 await transaction.produce(self._positions.topic, key, value,
                                           partition=partition)
-        unsent = await asyncio.to_thread(producer.flush, TRANSACTION_TIMEOUT_S)
+        unsent = await call_within(producer.flush, timeout_s=TRANSACTION_TIMEOUT_S,
+                                   grace_s=self.call_grace_s)
         if transaction.errors:
-            raise TransactionFailed(f"sends failed: {transaction.errors[0]}")
+            raise TransactionFailed(f"sends failed: {transaction.errors[0]}",
+                                    transaction.errors[0])
         if unsent:
             raise TransactionFailed(f"{unsent} records still unsent after the flush")
         if offsets:
@@ -455,12 +514,13 @@ class TransactionalCommitter:
 
             if self._metadata is None:
                 self._metadata = await asyncio.to_thread(self._group_metadata)
-            await asyncio.to_thread(
+            await call_within(
                 producer.send_offsets_to_transaction,
                 [OffsetPartition(tp.topic, tp.partition, offset)
                  for tp, offset in offsets.items()],
-                self._metadata, TRANSACTION_TIMEOUT_S)
-        await asyncio.to_thread(producer.commit_transaction, TRANSACTION_TIMEOUT_S)
+                self._metadata, timeout_s=self.offsets_timeout_s, grace_s=self.call_grace_s)
+        await commit_transaction(producer, task.task_id, self.commit_budget_s,
+                                 self.call_grace_s)
         self.commits += 1
         # Committed: the changelog holds every write, the stores may apply their buffers.
         for acks in transaction.acks.values():

@@ -155,12 +155,16 @@ def _table_topologies(draw: st.DrawFn) -> dict[str, Any]:
             other = chain.add(draw(_value_only))
         chain.current = at
     for _ in range(draw(st.integers(0, 3))):
+        # One join with the other table at most: joined twice, the other table's updates
+        # reach the second join by two paths (a diamond), where Kafka Streams counts a new
+        # row twice downstream and Relay once (docs/kafka-streams.md, deliberate differences).
         if other is not None and draw(st.integers(0, 2)) == 0:
+            joined, other = other, None
             if draw(st.booleans()):
-                chain.add({"op": "table_join", "other": other,
+                chain.add({"op": "table_join", "other": joined,
                            "kind": draw(st.sampled_from(["inner", "left", "outer"]))})
             else:
-                chain.add({"op": "fk_join", "other": other, "k": draw(st.integers(2, 5)),
+                chain.add({"op": "fk_join", "other": joined, "k": draw(st.integers(2, 5)),
                            "kind": draw(st.sampled_from(["inner", "left"]))})
         else:
             chain.add(draw(_value_only))

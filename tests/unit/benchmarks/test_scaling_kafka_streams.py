@@ -64,13 +64,16 @@ def test_the_prefill_writes_the_kafka_streams_app_s_store_encoding() -> None:
 def test_kafka_streams_workers_get_relay_s_settings(tmp_path: Path) -> None:
     settings = PoolSettings("b:9092", "app", "app-in", "app-out", "app-ks-status", 4, 6000, 1,
                             tmp_path)
-    env = KafkaStreamsPool(settings, 1000, 2, PROBING_REBALANCE_MS).environment("w3")
+    env = KafkaStreamsPool(settings, 1000, 2, PROBING_REBALANCE_MS, 1200.0).environment("w3")
     assert env["BENCH_INSTANCE"] == "app-w3"
     assert env["BENCH_STATE_DIR"] == str(tmp_path / "state" / "w3")
     assert (env["BENCH_ACCEPTABLE_LAG"], env["BENCH_MAX_WARMUPS"], env["BENCH_STANDBYS"],
             env["BENCH_PROBING_MS"], env["BENCH_SESSION_TIMEOUT_MS"]) == (
         "1000", "2", "1", "60000", "6000")
     assert env["BENCH_COMMIT_MS"] == str(COMMIT_INTERVAL_MS)
+    # It restores its first assignment before it runs: it waits for that as long as the
+    # benchmark waits for a start (800 MB per task outlasted the app's own 120 s under load).
+    assert env["BENCH_JOIN_TIMEOUT_S"] == "1200"
 
 
 def test_on_tansu_a_kafka_streams_strategy_fails_with_the_reason(tmp_path: Path) -> None:

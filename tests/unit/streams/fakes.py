@@ -63,6 +63,8 @@ class FakeConsumer:
         self.member_id = "member-1"
         self.generation = 1
         self.listener: Any = None
+        #: Exactly-once rigs: where the group's offsets are (committed by transactions).
+        self.transactions: TransactionLog | None = None
         self._batches: asyncio.Queue[dict[TopicPartition, list[Any]]] = asyncio.Queue()
 
     async def start(self) -> None:
@@ -116,7 +118,12 @@ class FakeConsumer:
         return self.highwaters.get(tp)
 
     async def committed(self, tp: TopicPartition) -> int | None:
-        return self.committed_offsets.get(tp)
+        if tp in self.committed_offsets:
+            return self.committed_offsets[tp]
+        if self.transactions is not None:
+            # Exactly-once: the offsets the committed transactions carried.
+            return self.transactions.offsets.get((tp.topic, tp.partition))
+        return None
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         self.events.append("offsets")
@@ -291,6 +298,7 @@ class Committed:
     partition: int | None
     key: bytes | None
     value: bytes | None
+    offset: int = -1
 
 
 class TransactionLog:
@@ -306,6 +314,9 @@ class TransactionLog:
         self._next: dict[tuple[str, int], int] = {}
         #: Open transactions by transactional id: aborted by the next producer's init.
         self.open: dict[str, FakeTransactionalProducer] = {}
+        #: Transactional ids whose open transaction is being committed: the next producer's
+        #: init completes it instead of aborting it.
+        self.prepared: set[str] = set()
 
     def producer(self, tid: str) -> FakeTransactionalProducer:
         return FakeTransactionalProducer(tid, self)
@@ -343,8 +354,11 @@ class FakeTransactionalProducer:
         self.log.events.append(f"init {self.tid}")
         self.epoch = self.log.epochs.get(self.tid, 0) + 1
         self.log.epochs[self.tid] = self.epoch
-        earlier = self.log.open.pop(self.tid, None)
-        if earlier is not None:
+        earlier = self.log.open.get(self.tid)
+        if earlier is not None and self.tid in self.log.prepared:
+            earlier._complete()
+        elif earlier is not None:
+            del self.log.open[self.tid]
             earlier._discard()
             self.log.aborted += 1
 
@@ -361,8 +375,9 @@ class FakeTransactionalProducer:
                 partition: int | None = None, on_delivery: Any = None, **kwargs: Any) -> None:
         assert self.in_transaction, "produce outside a transaction"
         self._check()  # a fenced producer refuses records
-        self.pending.append(Committed(topic, partition, key, value))
-        self._callbacks.append((on_delivery, self.log.next_offset(topic, partition or 0)))
+        offset = self.log.next_offset(topic, partition or 0)
+        self.pending.append(Committed(topic, partition, key, value, offset))
+        self._callbacks.append((on_delivery, offset))
 
     def flush(self, timeout: float = -1) -> int:
         callbacks, self._callbacks = self._callbacks, []
@@ -380,10 +395,22 @@ class FakeTransactionalProducer:
     def commit_transaction(self, timeout: float = -1) -> None:
         self.flush()
         self._check()
+        self._complete()
+
+    def prepare_commit(self) -> None:
+        """The broker has the commit, and completes it even if this producer is fenced
+        (its next owner's ``init_transactions`` waits for it) : a commit whose answer was
+        lost on its way back."""
+        self.flush()
+        self._check()
+        self.log.prepared.add(self.tid)
+
+    def _complete(self) -> None:
         self.log.events.append(f"commit {self.tid}")
         self.log.records += self.pending
         self.log.offsets.update(self._offsets)
         self.log.open.pop(self.tid, None)
+        self.log.prepared.discard(self.tid)
         self._discard()
 
     def abort_transaction(self, timeout: float = -1) -> None:
@@ -396,7 +423,11 @@ class FakeTransactionalProducer:
         self.in_transaction = False
 
     def purge(self) -> None:
-        self._discard()
+        """Drop the records not sent yet; the broker's transaction (what was flushed, the
+        offsets) stays open until the next producer's init settles it."""
+        if self._callbacks:
+            del self.pending[len(self.pending) - len(self._callbacks):]
+        self._callbacks = []
 
     def close(self) -> None:
         self.closed = True
@@ -415,6 +446,9 @@ class FakeChangelogReader:
 
     def __init__(self, events: list[str] | None = None) -> None:
         self.events = events
+        #: Set: restoration replays the committed changelog records this log holds past
+        #: each store's position, as a reader of a changelog (read_committed) would.
+        self.transactions: TransactionLog | None = None
         self.registered: list[Any] = []
         self.lags: dict[str, int | None] = {}
         self.stats = _Stats()
@@ -428,6 +462,8 @@ class FakeChangelogReader:
 
     def register(self, store: Any) -> None:
         self.registered.append(store)
+        if self.transactions is not None:
+            self._replay(store, self.transactions)
         if self.events is not None:
             self.events.append(f"restore {store.name}/{store.partition}")
         self.restored.append(f"{store.name}/{store.partition}")
@@ -449,6 +485,14 @@ class FakeChangelogReader:
         """Nothing to fetch, at once (a real reader would wait up to ``timeout_ms``)."""
         await asyncio.sleep(0)
         return 0
+
+    @staticmethod
+    def _replay(store: Any, log: TransactionLog) -> None:
+        records = [r for r in log.records if r.topic == store.changelog_topic
+                   and (r.partition or 0) == store.partition and r.offset >= store.position]
+        if records:
+            store.apply_restore_batch([(r.key, r.value) for r in records],
+                                      records[-1].offset + 1)
 
 
 @dataclass

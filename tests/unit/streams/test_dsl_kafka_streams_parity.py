@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streams import App, JoinWindows, TopologyTestDriver, TumblingWindows, Windowed
+from streams import (
+    App,
+    JoinWindows,
+    SessionWindows,
+    TopologyTestDriver,
+    TumblingWindows,
+    Windowed,
+)
 
 
 def app() -> App:
@@ -284,3 +291,63 @@ def test_a_table_join_sends_a_tombstone_for_a_row_never_held_when_the_other_side
         assert driver.read_key_values("inner-joined") == [(1, None), (2, None)]
         assert driver.read_key_values("left-joined") == [
             (1, ["a", None]), (1, ["a", None]), (2, None)]
+
+
+def test_a_late_record_does_not_merge_a_session_the_segmented_store_no_longer_answers() -> None:
+    """Gap 20, no grace: Kafka Streams' session store keeps 20 + 0 ms and answers
+    ``findSessions`` with the sessions ending at or after its time - 20 + 1.
+
+    - t=0: no session; [0,0]=1.
+    - t=21: looks for sessions ending from max(21 - 20, 0 - 20 + 1) = 1: [0,0] ends at 0,
+      before; so [21,21]=1, not merged (as without the store's limit: 0 < 21 - 20).
+    - t=34: sessions ending from max(14, 21 - 20 + 1) = 14: [21,21]; merged, [21,34]=2.
+    - t=1, late but accepted: sessions ending from max(1 - 20, 34 - 20 + 1) = 15, starting
+      by 1 + 20 = 21: [21,34] only. [0,0], within the gap of 1 but ending before 15, is not
+      answered: [1,34]=3 (its end 34 is not behind the close time 34 - 20 - 0 = 14), where
+      merging [0,0] too would give [0,34]=4. [0,0] stays as it was.
+    """
+    a = app()
+    a.stream("clicks").group_by_key().windowed_by(SessionWindows(20)).count(
+        store="sessions").to_stream().to("sessions")
+    with TopologyTestDriver(a) as driver:
+        for timestamp in (0, 21, 34, 1):
+            driver.pipe("clicks", "k", "x", timestamp_ms=timestamp)
+        assert [(r.key, r.value, r.timestamp_ms)
+                for r in driver.read_output("sessions", key_serde="windowed")] == [
+            (Windowed("k", 0, 0), 1, 0),
+            (Windowed("k", 21, 21), 1, 21),
+            (Windowed("k", 21, 21), None, 21), (Windowed("k", 21, 34), 2, 34),
+            (Windowed("k", 21, 34), None, 34), (Windowed("k", 1, 34), 3, 34)]
+        assert driver.late_records_dropped == 0
+
+
+def test_a_keyless_record_crossing_a_stream_joins_repartition_topic_advances_its_time() -> None:
+    """A left join (before 0, after 5, no grace) whose right side changed its key; the
+    right record's new key is None. Kafka Streams' repartition topics filter nothing, so it
+    reaches the join, which counts its time in the shared stream time and then skips it.
+
+    - left 0=0 at 0: no right record; its window ends at 0 + 5, not behind the stream time
+      0: it waits in the outer store (min time 0).
+    - left 0=None at 0: skipped (no value); the stream time stays 0.
+    - right None at 9, through the repartition topic: the stream time is 9; skipped.
+    - left 0=0 at 6: no right record; 6 + 5 is not behind 9, so it waits too. It is not at
+      the stream time (9), so the join does not look for closed records: nothing. (Had the
+      keyless record not reached the join, the stream time would be 6, the join would look,
+      0 + 5 < 6, and emit 0=[0, None] at 0.)
+    - left 1=1 at 11, at the stream time: 0 + 5 < 11, it looks; 0 + 5 < 11 closed the first
+      record, 6 + 5 does not close the second: 0=[0, None] at 0.
+    """
+    a = app()
+    right = a.stream("right").select_key(lambda _k, v: v)
+    a.stream("left").left_join(right, lambda v, o: [v, o], JoinWindows(0, 5)).to("joined")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("left", 0, 0, timestamp_ms=0)
+        driver.pipe("left", 0, None, timestamp_ms=0)
+        driver.pipe("right", None, None, timestamp_ms=9)
+        driver.pipe("left", 0, 0, timestamp_ms=6)
+        assert _outputs(driver, "joined") == []
+        driver.pipe("left", 1, 1, timestamp_ms=11)
+        assert _outputs(driver, "joined") == [(0, [0, None], 0)]
+        # The keyless record is dead-lettered once the join has taken its time.
+        assert [d.stage for d in driver.dead_letters] == ["process"]
+        assert "has no key" in driver.dead_letters[0].error

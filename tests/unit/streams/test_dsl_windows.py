@@ -63,10 +63,15 @@ def test_sessions_merge_and_retract_the_merged_sessions_then_emit_one_final_resu
 def test_expired_sessions_are_purged_from_the_store_once_nothing_can_merge_them() -> None:
     with TopologyTestDriver(session_app()) as driver:
         driver.pipe("clicks", "a", {}, timestamp_ms=0)
+        driver.pipe("clicks", "a", {}, timestamp_ms=11)
         driver.pipe("clicks", "b", {}, timestamp_ms=40)
-        driver.commit()   # a record at 10 (40 - gap - grace) could still merge [0, 0]
-        driver.pipe("clicks", "a", {}, timestamp_ms=10)
-        assert outputs(driver, "updates")[-1] == (W("a", 0, 10), 2, 10)
+        # The store answers sessions ending from 40 - (gap + grace) + 1 = 11 on, as Kafka
+        # Streams' does: [0, 0] is purged, [11, 11] kept, and a record at 15 merges it.
+        driver.commit()
+        assert [k for k, _ in driver.store("sessions").items()] == [
+            ("a", 11, 11), ("b", 40, 40)]
+        driver.pipe("clicks", "a", {}, timestamp_ms=15)
+        assert outputs(driver, "updates")[-1] == (W("a", 11, 15), 2, 15)
         driver.pipe("clicks", "b", {}, timestamp_ms=100)
         driver.commit()
         assert [k for k, _ in driver.store("sessions").items()] == [("b", 100, 100)]

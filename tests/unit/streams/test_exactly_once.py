@@ -1,21 +1,34 @@
 """Exactly-once processing with fake clients (no broker): a new active fences its previous
 owner before its state is read; a task's outputs, changelog records and input offsets commit
 in one transaction, after which (and only after which) its store applies its write buffer;
-a fenced transaction discards the buffer and the task reopens from its committed state."""
+a fenced transaction discards the buffer and the task reopens from its committed state; a
+transaction that failed without a fencing revives its task in place, and a commit that timed
+out is made again (it may have gone through)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import threading
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
 from aiokafka.structs import TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 
 from statestore.checkpoint import read_checkpoint
 from statestore.store import INPUT_POSITION_KEY
+from streams.app import App
 from streams.config import AppConfig, ConfigError
-from streams.runtime.transactions import TransactionalCollector, TransactionalCommitter
+from streams.dsl.topology import SubTopology
+from streams.runtime.transaction_errors import fenced, retriable, revivable
+from streams.runtime.transactions import (
+    TransactionalCollector,
+    TransactionalCommitter,
+    TransactionFailed,
+)
 from tests.unit.streams.fakes import SINK, SOURCE, Rig, TransactionLog, assign, record, rig
 
 CHANGELOG = "unit-counts-changelog"
@@ -25,6 +38,10 @@ TP0 = TopicPartition(SOURCE, 0)
 @contextlib.asynccontextmanager
 async def eos_rig(tmp_path: Path, **settings: object):
     r = rig(tmp_path, processing_guarantee="exactly_once", **settings)
+    # The group's offsets are those the committed transactions carried, and a restoration
+    # replays the committed changelog, as on a broker.
+    r.consumer.transactions = log_of(r)
+    r.restorer.transactions = log_of(r)
     try:
         yield r
     finally:
@@ -126,6 +143,216 @@ async def test_a_fenced_transaction_discards_its_writes_and_the_task_reopens_fro
         await process(r, record(0, 1, "a"), record(0, 2, "b"))
         await r.thread.committer.commit()
         assert [msgpack.unpackb(o.value) for o in log.to(SINK)] == [1, 2, 1]
+
+
+def failure(code: int, **kind: bool) -> KafkaException:
+    return KafkaException(KafkaError(code, "injected", **kind))
+
+
+def not_coordinator() -> KafkaException:
+    """What librdkafka raises when the group's old coordinator, back after a SIGKILL, answers
+    the transaction's offsets: the transaction can only be aborted."""
+    return failure(KafkaError.NOT_COORDINATOR, txn_requires_abort=True)
+
+
+def timed_out() -> KafkaException:
+    return failure(KafkaError._TIMED_OUT, retriable=True)
+
+
+class _Failing:
+    """A task's transactional producer whose ``call`` raises ``error()`` ``times`` times;
+    ``lands``: a commit reaches the broker all the same (its answer timed out on its way
+    back), and the broker completes it before the error is raised."""
+
+    def __init__(self, producer: Any, call: str, error: Any, times: int = 1,
+                 lands: bool = False) -> None:
+        self._producer, self._call, self._error = producer, call, error
+        self.left, self._lands = times, lands
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._producer, name)
+        if name != self._call:
+            return method
+
+        def call(*args: Any) -> Any:
+            if self.left:
+                self.left -= 1
+                if self._lands and self._producer.in_transaction:
+                    self._producer.prepare_commit()
+                raise self._error()
+            return method(*args)
+        return call
+
+
+def inject(r: Rig, task_id: str, call: str, error: Any, **kind: Any) -> _Failing:
+    transaction = r.thread.collector.producers.transactions[task_id]  # type: ignore[union-attr]
+    failing = _Failing(transaction.producer, call, error, **kind)
+    transaction.producer = failing
+    return failing
+
+
+def counts_out(log: TransactionLog) -> list[tuple[str, int]]:
+    return [(msgpack.unpackb(o.key), msgpack.unpackb(o.value)) for o in log.to(SINK)]
+
+
+async def run_to_end(r: Rig, records: list[Any], start: int) -> None:
+    """Feed ``records`` from the task's position on (the fake consumer does not seek: the
+    test does, as a real one would after the seek) until every one is processed and
+    committed."""
+    task = r.thread.tasks["0_0"]
+    position = task.processed.get(TP0, start)
+    await process(r, *records[position:])
+    await r.thread.committer.commit()
+
+
+@pytest.mark.parametrize("call", ["send_offsets_to_transaction", "commit_transaction"])
+async def test_a_transaction_failed_without_a_fencing_revives_its_task_in_place_exactly_once(
+    tmp_path: Path, call: str,
+) -> None:
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    async with eos_rig(tmp_path) as r:
+        log = log_of(r)
+        await assign(r, ("0_0",))
+        await process(r, *records[:1])
+        await r.thread.committer.commit()
+        inject(r, "0_0", call, not_coordinator)
+        await process(r, *records[1:3])
+        rejoins, requests = r.consumer.rejoins, list(r.control.rebalance_requests)
+        r.consumer.seeks.clear()
+        await r.thread.committer.commit()
+        assert r.thread.committer.failures == 1
+        assert log.offsets == {(SOURCE, 0): 1} and counts_out(log) == [("a", 1)]
+        # No fencing: the group is not asked to rebalance; the task restores and runs again.
+        assert r.consumer.rejoins == rejoins and r.control.rebalance_requests == requests
+        assert "0_0" in r.thread.registry.restoring and TP0 in r.consumer.paused
+        await r.thread.state_updater.restore_pending()
+        task = r.thread.tasks["0_0"]
+        # It resumes after the last committed record, its store at the committed state.
+        assert r.consumer.seeks[TP0] == 1 and task.processed[TP0] == 1
+        assert TP0 not in r.consumer.paused
+        store = task.stores["counts"]
+        assert store.get("a") == 1 and store.get("b") is None
+        await run_to_end(r, records, 1)
+        # Every input record's effect once: in the outputs, the store and the offsets.
+        assert counts_out(log) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+        assert store.get("a") == 2 and store.get("b") == 2
+        assert log.offsets == {(SOURCE, 0): 4}
+        assert r.thread.committer.failures == 1
+
+
+async def test_a_commit_that_timed_out_is_made_again_and_counts_once(tmp_path: Path) -> None:
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    async with eos_rig(tmp_path) as r:
+        log = log_of(r)
+        await assign(r, ("0_0",))
+        await process(r, *records[:2])
+        # The commit reaches the broker, but its answer does not come back in time.
+        injected = inject(r, "0_0", "commit_transaction", timed_out, lands=True)
+        await r.thread.committer.commit()
+        assert injected.left == 0
+        assert r.thread.committer.failures == 0 and "0_0" in r.thread.tasks
+        assert log.offsets == {(SOURCE, 0): 2}
+        await run_to_end(r, records, 2)
+        assert counts_out(log) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+        store = r.thread.tasks["0_0"].stores["counts"]
+        assert store.get("a") == 2 and store.get("b") == 2
+
+
+class _Hangs:
+    """A producer whose ``send_offsets_to_transaction`` does not return, whatever its timeout,
+    until released: librdkafka's wait for a group coordinator that is gone."""
+
+    def __init__(self, producer: Any) -> None:
+        self._producer = producer
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def send_offsets_to_transaction(self, *args: Any) -> None:
+        # Returns at last, had the commit waited (it then goes through: the test fails).
+        self.release.wait(5)
+        self._producer.send_offsets_to_transaction(*args)
+
+
+async def test_a_transactional_call_that_hangs_past_its_timeout_revives_its_task(
+    tmp_path: Path,
+) -> None:
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    async with eos_rig(tmp_path) as r:
+        log = log_of(r)
+        committer = r.thread.committer
+        await assign(r, ("0_0",))
+        await process(r, *records[:1])
+        await committer.commit()
+        transaction = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
+        hangs = _Hangs(transaction.producer)
+        transaction.producer = hangs
+        try:
+            await process(r, *records[1:3])
+            # The commit gives up on the call instead of holding the thread with it (after a
+            # few ms here: the unit tier may not sit out a longer timer).
+            committer.offsets_timeout_s, committer.call_grace_s = 0.002, 0.003
+            await committer.commit()
+            committer.offsets_timeout_s, committer.call_grace_s = 30.0, 5.0
+            assert committer.failures == 1 and "0_0" in r.thread.registry.restoring
+            await r.thread.state_updater.restore_pending()
+            assert r.consumer.seeks[TP0] == 1
+            await run_to_end(r, records, 1)
+        finally:
+            hangs.release.set()
+        assert counts_out(log) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+        assert log.offsets == {(SOURCE, 0): 4} and r.consumer.rejoins == 0
+
+
+def stateless_subs() -> list[SubTopology]:
+    app = App("unit", bootstrap_servers="127.0.0.1:1")
+    app.stream(SOURCE).map_values(lambda v: v * 10).to(SINK)
+    subs = app.topology.sub_topologies()
+    app.topology.assign_partitions(subs, {SOURCE: 4}, 4)
+    return subs
+
+
+@pytest.mark.parametrize("lands", [True, False])
+async def test_a_commit_still_undecided_revives_its_task_from_what_the_fencing_settled(
+    tmp_path: Path, lands: bool,
+) -> None:
+    """A commit that timed out on every try may or may not have gone through: the task's
+    next producer settles it when it fences the old one, and the task resumes from what that
+    left, read after the fencing. A stateless task has nothing but the group's offsets to
+    tell it where."""
+    records = [record(0, i, k, value=i) for i, k in enumerate("abcd")]
+    async with eos_rig(tmp_path, subs=stateless_subs()) as r:
+        log = log_of(r)
+        r.thread.committer.commit_budget_s = 0.0
+        await assign(r, ("0_0",))
+        await process(r, *records[:2])
+        inject(r, "0_0", "commit_transaction", timed_out, times=100, lands=lands)
+        await r.thread.committer.commit()
+        assert r.thread.committer.failures == 1
+        assert "0_0" in r.thread.registry.restoring and r.consumer.rejoins == 0
+        for _ in range(5):
+            await asyncio.sleep(0)  # the thread's loop runs on before the restoration starts
+        await r.thread.state_updater.restore_pending()
+        assert r.consumer.seeks[TP0] == (2 if lands else 0)
+        await run_to_end(r, records, 0 if not lands else 2)
+        assert [msgpack.unpackb(o.value) for o in log.to(SINK)] == [0, 10, 20, 30]
+        assert log.offsets == {(SOURCE, 0): 4}
+
+
+def test_what_a_failed_transactional_call_says() -> None:
+    assert revivable(not_coordinator()) and not fenced(not_coordinator())
+    assert retriable(timed_out()) and revivable(timed_out())
+    assert not retriable(not_coordinator())
+    assert revivable(TransactionFailed("sends failed", KafkaError(KafkaError._MSG_TIMED_OUT)))
+    assert fenced(failure(KafkaError._FENCED, fatal=True))
+    assert fenced(failure(KafkaError.PRODUCER_FENCED))
+    assert fenced(failure(KafkaError.INVALID_PRODUCER_EPOCH, txn_requires_abort=True))
+    # A fenced producer's delivery reports carry _FATAL without the fatal flag.
+    assert fenced(TransactionFailed("sends failed", KafkaError(KafkaError._FATAL)))
+    assert fenced(TransactionFailed("3 records still unsent after the flush"))
+    assert fenced(RuntimeError("not a Kafka error"))
+    assert not retriable(failure(KafkaError._FENCED, fatal=True, retriable=True))
 
 
 async def test_an_aborted_transaction_leaves_the_database_at_the_last_commit(

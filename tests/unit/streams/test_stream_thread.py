@@ -414,6 +414,36 @@ async def test_a_restored_task_stopped_while_it_reads_its_offsets_is_closed_with
         assert _lock_is_free(tmp_path, "0_0")
 
 
+async def test_a_restored_task_reads_its_offsets_without_holding_the_thread(
+    tmp_path: Path,
+) -> None:
+    """A revived task's offsets come from a group coordinator that may still be loading (over
+    a minute in the fault suite): the thread's other tasks go on meanwhile."""
+    r = rig(tmp_path)
+    answer, asked = asyncio.Event(), asyncio.Event()
+
+    async def committed(partition: TopicPartition) -> int | None:
+        if partition.partition == 1:
+            asked.set()
+            await answer.wait()
+        return None
+
+    r.consumer.committed = committed  # type: ignore[method-assign]
+    async with closing(r):
+        await assign(r, ("0_0", "0_1"), restore=False)
+        stores = r.thread.registry.restoring["0_1"]
+        await r.thread.listener.start_restored("0_0", r.thread.registry.restoring["0_0"])
+        starting = asyncio.create_task(r.thread.listener.start_restored("0_1", stores))
+        await asyncio.wait_for(asked.wait(), 5)
+        assert not r.thread.listener.lock.locked()
+        async with r.thread.listener.lock:  # a processing pass of the other task
+            await r.thread.process({TopicPartition(SOURCE, 0): [record(0, 0, "a")]})
+        assert r.thread.tasks["0_0"].processed[TopicPartition(SOURCE, 0)] == 1
+        answer.set()
+        await asyncio.wait_for(starting, 5)
+        assert "0_1" in r.thread.tasks
+
+
 async def test_a_task_closed_while_its_offsets_are_read_does_not_start(tmp_path: Path) -> None:
     """Closing a restoring task cancels its offsets request; the start that waited on it
     sees the task gone instead of failing with the cancellation."""

@@ -11,6 +11,7 @@ import selectors
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -58,6 +59,21 @@ def test_a_blocking_sleep_over_the_limit_is_caught() -> None:
         assert guard.violations == []
         time.sleep(0.005)
         assert len(guard.violations) == 1 and "time.sleep(0.005)" in guard.violations[0]
+
+
+def test_a_sleep_in_a_thread_is_caught_when_project_code_calls_it() -> None:
+    def nap() -> None:
+        time.sleep(0.005)
+
+    with guarded() as guard:
+        library = threading.Thread(target=time.sleep, args=(0.005,))  # no frame of ours
+        library.start()
+        library.join()
+        assert guard.violations == []
+        ours = threading.Thread(target=nap)
+        ours.start()
+        ours.join()
+        assert len(guard.violations) == 1 and "test_guard.py" in guard.violations[0]
 
 
 async def test_an_event_loop_idle_on_a_timer_is_caught() -> None:

@@ -377,6 +377,10 @@ async def test_a_worker_killed_between_its_store_writes_and_its_commit_needs_no_
     await traffic.stop()
     app = counting_app(app_id, bootstrap, tmp_path, source, sink, **settings)
     async with running(app):
+        # The killed worker may have committed every record before it died: the counts are
+        # then exact before this app runs its task, which it must do before it is asked.
+        await wait_until(lambda: bool(app.threads) and "0_0" in app.threads[0].registry.active,
+                         timeout_s=60, message="the restarted app running its task")
         await exact_committed_counts(bootstrap, sink, traffic.produced)
         restored = app.threads[0].state_updater.restored_records
     assert each_count_once(await read_committed(bootstrap, sink, 1), traffic.produced) == {}

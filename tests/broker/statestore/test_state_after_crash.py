@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import subprocess
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from tests.broker.streams.harness import (
     Traffic,
     counting_topics,
     create_topics,
+    end_worker,
     exact_counts,
     make_app,
     produce,
@@ -80,13 +80,7 @@ async def test_a_counting_app_killed_during_its_backlog_counts_each_record_once(
                 worker = spawn_worker(app_id, bootstrap, state_dir, source, sink)
         await exact_counts(bootstrap, sink, traffic.produced)
     finally:
-        if worker.poll() is None:
-            worker.terminate()
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+        end_worker(worker)
 
 
 def _fail_on_bad(value: object) -> object:

@@ -372,6 +372,17 @@ def spawn_app(target: str, app_env: dict[str, str], app_id: str, bootstrap: str,
     )
 
 
+def end_worker(worker: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    """Stop a worker process a test started, if it still runs: SIGTERM, then SIGKILL."""
+    if worker.poll() is None:
+        worker.terminate()
+        try:
+            worker.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+
 class Launched:
     """Apps run as tasks, worker processes and traffic a test started."""
 

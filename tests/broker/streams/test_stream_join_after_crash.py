@@ -21,6 +21,7 @@ from tests.broker.streams.harness import (
     BASE_MS,
     STATIC,
     create_topics,
+    end_worker,
     produce,
     read_committed,
     spawn_app,
@@ -104,10 +105,4 @@ async def test_a_stream_stream_left_join_gives_the_uninterrupted_output_through_
         got = by_key(await read_committed(bootstrap, joined, 1))
         assert got == expected
     finally:
-        if worker.poll() is None:
-            worker.terminate()
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+        end_worker(worker)

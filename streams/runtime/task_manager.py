@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -45,6 +46,9 @@ from streams.runtime.tasks import Tasks
 from streams.runtime.transitions import Plan, Role, plan_transitions
 
 log = logging.getLogger(__name__)
+
+#: Start offsets that take longer than this to read are logged with their duration.
+SLOW_OFFSETS_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -233,10 +237,15 @@ class TaskManager:
         if self.tasks.restoring.get(task_id) is not stores:
             return None
         partitions = self.partitions_of(task_id)
+        started = time.monotonic()
         recorded: dict[TopicPartition, int] = {}
         if self._positions is not None:
             recorded = await self._positions.latest(task_id, partitions)
-        return StartOffsets(recorded, await self._committed_offsets(task_id, partitions))
+        offsets = StartOffsets(recorded, await self._committed_offsets(task_id, partitions))
+        took = time.monotonic() - started
+        if took > SLOW_OFFSETS_S:
+            log.info("%s: the start offsets of %s took %.1f s to read", self._name, task_id, took)
+        return offsets
 
     async def start_restored(self, task_id: str, stores: dict[str, KeyValueStore],
                              offsets: StartOffsets | None = None) -> bool:

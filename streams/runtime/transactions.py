@@ -19,8 +19,9 @@ generation): fencing rests on the per-task transactional id, not on the group ge
 because the group members are aiokafka consumers that confluent-kafka cannot describe.
 
 The confluent-kafka calls that wait on the broker (``init_transactions``, ``flush``,
-``send_offsets_to_transaction``, ``commit_transaction``, ``abort_transaction``) run in a
-worker thread, so that the event loop (heartbeats, fetches) goes on meanwhile.
+``send_offsets_to_transaction``, ``commit_transaction``, ``abort_transaction``) run each in a
+thread of its own (see :mod:`streams.runtime.call_threads`), so that the event loop
+(heartbeats, fetches) goes on meanwhile, and each is waited for a bounded time.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from aiokafka.structs import TopicPartition
 from statestore.store import KeyValueStore
 from streams.metrics import Metrics
 from streams.quirks.task_positions import TaskPositions
+from streams.runtime.call_threads import in_own_thread
 from streams.runtime.delivery import hand_changelog, hand_outputs
 from streams.runtime.record_collector import changelogs_due
 from streams.runtime.repartition_purge import RepartitionPurger
@@ -50,10 +52,18 @@ log = logging.getLogger(__name__)
 TRANSACTION_TIMEOUT_S = 30.0
 #: How long past its own timeout a transactional call is waited for (see CallHung).
 CALL_GRACE_S = 5.0
+#: The timeout of ``send_offsets_to_transaction``, and how long past it the call is waited
+#: for. It answers in milliseconds, or within a second or two while the group's coordinator
+#: moves; when it hangs (see CallHung) it hangs for as long as it is waited for, and the task
+#: is revived only then: after a coordinator's SIGKILL, 35 s of every task's stall.
+OFFSETS_TIMEOUT_S = 4.0
+OFFSETS_GRACE_S = 2.0
 #: How long an abort may take before the producer is released instead.
 ABORT_TIMEOUT_S = 5.0
 #: Attempts at fencing a task's previous owner before the error propagates.
 INIT_ATTEMPTS = 3
+#: A transactional call that takes longer than this is logged with its duration.
+SLOW_CALL_S = 1.0
 
 
 def transactional_id(application_id: str, task_id: str) -> str:
@@ -112,15 +122,20 @@ class CallHung(TransactionFailed):
 
 async def call_within(call: Callable[..., Any], *args: Any, timeout_s: float,
                       grace_s: float = CALL_GRACE_S) -> Any:
-    """``call(*args, timeout_s)`` in a worker thread, waited for at most ``timeout_s`` +
+    """``call(*args, timeout_s)`` in a thread of its own, waited for at most ``timeout_s`` +
     ``grace_s``; :class:`CallHung` after that (the call goes on in its thread)."""
+    name = getattr(call, "__name__", "a transactional call")
+    started = time.monotonic()
     try:
-        return await asyncio.wait_for(asyncio.to_thread(call, *args, timeout_s),
+        return await asyncio.wait_for(in_own_thread(call, *args, timeout_s),
                                       timeout_s + grace_s)
     except TimeoutError:
-        name = getattr(call, "__name__", "a transactional call")
         raise CallHung(f"{name} did not return within {timeout_s + grace_s:.0f} s "
                        f"(its timeout: {timeout_s:.0f} s)") from None
+    finally:
+        took = time.monotonic() - started
+        if took > SLOW_CALL_S:
+            log.info("%s took %.1f s (its timeout: %.0f s)", name, took, timeout_s)
 
 
 async def commit_transaction(producer: Any, task_id: str,
@@ -276,7 +291,7 @@ class TaskProducers:
         for attempt in range(1, INIT_ATTEMPTS + 1):
             producer = self._new_producer(tid)
             try:
-                await asyncio.to_thread(producer.init_transactions, TRANSACTION_TIMEOUT_S)
+                await call_within(producer.init_transactions, timeout_s=TRANSACTION_TIMEOUT_S)
                 break
             except Exception as exc:
                 await _close_producer(producer)
@@ -301,7 +316,7 @@ class TaskProducers:
         producer = transaction.producer
         if transaction.open and not failed:
             try:
-                await asyncio.to_thread(producer.abort_transaction, ABORT_TIMEOUT_S)
+                await call_within(producer.abort_transaction, timeout_s=ABORT_TIMEOUT_S)
             except Exception as exc:
                 log.warning("task %s: abort failed (%s); releasing its producer", task_id, exc)
                 failed = True
@@ -326,7 +341,7 @@ async def _close_producer(producer: Any) -> None:
     close = getattr(producer, "close", None)
     if close is not None:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.to_thread(close), ABORT_TIMEOUT_S)
+            await asyncio.wait_for(in_own_thread(close), ABORT_TIMEOUT_S)
 
 
 class TransactionalCollector:
@@ -438,10 +453,11 @@ class TransactionalCommitter:
         self.committed: dict[TopicPartition, int] = {}
         #: How long a commit that times out is made again before it counts as failed.
         self.commit_budget_s = TRANSACTION_TIMEOUT_S
-        #: The timeout given to ``send_offsets_to_transaction``, and how long past a call's
-        #: own timeout it is waited for (see CallHung).
-        self.offsets_timeout_s = TRANSACTION_TIMEOUT_S
+        #: How long past a call's own timeout it is waited for (see CallHung); the timeout
+        #: given to ``send_offsets_to_transaction``, and its own grace.
         self.call_grace_s = CALL_GRACE_S
+        self.offsets_timeout_s = OFFSETS_TIMEOUT_S
+        self.offsets_grace_s = OFFSETS_GRACE_S
         #: Transactions committed and failed, for tests and status.
         self.commits = 0
         self.failures = 0
@@ -518,7 +534,7 @@ class TransactionalCommitter:
                 producer.send_offsets_to_transaction,
                 [OffsetPartition(tp.topic, tp.partition, offset)
                  for tp, offset in offsets.items()],
-                self._metadata, timeout_s=self.offsets_timeout_s, grace_s=self.call_grace_s)
+                self._metadata, timeout_s=self.offsets_timeout_s, grace_s=self.offsets_grace_s)
         await commit_transaction(producer, task.task_id, self.commit_budget_s,
                                  self.call_grace_s)
         self.commits += 1

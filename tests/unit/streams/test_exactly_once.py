@@ -289,9 +289,9 @@ async def test_a_transactional_call_that_hangs_past_its_timeout_revives_its_task
             await process(r, *records[1:3])
             # The commit gives up on the call instead of holding the thread with it (after a
             # few ms here: the unit tier may not sit out a longer timer).
-            committer.offsets_timeout_s, committer.call_grace_s = 0.002, 0.003
+            committer.offsets_timeout_s, committer.offsets_grace_s = 0.002, 0.003
             await committer.commit()
-            committer.offsets_timeout_s, committer.call_grace_s = 30.0, 5.0
+            committer.offsets_timeout_s, committer.offsets_grace_s = 30.0, 5.0
             assert committer.failures == 1 and "0_0" in r.thread.registry.restoring
             await r.thread.state_updater.restore_pending()
             assert r.consumer.seeks[TP0] == 1
@@ -300,6 +300,48 @@ async def test_a_transactional_call_that_hangs_past_its_timeout_revives_its_task
             hangs.release.set()
         assert counts_out(log) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
         assert log.offsets == {(SOURCE, 0): 4} and r.consumer.rejoins == 0
+
+
+class _Timeouts:
+    """A producer that records the timeout each call of a transaction is given."""
+
+    def __init__(self, producer: Any) -> None:
+        self._producer = producer
+        self.timeouts: dict[str, float] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._producer, name)
+        if name not in ("flush", "send_offsets_to_transaction", "commit_transaction"):
+            return call
+
+        def timed(*args: Any) -> Any:
+            self.timeouts[name] = args[-1]
+            return call(*args)
+
+        timed.__name__ = name
+        return timed
+
+
+async def test_a_hung_sending_of_offsets_is_given_up_within_a_short_session(
+    tmp_path: Path,
+) -> None:
+    """librdkafka's sending of offsets can hang for as long as it is waited for after the
+    group's coordinator died, however long its timeout: the task is revived only when the
+    wait ends. That wait is a few seconds, within a session of 10 s, not the 30 s + 5 s of
+    the transaction's other calls."""
+    async with eos_rig(tmp_path) as r:
+        committer = r.thread.committer
+        assert isinstance(committer, TransactionalCommitter)
+        await assign(r, ("0_0",))
+        transaction = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
+        timed = _Timeouts(transaction.producer)
+        transaction.producer = timed
+        await process(r, record(0, 0, "a"))
+        await committer.commit()
+        assert committer.commits == 1
+        offsets_wait = timed.timeouts["send_offsets_to_transaction"] + committer.offsets_grace_s
+        flush_wait = timed.timeouts["flush"] + committer.call_grace_s
+        assert offsets_wait < 10.0 and offsets_wait < flush_wait
 
 
 def stateless_subs() -> list[SubTopology]:

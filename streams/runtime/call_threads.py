@@ -31,8 +31,9 @@ async def in_own_thread(call: Callable[..., Any], *args: Any) -> Any:
 
     def settle(result: Any, error: BaseException | None) -> None:
         if future.cancelled():
-            log.info("%s returned %.1f s after it started, after it was given up",
-                     name, time.monotonic() - started)
+            outcome = "returned" if error is None else f"raised {type(error).__name__}: {error}"
+            log.info("%s %s %.1f s after it started, after it was given up",
+                     name, outcome, time.monotonic() - started)
         elif error is not None:
             future.set_exception(error)
         else:

@@ -518,14 +518,12 @@ class TransactionalCommitter:
             for key, value in self._positions.records(task.processed):
                 await transaction.produce(self._positions.topic, key, value,
                                           partition=partition)
-        unsent = await call_within(producer.flush, timeout_s=TRANSACTION_TIMEOUT_S,
-                                   grace_s=self.call_grace_s)
-        if transaction.errors:
-            raise TransactionFailed(f"sends failed: {transaction.errors[0]}",
-                                    transaction.errors[0])
-        if unsent:
-            raise TransactionFailed(f"{unsent} records still unsent after the flush")
         if offsets:
+            # Before the flush: after a broker's SIGKILL the flush waits (9 s and more) for
+            # the partitions' leaders to move, and the sending of offsets, started once the
+            # group's coordinator moved meanwhile, could hang for as long as it is waited for
+            # (see CallHung). Sent first, it finds the new coordinator as it moves, or is
+            # given up while the flush would still be waiting.
             from confluent_kafka import TopicPartition as OffsetPartition
 
             if self._metadata is None:
@@ -535,6 +533,13 @@ class TransactionalCommitter:
                 [OffsetPartition(tp.topic, tp.partition, offset)
                  for tp, offset in offsets.items()],
                 self._metadata, timeout_s=self.offsets_timeout_s, grace_s=self.offsets_grace_s)
+        unsent = await call_within(producer.flush, timeout_s=TRANSACTION_TIMEOUT_S,
+                                   grace_s=self.call_grace_s)
+        if transaction.errors:
+            raise TransactionFailed(f"sends failed: {transaction.errors[0]}",
+                                    transaction.errors[0])
+        if unsent:
+            raise TransactionFailed(f"{unsent} records still unsent after the flush")
         await commit_transaction(producer, task.task_id, self.commit_budget_s,
                                  self.call_grace_s)
         self.commits += 1

@@ -308,6 +308,7 @@ class _Timeouts:
     def __init__(self, producer: Any) -> None:
         self._producer = producer
         self.timeouts: dict[str, float] = {}
+        self.calls: list[str] = []
 
     def __getattr__(self, name: str) -> Any:
         call = getattr(self._producer, name)
@@ -316,6 +317,7 @@ class _Timeouts:
 
         def timed(*args: Any) -> Any:
             self.timeouts[name] = args[-1]
+            self.calls.append(name)
             return call(*args)
 
         timed.__name__ = name
@@ -342,6 +344,22 @@ async def test_a_hung_sending_of_offsets_is_given_up_within_a_short_session(
         offsets_wait = timed.timeouts["send_offsets_to_transaction"] + committer.offsets_grace_s
         flush_wait = timed.timeouts["flush"] + committer.call_grace_s
         assert offsets_wait < 10.0 and offsets_wait < flush_wait
+
+
+async def test_the_offsets_are_sent_before_the_flush(tmp_path: Path) -> None:
+    """After a broker's SIGKILL the flush waits for the partitions' leaders to move; offsets
+    sent after it, to a group coordinator that moved meanwhile, were the ones that hung. Sent
+    first, they go while the old coordinator is still known to be down, and a hang is given
+    up while the flush would still be waiting."""
+    async with eos_rig(tmp_path) as r:
+        await assign(r, ("0_0",))
+        transaction = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
+        timed = _Timeouts(transaction.producer)
+        transaction.producer = timed
+        await process(r, record(0, 0, "a"))
+        await r.thread.committer.commit()
+        assert timed.calls == ["send_offsets_to_transaction", "flush", "commit_transaction"]
+        assert log_of(r).offsets == {(SOURCE, 0): 1}
 
 
 def stateless_subs() -> list[SubTopology]:

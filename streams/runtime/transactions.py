@@ -53,11 +53,13 @@ TRANSACTION_TIMEOUT_S = 30.0
 #: How long past its own timeout a transactional call is waited for (see CallHung).
 CALL_GRACE_S = 5.0
 #: The timeout of ``send_offsets_to_transaction``, and how long past it the call is waited
-#: for. It answers in milliseconds, or within a second or two while the group's coordinator
-#: moves; when it hangs (see CallHung) it hangs for as long as it is waited for, and the task
-#: is revived only then: after a coordinator's SIGKILL, 35 s of every task's stall.
-OFFSETS_TIMEOUT_S = 4.0
-OFFSETS_GRACE_S = 2.0
+#: for. A call that hangs (see CallHung) hangs for as long as it is waited for, and its task
+#: is revived only then: at 30 + 5 s, the bulk of every task's stall after the SIGKILL of the
+#: group's coordinator. One started before the coordinator moved (9 s of the broker's session
+#: and more under load) returns once it moved, 11 to 12 s after the SIGKILL in the fault
+#: suite; given up at 4 + 2 s instead, its task's new producer waited out that move anyway.
+OFFSETS_TIMEOUT_S = 12.0
+OFFSETS_GRACE_S = 3.0
 #: How long an abort may take before the producer is released instead.
 ABORT_TIMEOUT_S = 5.0
 #: Attempts at fencing a task's previous owner before the error propagates.

@@ -324,13 +324,13 @@ class _Timeouts:
         return timed
 
 
-async def test_a_hung_sending_of_offsets_is_given_up_within_a_short_session(
+async def test_a_hung_sending_of_offsets_is_given_up_sooner_than_the_other_calls(
     tmp_path: Path,
 ) -> None:
     """librdkafka's sending of offsets can hang for as long as it is waited for after the
     group's coordinator died, however long its timeout: the task is revived only when the
-    wait ends. That wait is a few seconds, within a session of 10 s, not the 30 s + 5 s of
-    the transaction's other calls."""
+    wait ends. It is waited for long enough for the coordinator to move, not the 30 s + 5 s
+    of the transaction's other calls."""
     async with eos_rig(tmp_path) as r:
         committer = r.thread.committer
         assert isinstance(committer, TransactionalCommitter)
@@ -343,7 +343,7 @@ async def test_a_hung_sending_of_offsets_is_given_up_within_a_short_session(
         assert committer.commits == 1
         offsets_wait = timed.timeouts["send_offsets_to_transaction"] + committer.offsets_grace_s
         flush_wait = timed.timeouts["flush"] + committer.call_grace_s
-        assert offsets_wait < 10.0 and offsets_wait < flush_wait
+        assert offsets_wait < flush_wait
 
 
 async def test_the_offsets_are_sent_before_the_flush(tmp_path: Path) -> None:

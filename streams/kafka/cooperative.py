@@ -68,6 +68,21 @@ class CooperativeGroupCoordinator(GroupCoordinator):
     #: broker answered without error (None: not yet). The sending counts, not the answer: an
     #: answer read after the process was stopped says nothing of the time it was stopped.
     confirmed_at: float | None = None
+    #: When (monotonic seconds) the group's coordinator became known, the one known now (None:
+    #: none is, aiokafka marked it dead and looks it up again).
+    coordinator_known_since: float | None = None
+
+    @property  # type: ignore[override]
+    def coordinator_id(self) -> int | None:
+        return self.__dict__.get("_coordinator_id")
+
+    @coordinator_id.setter
+    def coordinator_id(self, node: int | None) -> None:
+        # aiokafka sets it when it discovers a coordinator and clears it when it marks one
+        # dead: the time tells how long the group has had a coordinator that answers.
+        if node != self.__dict__.get("_coordinator_id"):
+            self.coordinator_known_since = time.monotonic() if node is not None else None
+        self.__dict__["_coordinator_id"] = node
     #: Joining a round (JoinGroup to join-complete): the broker keeps a member waiting in a
     #: round, which sends no heartbeat meanwhile.
     _awaiting_round: int = 0

@@ -190,6 +190,11 @@ class GroupConsumer:
             return 0.0
         return (time.monotonic() if now is None else now) - since
 
+    def coordinator_known_since(self) -> float | None:
+        """Since when (monotonic seconds) the group has had the coordinator it has now; None
+        while it has none (the last one was marked dead)."""
+        return getattr(self._coordinator, "coordinator_known_since", None)
+
     @property
     def round_started(self) -> float | None:
         """When (monotonic seconds) the member entered its latest round, if it did."""

@@ -193,7 +193,8 @@ def build_stream_thread(
             clients.group_metadata or GroupMetadata(bootstrap_servers,
                                                     config.application_id).fetch,
             tasks.running, tasks.held, name,
-            FailedTransactions(manager, member).task_failed, metrics, label, positions, purger)
+            FailedTransactions(manager, member).task_failed, metrics, label, positions, purger,
+            getattr(consumer, "coordinator_known_since", None))
     else:
         data_producer = (clients.data_producer if clients.data_producer is not None
                          else new_data_producer(bootstrap_servers or "", f"{label}-data"))

@@ -60,6 +60,12 @@ CALL_GRACE_S = 5.0
 #: suite; given up at 4 + 2 s instead, its task's new producer waited out that move anyway.
 OFFSETS_TIMEOUT_S = 12.0
 OFFSETS_GRACE_S = 3.0
+#: How long a sending of offsets may go on once the group's consumer has had a coordinator
+#: (and the call had started): a call still waiting then waits on the coordinator that is
+#: gone, librdkafka's stale choice (issue 5511), and is given up before its 12 + 3 s.
+OFFSETS_KNOWN_COORDINATOR_S = 5.0
+#: How often a sending of offsets checks the group's coordinator.
+OFFSETS_CHECK_S = 0.5
 #: How long an abort may take before the producer is released instead.
 ABORT_TIMEOUT_S = 5.0
 #: Attempts at fencing a task's previous owner before the error propagates.
@@ -435,8 +441,12 @@ class TransactionalCommitter:
                  name: str, on_failed: Callable[[str, BaseException], Awaitable[None] | None],
                  metrics: Metrics | None = None, metrics_label: str = "",
                  positions: TaskPositions | None = None,
-                 purger: RepartitionPurger | None = None) -> None:
+                 purger: RepartitionPurger | None = None,
+                 coordinator_known_since: Callable[[], float | None] | None = None) -> None:
         self._collector = collector
+        #: Since when the group's consumer has had its coordinator (see
+        #: OFFSETS_KNOWN_COORDINATOR_S); None: not known here.
+        self._coordinator_known_since = coordinator_known_since
         #: Where each task also records its input offsets (broker quirk
         #: ``deferred-transactional-offsets``); None where the group's offsets suffice.
         self._positions = positions
@@ -460,6 +470,8 @@ class TransactionalCommitter:
         self.call_grace_s = CALL_GRACE_S
         self.offsets_timeout_s = OFFSETS_TIMEOUT_S
         self.offsets_grace_s = OFFSETS_GRACE_S
+        self.offsets_known_coordinator_s = OFFSETS_KNOWN_COORDINATOR_S
+        self.offsets_check_s = OFFSETS_CHECK_S
         #: Transactions committed and failed, for tests and status.
         self.commits = 0
         self.failures = 0
@@ -530,11 +542,8 @@ class TransactionalCommitter:
 
             if self._metadata is None:
                 self._metadata = await asyncio.to_thread(self._group_metadata)
-            await call_within(
-                producer.send_offsets_to_transaction,
-                [OffsetPartition(tp.topic, tp.partition, offset)
-                 for tp, offset in offsets.items()],
-                self._metadata, timeout_s=self.offsets_timeout_s, grace_s=self.offsets_grace_s)
+            await self._send_offsets(producer, [OffsetPartition(tp.topic, tp.partition, offset)
+                                                for tp, offset in offsets.items()])
         unsent = await call_within(producer.flush, timeout_s=TRANSACTION_TIMEOUT_S,
                                    grace_s=self.call_grace_s)
         if transaction.errors:
@@ -552,3 +561,28 @@ class TransactionalCommitter:
         for store in task.stores.values():
             store.commit()
         self.committed.update(offsets)
+
+    async def _send_offsets(self, producer: Any, offsets: list[Any]) -> None:
+        """``send_offsets_to_transaction`` within its bound, and given up sooner if the
+        group's consumer has had a coordinator for ``offsets_known_coordinator_s`` while the
+        call went on (see :data:`OFFSETS_KNOWN_COORDINATOR_S`)."""
+        started = time.monotonic()
+        call = asyncio.ensure_future(call_within(
+            producer.send_offsets_to_transaction, offsets, self._metadata,
+            timeout_s=self.offsets_timeout_s, grace_s=self.offsets_grace_s))
+        try:
+            while True:
+                done, _ = await asyncio.wait({call}, timeout=self.offsets_check_s)
+                if done:
+                    return call.result()
+                since = (self._coordinator_known_since()
+                         if self._coordinator_known_since is not None else None)
+                if since is None:
+                    continue
+                waited = time.monotonic() - max(since, started)
+                if waited >= self.offsets_known_coordinator_s:
+                    raise CallHung(f"send_offsets_to_transaction still waiting {waited:.0f} s "
+                                   f"after the group's coordinator answered its consumer")
+        finally:
+            if not call.done():
+                call.cancel()

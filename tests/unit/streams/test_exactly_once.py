@@ -362,6 +362,41 @@ async def test_the_offsets_are_sent_before_the_flush(tmp_path: Path) -> None:
         assert log_of(r).offsets == {(SOURCE, 0): 1}
 
 
+async def test_a_sending_of_offsets_still_waiting_once_the_group_has_its_coordinator_is_given_up(
+    tmp_path: Path,
+) -> None:
+    """After the coordinator's SIGKILL librdkafka may wait on the dead one, its stale choice,
+    long after the group's consumer found the new one: the call is given up then, its task
+    revived, without waiting out the call's own bound."""
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    async with eos_rig(tmp_path) as r:
+        log = log_of(r)
+        committer = r.thread.committer
+        assert isinstance(committer, TransactionalCommitter)
+        await assign(r, ("0_0",))
+        await process(r, *records[:1])
+        await committer.commit()
+        transaction = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
+        hangs = _Hangs(transaction.producer)
+        transaction.producer = hangs
+        try:
+            await process(r, *records[1:3])
+            # The group's consumer has its coordinator; the call goes on past the (here
+            # zero) time it is given once it has (checked every ms: the unit tier may not
+            # sit out a longer timer), well within its own bound.
+            r.consumer.coordinator_since = 0.0
+            committer.offsets_known_coordinator_s, committer.offsets_check_s = 0.0, 0.001
+            await committer.commit()
+            assert committer.failures == 1 and "0_0" in r.thread.registry.restoring
+            r.consumer.coordinator_since = None
+            await r.thread.state_updater.restore_pending()
+            await run_to_end(r, records, 1)
+        finally:
+            hangs.release.set()
+        assert counts_out(log) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+        assert log.offsets == {(SOURCE, 0): 4} and r.consumer.rejoins == 0
+
+
 def stateless_subs() -> list[SubTopology]:
     app = App("unit", bootstrap_servers="127.0.0.1:1")
     app.stream(SOURCE).map_values(lambda v: v * 10).to(SINK)

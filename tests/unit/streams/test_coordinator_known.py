@@ -1,0 +1,32 @@
+"""The group's coordinator as the member's consumer knows it: since when it has had the one it
+has (after a broker's SIGKILL, a transactional call still waiting on the old one long after
+that is given up)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from streams.kafka.cooperative import CooperativeGroupCoordinator
+
+
+def _coordinator() -> CooperativeGroupCoordinator:
+    coordinator = CooperativeGroupCoordinator.__new__(CooperativeGroupCoordinator)  # no client
+    coordinator.group_id = "app"
+    coordinator.coordinator_id = None
+    return coordinator
+
+
+async def test_the_member_knows_since_when_it_has_its_coordinator() -> None:
+    coordinator = _coordinator()
+    assert coordinator.coordinator_known_since is None
+    coordinator.coordinator_id = 1  # discovered, as aiokafka sets it
+    coordinator._coordinator_dead_fut = asyncio.get_running_loop().create_future()
+    first = coordinator.coordinator_known_since
+    assert first is not None and coordinator.coordinator_id == 1
+    coordinator.coordinator_id = 1  # the same one again: still known since then
+    assert coordinator.coordinator_known_since == first
+    coordinator.coordinator_dead()  # aiokafka marks it dead: none is known
+    assert coordinator.coordinator_id is None and coordinator.coordinator_known_since is None
+    coordinator.coordinator_id = 3
+    since = coordinator.coordinator_known_since
+    assert since is not None and since >= first

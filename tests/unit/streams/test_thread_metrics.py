@@ -49,6 +49,7 @@ async def test_the_status_record_carries_what_the_web_view_reads(tmp_path: Path)
         leaving.mark = LeavingMark(1_000, 200)
         assert r.thread.reporter.status_record()["leaving_deadline_ms"] == 1_200
 
+        r.restorer.lags = {}  # both restored
         await r.thread.state_updater.restore_pending()
         await assign(r, ("0_0", "0_1"))
         status = r.thread.reporter.status_record()

@@ -7,7 +7,8 @@ on (``metrics_port`` and ``query_port`` set, the status topic followed for routi
 client in a process of its own scraping ``/metrics`` once a second and querying a key over
 HTTP five times a second). A run's figures are taken in its steady state, between 20 % and
 90 % of the input processed (the join and the tail left out): the throughput, records over
-the time that took, and the process's CPU time per record (every thread of the process, the
+the time that took (when a small input crosses that window between two samples, from the
+sample before), and the process's CPU time per record (every thread of the process, the
 metrics server's included; the broker and the observing client are other processes). The
 CPU time is the steadier figure on a shared machine, where other work takes turns on the
 cores and moves the throughput by tens of percent between runs. The runs alternate so that
@@ -103,6 +104,7 @@ async def one_run(bootstrap: str, topic: str, records: int, mode: str, index: in
             low, high = (int(records * share) for share in WINDOW)
             deadline = time.monotonic() + timeout_s
             started: float | None = None
+            last = (time.perf_counter(), time.process_time(), 0)
             while True:
                 if running.done():
                     running.result()
@@ -117,10 +119,12 @@ async def one_run(bootstrap: str, topic: str, records: int, mode: str, index: in
                          f"{app.query_server.url}/stores/counts/k1"],
                         stdout=subprocess.PIPE, text=True)
                 done = processed(app)
+                sample = (time.perf_counter(), time.process_time(), done)
                 if started is None and done >= low:
-                    started = time.perf_counter()
-                    cpu_at_start = time.process_time()
-                    at_start = done
+                    # Crossed whole between two samples (the loop held the event loop for
+                    # several passes): the window starts at the sample before.
+                    started, cpu_at_start, at_start = sample if done < high else last
+                last = sample
                 if started is not None and done >= high:
                     run.seconds = time.perf_counter() - started
                     run.records_per_s = (done - at_start) / run.seconds

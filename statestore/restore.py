@@ -134,6 +134,8 @@ class ChangelogReader:
         self._ends: dict[TopicPartition, int] = {}
         #: Records of input-tracking stores read after their last input position, not applied.
         self._held: dict[TopicPartition, list[FetchedRecord]] = {}
+        #: What each partition's store was given since it was registered.
+        self._read_since: dict[TopicPartition, RestoreStats] = {}
         self._in_flight: asyncio.Task[list[FetchedPartition]] | None = None
         self._started = False
         self.stats = RestoreStats()
@@ -175,6 +177,7 @@ class ChangelogReader:
         self._stores[tp] = store
         self._fetch_positions[tp] = store.position
         self._held.pop(tp, None)
+        self._read_since[tp] = RestoreStats()
         # The end is unknown until a fetch issued from now on answers.
         self._ends.pop(tp, None)
         self._fetcher.track(tp.topic)
@@ -188,6 +191,7 @@ class ChangelogReader:
             del self._stores[tp]
             self._fetch_positions.pop(tp, None)
             self._ends.pop(tp, None)
+            self._read_since.pop(tp, None)
             held = self._held.pop(tp, None)
             if held:
                 store.mark_uncovered({key for key, _ in held if key is not None})
@@ -220,6 +224,15 @@ class ChangelogReader:
     def is_registered(self, store: KeyValueStore) -> bool:
         tp = TopicPartition(store.changelog_topic or "", store.partition)
         return self._stores.get(tp) is store
+
+    def read_since_registered(self, store: KeyValueStore) -> RestoreStats:
+        """The records and bytes read into the store since it was registered (nothing for a
+        store not registered)."""
+        tp = TopicPartition(store.changelog_topic or "", store.partition)
+        if self._stores.get(tp) is not store:
+            return RestoreStats()
+        read = self._read_since[tp]
+        return RestoreStats(read.records, read.bytes)
 
     def read_position(self, store: KeyValueStore) -> int:
         """How far the store's changelog was read (collected changes included)."""
@@ -262,6 +275,10 @@ class ChangelogReader:
             applied += len(item.changes)
             self.stats.bytes += item.fetched.size
             self.stats.records += len(item.changes)
+            read = self._read_since.get(item.fetched.tp)
+            if read is not None:
+                read.bytes += item.fetched.size
+                read.records += len(item.changes)
         return applied
 
     def _still_wanted(self, item: _Accepted) -> bool:

@@ -52,7 +52,13 @@ from statestore.errors import (
     StoreWriteError,
 )
 from statestore.record_size import MAX_RECORD_BYTES, check_record_size
-from statestore.serdes import MsgPackSerde, OrderedKeySerde, Serde, serde_from_name
+from statestore.serdes import (
+    MsgPackSerde,
+    OrderedKeySerde,
+    Serde,
+    TimestampedSerde,
+    serde_from_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +76,12 @@ _IMMUTABLE_KEY_TYPES = (str, bytes, int)
 _IMMUTABLE_VALUE_TYPES = (int, float, str, bytes, bool)
 #: What a lookup of a key the write buffer does not hold returns (None is a buffered delete).
 _ABSENT = object()
+#: Bounds of what a deferred timestamped write may hold: msgpack encodes every int in them,
+#: and a timestamp is an int64.
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
+#: The bytes of a timestamped value before its value: the tag, the pair's header and the
+#: timestamp as an int64.
+_DEFERRED_HEADER_BYTES = 11
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,13 @@ class KeyValueStore:
         # when the value is immutable: get_timestamped answers from it, undecoded, while the
         # buffer still holds that very value (a count read again before the commit).
         self._decoded: dict[bytes, tuple[bytes, tuple[int, Any]]] = {}
+        # Timestamped writes of int values (counts), per key, not encoded yet: a key counted
+        # many times between two commits is encoded once, when the buffer or the changelog
+        # is next read as bytes (``_encode_deferred``). An int and an int64 timestamp always
+        # encode, within a bounded size, so deferring them moves no error away from the
+        # record that made it.
+        self._deferred: dict[bytes, tuple[int, int]] = {}
+        self._defers = isinstance(spec.value_serde, TimestampedSerde)
         # Changelog records not drained yet, the latest per key. ``_covered``: written before
         # the last input position (which ends it); ``_pending``: written after it. Coalescing
         # never moves a write across an input position: a restored state then reflects
@@ -315,6 +334,7 @@ class KeyValueStore:
         yet; the database and its position stay at the last commit."""
         self._buffer.clear()
         self._decoded.clear()
+        self._deferred.clear()
         self._covered.clear()
         self._pending.clear()
         self.changelog_bytes = 0
@@ -325,6 +345,7 @@ class KeyValueStore:
     @property
     def uncommitted(self) -> int:
         """Writes buffered since the last commit."""
+        self._encode_deferred()
         return len(self._buffer)
 
     def wipe(self) -> None:
@@ -368,6 +389,7 @@ class KeyValueStore:
         :class:`StoreWriteError`.
         """
         db = self._require_open()
+        self._encode_deferred()
         if self._covered or self._pending or self._unacked:
             raise StateStoreError(
                 f"{self!r}: {len(self._covered) + len(self._pending)} changelog records were "
@@ -410,6 +432,8 @@ class KeyValueStore:
 
     def _raw_get(self, key: bytes) -> bytes | None:
         db = self._require_open()
+        if self._deferred:
+            self._encode_deferred()
         buffered = self._buffer.entries.get(key, _ABSENT)
         if buffered is not _ABSENT:
             return buffered  # type: ignore[return-value]
@@ -424,6 +448,7 @@ class KeyValueStore:
         """Queue an input position: it covers every write queued before it."""
         if self.changelog_topic is None:
             return
+        self._encode_deferred()
         covered = self._covered
         covered.pop(INPUT_POSITION_KEY, None)
         if self._pending:
@@ -457,6 +482,8 @@ class KeyValueStore:
 
     def _put_raw(self, raw_key: bytes, raw_value: bytes) -> None:
         self._require_open()
+        if self._deferred:
+            self._deferred.pop(raw_key, None)
         if self.changelog_topic is not None:
             size = len(raw_key) + len(raw_value)
             if size > MAX_RECORD_BYTES:
@@ -473,6 +500,9 @@ class KeyValueStore:
         without one has :data:`~statestore.serdes.UNKNOWN_TIMESTAMP`."""
         raw_key = self.spec.key_serde.dumps(key)
         self._last_key, self._last_raw_key = key, raw_key
+        deferred = self._deferred.get(raw_key)
+        if deferred is not None:
+            return deferred
         # _raw_get and _db_get inlined: an aggregation's per-record read.
         raw = self._buffer.entries.get(raw_key, _ABSENT)
         if raw is not _ABSENT:
@@ -500,6 +530,25 @@ class KeyValueStore:
             raw_key = self._last_raw_key
         else:
             raw_key = self.spec.key_serde.dumps(key)
+        if (type(value) is int and type(timestamp) is int and self._defers
+                and _INT64_MIN <= value <= _UINT64_MAX
+                and _INT64_MIN <= timestamp <= _INT64_MAX):
+            if self._db is None:
+                self._require_open()
+            if self.changelog_topic is None:
+                self._deferred[raw_key] = (timestamp, value)
+                return
+            # The encoded size exactly (the tag, the pair's header, the timestamp, then the
+            # int as msgpack packs it): the changelog buffer's bound counts real bytes.
+            size = len(raw_key) + _DEFERRED_HEADER_BYTES + (
+                1 if -32 <= value < 128 else 2 if -128 <= value < 256
+                else 3 if -32768 <= value < 65536 else 5 if -(2**31) <= value < 2**32 else 9)
+            if size <= MAX_RECORD_BYTES:
+                self._deferred[raw_key] = (timestamp, value)
+                self.changelog_bytes += size
+                return
+        if self._deferred:
+            self._deferred.pop(raw_key, None)
         raw_value = self._dumps_timestamped(value, timestamp)
         if type(value) in _IMMUTABLE_VALUE_TYPES:
             self._decoded[raw_key] = (raw_value, (timestamp, value))
@@ -512,6 +561,22 @@ class KeyValueStore:
             self._pending[raw_key] = raw_value
             self.changelog_bytes += size
         self._buffer.entries[raw_key] = raw_value
+
+    def _encode_deferred(self) -> None:
+        """Encode the deferred writes into the buffer and the changelog queue: every reader
+        of either as bytes, and every write that is not deferred, comes after this."""
+        deferred = self._deferred
+        if not deferred:
+            return
+        dumps = self._dumps_timestamped
+        entries = self._buffer.entries
+        pending = self._pending if self.changelog_topic is not None else None
+        for raw_key, (timestamp, value) in deferred.items():
+            raw_value = dumps(value, timestamp)
+            entries[raw_key] = raw_value
+            if pending is not None:
+                pending[raw_key] = raw_value
+        deferred.clear()
 
     def _loads_timestamped(self, raw: bytes) -> Sequence[Any]:
         # Replaced by the serde's own method on first use (one lookup per store).
@@ -533,6 +598,8 @@ class KeyValueStore:
     def delete(self, key: Any) -> None:
         raw_key = self._encoded_key(key)
         self._require_open()
+        if self._deferred:
+            self._deferred.pop(raw_key, None)
         self._buffer.put(raw_key, None)
         self._queue(raw_key, None)
 
@@ -542,6 +609,7 @@ class KeyValueStore:
         writes only once such a record covers them."""
         raw = msgpack.packb(offsets)
         self._require_open()
+        self._encode_deferred()
         self._buffer.put(INPUT_POSITION_KEY, raw)
         self._queue_position(raw)
 
@@ -627,6 +695,7 @@ class KeyValueStore:
         self, lower: bytes | None, upper: bytes | None, reverse: bool
     ) -> Iterator[tuple[bytes, bytes]]:
         """The database's entries in range merged with the buffer's, reserved keys left out."""
+        self._encode_deferred()
         buffered = [
             (key, value) for key, value in self._buffer.scan(lower, upper, reverse)
             if not key.startswith(RESERVED_PREFIX)
@@ -671,6 +740,7 @@ class KeyValueStore:
         """Hand over the changelog records queued since the last drain: the latest write of
         each key, an input position after the writes it covers. The store counts them as
         unacknowledged until ``acknowledged`` (or ``requeue_changelog``) is called for each."""
+        self._encode_deferred()
         if self._covered:
             records = [*self._covered.items(), *self._pending.items()]
         else:
@@ -685,6 +755,7 @@ class KeyValueStore:
         """Put records drained but never handed to the producer back in front of the queue."""
         if not records:
             return
+        self._encode_deferred()
         self._unacked -= len(records)
         newer = [*self._covered.items(), *self._pending.items()]
         self._covered, self._pending, self.changelog_bytes = {}, {}, 0
@@ -707,11 +778,13 @@ class KeyValueStore:
     @property
     def unacknowledged(self) -> int:
         """Changelog records queued or handed over and not acknowledged yet."""
+        self._encode_deferred()
         return len(self._covered) + len(self._pending) + self._unacked
 
     def apply_restore_batch(self, records: list[ChangelogRecord], next_offset: int) -> None:
         """Apply changelog records (already encoded) in one WriteBatch; tombstones delete."""
         db = self._require_open()
+        self._encode_deferred()
         if self._buffer:
             raise StateStoreError(
                 f"{self!r}: {len(self._buffer)} uncommitted writes; abort them before "

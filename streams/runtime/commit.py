@@ -81,9 +81,14 @@ class Committer:
         if self.purger is not None:
             self.purger.after_commit(tasks, self.committed)
         if self._metrics is not None:
-            self._metrics.observe_commit(self._label, time.perf_counter() - started)
-            self._metrics.record_task_counts(self._label, task_counts(tasks))
+            # The lag first: a scrape that sees a commit counted sees its figures.
             self._record_input_lag(tasks)
+            self._metrics.record_task_counts(self._label, task_counts(tasks))
+            if offsets:
+                # As in Kafka Streams, only a commit of some input counts: the process loop
+                # commits on its interval from its start, before its tasks have run or read
+                # anything, and such a commit committed no record.
+                self._metrics.observe_commit(self._label, time.perf_counter() - started)
 
     async def close(self) -> None:
         if self.purger is not None:

@@ -2,8 +2,9 @@
 and learner copies following their changelogs, reporting their lag.
 
 Two changelog readers (:class:`statestore.restore.ChangelogReader`) do the fetching: one
-restores actives (one task at a time, to its changelog's end; tasks with no changelog
-first, see :func:`next_to_restore`), one follows every copy. A
+restores actives (all of them together, each handed to the thread once its own changelogs
+are read to their end, see :mod:`streams.runtime.active_restoration`), one follows every
+copy. A
 learner at or under ``acceptable_lag`` is ready; when the thread asks for a rebalance for its
 ready learners is :func:`streams.group.learner_readiness.asks_now`'s decision (``learner_rejoin``:
 at once, once all of them are ready, or batched with the group's other learners).
@@ -15,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,6 +25,7 @@ from streams.group.group_learning import GroupLearning, LagLows
 from streams.group.learner_readiness import LearnerView, asks_now, asks_promotion
 from streams.group.warm_up import catches_up_within
 from streams.metrics import Metrics
+from streams.runtime.active_restoration import Restoration, RestorePass, Stores
 from streams.runtime.tasks import Tasks
 from streams.runtime.transitions import Role
 
@@ -42,15 +44,6 @@ class _CatchUp:
     started: float
     records: int = 0
     size_bytes: float = 0.0
-
-
-def next_to_restore(restoring: Mapping[str, Mapping[str, KeyValueStore]]) -> str:
-    """The restoring active to restore next: one with no changelog to read first (a
-    stateless task, such as a first stage that feeds a repartition topic, runs as soon as
-    its offsets are known, as in Kafka Streams, instead of waiting behind every stateful
-    task's restoration; the stages downstream wait on it), then by task id."""
-    return min(restoring, key=lambda task_id: (
-        any(s.changelog_topic is not None for s in restoring[task_id].values()), task_id))
 
 
 class RestoredTasks(Protocol):
@@ -328,29 +321,24 @@ class StateUpdater:
             await self.restore_pending(stop)
 
     async def restore_pending(self, stop: asyncio.Event | None = None) -> None:
-        """Restore the restoring actives one by one, each to its changelog's end, and hand
-        each to the thread to run. ``before_restore`` runs first for each (exactly-once: it
-        fences the task's previous owner, so the changelog's end cannot move after it)."""
+        """Restore the restoring actives together, and hand each to the thread to run as
+        soon as its own stores are restored (:class:`RestorePass`). ``before_restore`` runs
+        first for each (exactly-once: it fences the task's previous owner, so the
+        changelog's end cannot move after it)."""
         async with self._restoring:
-            await self._restore_each(stop)
+            await RestorePass(self.restorer, lambda: self._tasks.restoring,
+                              self._before_restore, self._restored).run(stop)
 
-    async def _restore_each(self, stop: asyncio.Event | None) -> None:
-        while self._tasks.restoring and not (stop is not None and stop.is_set()):
-            task_id = next_to_restore(self._tasks.restoring)
-            stores = self._tasks.restoring[task_id]
-            if self._before_restore is not None:
-                await self._before_restore(task_id)
-                if self._tasks.restoring.get(task_id) is not stores:
-                    continue  # revoked meanwhile
-            result = await self.restorer.restore(list(stores.values()))
-            if self._metrics is not None and result is not None:
-                self._metrics.finished_restoration(
-                    self._label, task_id, int(result.records), float(result.seconds),
-                    int(result.bytes))
-            # The callback checks the task is still restoring these very stores: it may have
-            # been revoked meanwhile.
-            if self._on_restored is not None:
-                await self._on_restored(task_id, stores)
+    async def _restored(self, task_id: str, stores: Stores, done: Restoration) -> None:
+        log.info("%s: task %s restored: %d records, %.1f MB in %.2fs", self._label, task_id,
+                 done.records, done.bytes / 1e6, done.seconds)
+        if self._metrics is not None:
+            self._metrics.finished_restoration(self._label, task_id, done.records,
+                                               done.seconds, done.bytes)
+        # The callback checks the task is still restoring these very stores: it may have
+        # been revoked meanwhile.
+        if self._on_restored is not None:
+            await self._on_restored(task_id, stores)
 
     async def follow_loop(self, stop: asyncio.Event, on_poll: Callable[[], None]) -> None:
         last_checkpoint = last_sample = time.monotonic()

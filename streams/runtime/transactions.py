@@ -503,8 +503,9 @@ class TransactionalCommitter:
             # Only the offsets of transactions that committed are in ``committed``.
             self.purger.after_commit(self._tasks(), self.committed)
         if self._metrics is not None:
-            self._metrics.observe_commit(self._label, time.perf_counter() - started)
             self._metrics.record_task_counts(self._label, task_counts(tasks))
+            if any(task.processed for task in tasks):  # only a commit of some input counts
+                self._metrics.observe_commit(self._label, time.perf_counter() - started)
 
     async def close(self) -> None:
         if self.purger is not None:

@@ -17,7 +17,7 @@ from statestore.serdes import (
     TimestampedSerde,
     serde_from_name,
 )
-from statestore.store import KeyValueStore, StoreSpec
+from statestore.store import INPUT_POSITION_KEY, KeyValueStore, StoreSpec
 
 SERDE = TimestampedSerde()
 
@@ -139,3 +139,95 @@ def test_a_plain_store_refuses_timestamped_reads_and_writes_with_a_clear_error(
             plain.put_timestamped("a", 1, 2)
     finally:
         plain.close()
+
+
+class CountingSerde(TimestampedSerde):
+    """Counts the timestamped values it encodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoded = 0
+
+    def dumps_timestamped(self, value: object, timestamp: int) -> bytes:
+        self.encoded += 1
+        return super().dumps_timestamped(value, timestamp)
+
+
+def counting_store(tmp_path: Path) -> tuple[KeyValueStore, CountingSerde]:
+    serde = CountingSerde()
+    return KeyValueStore(StoreSpec("c", value_serde=serde), tmp_path / "c", "app-c-changelog",
+                         0).open(), serde
+
+
+def test_a_count_rewritten_before_the_commit_is_encoded_once_and_ships_its_last_value(
+        tmp_path: Path) -> None:
+    store, serde = counting_store(tmp_path)
+    try:
+        for n in range(1, 101):
+            store.put_timestamped("a", n, 1_000 + n)
+            assert list(store.get_timestamped("a")) == [1_000 + n, n]
+        store.put_timestamped("b", 7, 5)
+        assert serde.encoded == 0
+        store.write_input_position({"in:0": 101})
+        records = store.drain_changelog()
+        assert serde.encoded == 2
+        keys = store.spec.key_serde
+        assert records[:2] == [(keys.dumps("a"), SERDE.dumps_timestamped(100, 1_100)),
+                               (keys.dumps("b"), SERDE.dumps_timestamped(7, 5))]
+        assert records[2][0] == INPUT_POSITION_KEY  # the position covers both, so comes after
+        store.acknowledged(len(records), records=len(records))
+        store.commit()
+        assert store.get_committed("a") == 100
+    finally:
+        store.close()
+    reopened, _ = counting_store(tmp_path)
+    try:
+        assert list(reopened.get_timestamped("a")) == [1_100, 100]
+    finally:
+        reopened.close()
+
+
+def test_the_changelog_buffer_counts_the_bytes_a_count_takes_encoded(tmp_path: Path) -> None:
+    store, _ = counting_store(tmp_path)
+    values = [0, 127, 128, -32, -33, -128, -129, 255, 256, 65535, 65536, -32768, -32769,
+              2**32 - 1, 2**32, -(2**31), -(2**31) - 1, 2**64 - 1, -(2**63)]
+    try:
+        for i, value in enumerate(values):
+            store.put_timestamped(f"k{i}", value, 3)
+        keys = store.spec.key_serde
+        assert store.changelog_bytes == sum(
+            len(keys.dumps(f"k{i}")) + len(SERDE.dumps_timestamped(value, 3))
+            for i, value in enumerate(values))
+        assert [SERDE.loads_timestamped(raw) for _, raw in store.drain_changelog()] == [
+            [3, value] for value in values]
+    finally:
+        store.close()
+
+
+def test_a_count_msgpack_cannot_encode_is_refused_when_put(store: KeyValueStore) -> None:
+    with pytest.raises(SerdeError, match="msgpack cannot encode"):
+        store.put_timestamped("a", 2**64, 1)
+    with pytest.raises(SerdeError, match="timestamp"):
+        store.put_timestamped("a", 1, 2**63)
+    assert store.get_timestamped("a") is None and store.drain_changelog() == []
+
+
+def test_a_write_of_another_kind_after_a_count_wins_everywhere(store: KeyValueStore) -> None:
+    store.put_timestamped("a", 1, 10)
+    store.put("a", "plain")
+    store.put_timestamped("b", 2, 10)
+    store.delete("b")
+    store.put_timestamped("c", 3, 10)
+    store.put_timestamped("c", [4], 11)
+    store.put_timestamped("d", 5, 12)  # only counts
+    assert list(store.items()) == [("a", "plain"), ("c", [4]), ("d", 5)]
+    assert store.get("d") == 5 and "b" not in store
+    assert store.uncommitted == 4
+    keys = store.spec.key_serde
+    assert dict(store.drain_changelog()) == {
+        keys.dumps("a"): SERDE.dumps("plain"), keys.dumps("b"): None,
+        keys.dumps("c"): SERDE.dumps_timestamped([4], 11),
+        keys.dumps("d"): SERDE.dumps_timestamped(5, 12)}
+    store.put_timestamped("e", 6, 13)
+    store.abort()
+    assert store.get_timestamped("e") is None and store.unacknowledged == 0

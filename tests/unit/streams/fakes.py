@@ -446,7 +446,8 @@ class _Stats:
 
 
 class FakeChangelogReader:
-    """Restores at once; copies have the lag the test sets (0 by default)."""
+    """Restores at once; copies have the lag the test sets (0 by default). ``restored``
+    names every store registered (restored, if its lag is 0)."""
 
     def __init__(self, events: list[str] | None = None) -> None:
         self.events = events
@@ -466,6 +467,11 @@ class FakeChangelogReader:
 
     def register(self, store: Any) -> None:
         self.registered.append(store)
+        if self.transactions is not None:
+            self._replay(store, self.transactions)
+        if self.events is not None:
+            self.events.append(f"restore {store.name}/{store.partition}")
+        self.restored.append(f"{store.name}/{store.partition}")
 
     def unregister(self, store: Any) -> None:
         if store in self.registered:
@@ -477,20 +483,13 @@ class FakeChangelogReader:
     def read_position(self, store: Any) -> int:
         return int(store.position)
 
+    def read_since_registered(self, store: Any) -> _Stats:
+        return _Stats()
+
     async def poll(self, timeout_ms: int = 200) -> int:
         """Nothing to fetch, at once (a real reader would wait up to ``timeout_ms``)."""
         await asyncio.sleep(0)
         return 0
-
-    async def restore(self, stores: list[Any], **kwargs: Any) -> _Stats:
-        if self.transactions is not None:
-            for store in stores:
-                self._replay(store, self.transactions)
-        if self.events is not None:
-            self.events.append("restore " + ",".join(f"{s.name}/{s.partition}" for s in stores))
-        self.restored.extend(f"{s.name}/{s.partition}" for s in stores)
-        return _Stats()
-
 
     @staticmethod
     def _replay(store: Any, log: TransactionLog) -> None:

@@ -49,6 +49,7 @@ async def test_the_status_record_carries_what_the_web_view_reads(tmp_path: Path)
         leaving.mark = LeavingMark(1_000, 200)
         assert r.thread.reporter.status_record()["leaving_deadline_ms"] == 1_200
 
+        r.restorer.lags = {}  # both restored
         await r.thread.state_updater.restore_pending()
         await assign(r, ("0_0", "0_1"))
         status = r.thread.reporter.status_record()
@@ -126,6 +127,35 @@ async def test_the_thread_records_its_figures_at_the_runtime_hooks(tmp_path: Pat
     finally:
         r.thread.stop()
         await asyncio.wait_for(run, 15)
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+@pytest.mark.asyncio
+async def test_only_a_commit_of_some_input_is_counted(tmp_path: Path, guarantee: str) -> None:
+    """The process loop commits on its interval from its start, while its tasks restore
+    and before they read anything: counted, such a commit told a scrape that records were
+    committed before any was, with no input lag to go with it."""
+    r = rig(tmp_path, processing_guarantee=guarantee)
+    try:
+        await r.thread.committer.commit()
+        await assign(r, ("0_0",), restore=False)  # restoring: not running yet
+        await r.thread.committer.commit()
+        await r.thread.state_updater.restore_pending()
+        assert sorted(r.thread.tasks) == ["0_0"]
+        await r.thread.committer.commit()  # running, nothing read yet
+        assert value(r, "relay_commits_total") is None
+        assert value(r, "relay_commit_seconds_count") is None
+
+        tp0 = TopicPartition(SOURCE, 0)
+        await r.thread.process({tp0: [record(0, i, "a") for i in range(3)]})
+        r.consumer.highwaters = {tp0: 3}
+        await r.thread.committer.commit()
+        assert value(r, "relay_commits_total") == 1
+        assert value(r, "relay_commit_seconds_count") == 1
+        if guarantee == "at_least_once":  # the transactional committer records no lag
+            assert value(r, "relay_task_input_lag_records", task="0_0") == 0
+    finally:
+        r.thread.task_manager.close_all()
 
 
 @pytest.mark.asyncio

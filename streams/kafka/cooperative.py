@@ -211,7 +211,9 @@ class CooperativeGroupCoordinator(GroupCoordinator):
             return
         holder = next((m.member_id for m in described.members
                        if m.group_instance_id == self._group_instance_id), None)
-        if holder is not None and holder != lost:
+        # The holder may be this member itself, under the member id it rejoined with after
+        # the loss (a first JoinGroup with the lost id was refused, the next one joined).
+        if holder is not None and holder not in (lost, self.member_id):
             self._fenced_by = holder
             log.error("group %s: member %s now holds instance %s (this member was %s)",
                       self.group_id, holder, self._group_instance_id, lost)
@@ -277,6 +279,8 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         if self._silent_loss is not None:
             await self._silent_loss
         lost, self._lost_since_round = self._lost_since_round, False
+        # Joined again: a member id lost before is no longer this member's to check.
+        self._lost_member_id = None
         self.rebalancing = False
         self.rebalancing_since = None
         if not self._cooperative():

@@ -219,3 +219,39 @@ async def test_a_thread_in_doubt_processes_ships_and_commits_nothing(tmp_path: P
     finally:
         r.thread.stop()
         await asyncio.wait_for(run, 15)
+
+
+def _described(holder: str) -> object:
+    from streams.kafka.membership import GroupDescription, GroupMember
+    return GroupDescription("app", "PreparingRebalance", "consumer",
+                            (GroupMember(holder, "client", "/127.0.0.1", "w3"),))
+
+
+@pytest.mark.parametrize(("holder", "replaced"), [
+    ("w3-new", False),  # this member, under the id it rejoined with after the loss
+    ("w3-lost", False),  # the broker still lists the lost id
+    ("w3-other", True),  # another process joined with the instance id
+])
+async def test_a_static_member_that_rejoined_after_a_loss_is_not_fenced_by_itself(
+        monkeypatch: pytest.MonkeyPatch, holder: str, replaced: bool) -> None:
+    """A member stopped past its session rejoins: its first JoinGroup, with the lost member
+    id, is refused; the next one joins with a new id. Its next round checks who holds its
+    instance id, and finds itself there: that is no fencing (a soak's resumed worker had
+    stopped on it)."""
+    from streams.kafka import cooperative
+    from streams.kafka.membership import FencedMemberError
+
+    async def describe(_client: object, _group: str) -> object:
+        return _described(holder)
+
+    monkeypatch.setattr(cooperative, "describe_group", describe)
+    coordinator = _Coordinator(7)
+    coordinator._client = None
+    coordinator._lost_member_id = "w3-lost"
+    coordinator.member_id = "w3-new"
+    if replaced:
+        with pytest.raises(FencedMemberError):
+            await coordinator._check_not_replaced()
+    else:
+        await coordinator._check_not_replaced()
+        await coordinator._check_not_replaced()  # checked once per loss, then nothing

@@ -91,10 +91,13 @@ class LearnerHandover:
             # An ask sent before its member rejoined (or before a newcomer joined: a warmed
             # up instance's ask may concern any stateful task) is on the topic by now.
             await asks.read_to_end(CONTROL_CATCH_UP_S)
+        if not self._to_release(asks):
+            # Nothing to give up: the member joins at once, without waiting for the thread's
+            # lock behind a batch or a commit (the whole group's round waits for it).
+            return
         async with self.lock:
             generation = self.reporter.status.generation
-            release = to_release(self.registry.active, self.reporter.being_learned,
-                                 asks.asked(generation), asks.joining_asked(generation))
+            release = self._to_release(asks)
             if not release:
                 return
             try:
@@ -112,3 +115,8 @@ class LearnerHandover:
             member.publish_subscription()
         log.info("%s gives up %s as it joins: their ready learners take over in this round",
                  self.name, release)
+
+    def _to_release(self, asks: PromotionAsks) -> list[str]:
+        generation = self.reporter.status.generation
+        return to_release(self.registry.active, self.reporter.being_learned,
+                          asks.asked(generation), asks.joining_asked(generation))

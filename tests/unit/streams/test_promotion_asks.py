@@ -5,6 +5,7 @@ scale-out test checks the whole move: tests/broker/streams/test_task_migration.p
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import msgpack
@@ -192,5 +193,24 @@ async def test_a_static_owner_publishes_its_subscription_once_it_gave_a_task_up(
         await r.thread.listener.before_join()
         assert len(control.subscriptions) == published + 1
         assert r.thread.member.subscription().active == ("0_1",)
+    finally:
+        r.thread.task_manager.close_all()
+
+
+async def test_an_owner_with_nothing_to_give_up_joins_without_waiting_for_its_thread(
+    tmp_path: Path,
+) -> None:
+    """The whole group's round waits for every member to join: one whose running tasks no
+    ask concerns does not queue for its thread's lock (held by a batch or a commit)."""
+    asks = PromotionAsks()
+    r = rig(tmp_path, promotion_asks=asks)
+    try:
+        await assign(r, ("0_0", "0_1"), being_learned=("0_0",))
+        generation = r.thread.status.generation
+        asks.record(PromotionAsk("other-thread-0", generation, ("0_1",)))  # not learned here
+        handover = r.thread.listener.handover
+        async with handover.lock:  # the thread is busy
+            await asyncio.wait_for(r.thread.listener.before_join(), timeout=5)
+        assert sorted(r.thread.tasks) == ["0_0", "0_1"] and handover.released == 0
     finally:
         r.thread.task_manager.close_all()

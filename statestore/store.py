@@ -74,6 +74,10 @@ RESERVED_PREFIX = b"\xff\xff"
 _IMMUTABLE_KEY_TYPES = (str, bytes, int)
 #: Values put_timestamped may hand back as they were put (no caller can change them).
 _IMMUTABLE_VALUE_TYPES = (int, float, str, bytes, bool)
+#: Values a store keeps decoded past their commit (small and of bounded size).
+_CACHED_VALUE_TYPES = (int, float, bool)
+#: The most committed values a store keeps decoded; past it, it forgets them all.
+MAX_CACHED_VALUES = 50_000
 #: What a lookup of a key the write buffer does not hold returns (None is a buffered delete).
 _ABSENT = object()
 #: Bounds of what a deferred timestamped write may hold: msgpack encodes every int in them,
@@ -143,6 +147,11 @@ class KeyValueStore:
         # encode, within a bounded size, so deferring them moves no error away from the
         # record that made it.
         self._deferred: dict[bytes, tuple[int, int]] = {}
+        # Committed timestamped numbers, decoded, per key: a key aggregated in every commit
+        # interval (a count over a busy input, every task processing every interval) is not
+        # read back from RocksDB and decoded each time. Exactly what the database holds:
+        # every other write of a key drops its entry, restoration drops them all.
+        self._cached: dict[bytes, tuple[int, Any]] = {}
         self._defers = isinstance(spec.value_serde, TimestampedSerde)
         # Changelog records not drained yet, the latest per key. ``_covered``: written before
         # the last input position (which ends it); ``_pending``: written after it. Coalescing
@@ -261,6 +270,7 @@ class KeyValueStore:
         whose last changelog records no input position covers are written again with the
         values the store holds, so that no later reader applies those records as if their
         input had been processed."""
+        self._forget_cached()
         if self.bulk_loading:
             db = self._require_open()
             try:
@@ -284,6 +294,7 @@ class KeyValueStore:
         self._uncovered |= keys
 
     def _supersede_uncovered(self) -> None:
+        self._forget_cached()
         db = self._require_open()
         keys, self._uncovered = sorted(self._uncovered), set()
         for key in keys:
@@ -325,6 +336,7 @@ class KeyValueStore:
         finally:
             self.abort()
             self._uncovered.clear()
+            self._forget_cached()
             self._db.close()
             self._db = None
             self._release_lock()
@@ -364,6 +376,7 @@ class KeyValueStore:
         db = self._require_open()
         self.abort()
         self._uncovered.clear()
+        self._forget_cached()
         try:
             batch = WriteBatch(raw_mode=True)
             iterator = db.iter()
@@ -407,6 +420,7 @@ class KeyValueStore:
                 # No write-ahead log: the changelog is the log, and the flush below makes the
                 # batch durable before the checkpoint says so.
                 db.write(batch, _NO_WAL)
+                self._cache_committed()
                 self._buffer.clear()
                 self._decoded.clear()
             db.flush()
@@ -484,6 +498,8 @@ class KeyValueStore:
         self._require_open()
         if self._deferred:
             self._deferred.pop(raw_key, None)
+        if self._cached:
+            self._cached.pop(raw_key, None)
         if self.changelog_topic is not None:
             size = len(raw_key) + len(raw_value)
             if size > MAX_RECORD_BYTES:
@@ -510,6 +526,9 @@ class KeyValueStore:
             if decoded is not None and decoded[0] is raw:
                 return decoded[1]
         else:
+            cached = self._cached.get(raw_key)
+            if cached is not None:
+                return cached
             db = self._db
             if db is None:
                 db = self._require_open()
@@ -549,6 +568,8 @@ class KeyValueStore:
                 return
         if self._deferred:
             self._deferred.pop(raw_key, None)
+        if self._cached:
+            self._cached.pop(raw_key, None)
         raw_value = self._dumps_timestamped(value, timestamp)
         if type(value) in _IMMUTABLE_VALUE_TYPES:
             self._decoded[raw_key] = (raw_value, (timestamp, value))
@@ -562,6 +583,21 @@ class KeyValueStore:
             self.changelog_bytes += size
         self._buffer.entries[raw_key] = raw_value
 
+    def _cache_committed(self) -> None:
+        """Keep the numbers just committed decoded (those the buffer holds as they were put)."""
+        cached = self._cached
+        entries = self._buffer.entries
+        for raw_key, (raw, pair) in self._decoded.items():
+            if entries.get(raw_key) is raw and type(pair[1]) in _CACHED_VALUE_TYPES:
+                cached[raw_key] = pair
+        if len(cached) > MAX_CACHED_VALUES:
+            cached.clear()
+
+    def _forget_cached(self) -> None:
+        """The database changed otherwise (restoration, a clear): no decoded value holds."""
+        if self._cached:
+            self._cached.clear()
+
     def _encode_deferred(self) -> None:
         """Encode the deferred writes into the buffer and the changelog queue: every reader
         of either as bytes, and every write that is not deferred, comes after this."""
@@ -571,9 +607,11 @@ class KeyValueStore:
         dumps = self._dumps_timestamped
         entries = self._buffer.entries
         pending = self._pending if self.changelog_topic is not None else None
+        decoded = self._decoded
         for raw_key, (timestamp, value) in deferred.items():
             raw_value = dumps(value, timestamp)
             entries[raw_key] = raw_value
+            decoded[raw_key] = (raw_value, (timestamp, value))
             if pending is not None:
                 pending[raw_key] = raw_value
         deferred.clear()
@@ -600,6 +638,8 @@ class KeyValueStore:
         self._require_open()
         if self._deferred:
             self._deferred.pop(raw_key, None)
+        if self._cached:
+            self._cached.pop(raw_key, None)
         self._buffer.put(raw_key, None)
         self._queue(raw_key, None)
 
@@ -784,6 +824,7 @@ class KeyValueStore:
     def apply_restore_batch(self, records: list[ChangelogRecord], next_offset: int) -> None:
         """Apply changelog records (already encoded) in one WriteBatch; tombstones delete."""
         db = self._require_open()
+        self._forget_cached()
         self._encode_deferred()
         if self._buffer:
             raise StateStoreError(
@@ -808,6 +849,7 @@ class KeyValueStore:
 
     def ingest_sst(self, sst_path: Path, next_offset: int) -> None:
         """Bulk-load a sorted SST file (a snapshot) and move the position to ``next_offset``."""
+        self._forget_cached()
         try:
             self._require_open().ingest_external_file([str(sst_path)])
         except StateStoreError:

@@ -231,3 +231,66 @@ def test_a_write_of_another_kind_after_a_count_wins_everywhere(store: KeyValueSt
     store.put_timestamped("e", 6, 13)
     store.abort()
     assert store.get_timestamped("e") is None and store.unacknowledged == 0
+
+
+class _CountingReads:
+    """Wraps a store's database, counting its point reads."""
+
+    def __init__(self, db: object) -> None:
+        self._db = db
+        self.reads = 0
+
+    def get(self, key: bytes) -> object:
+        self.reads += 1
+        return self._db.get(key)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._db, name)
+
+
+def committed(store: KeyValueStore) -> None:
+    records = store.drain_changelog()
+    store.acknowledged(store.position + len(records), records=len(records))
+    store.commit()
+
+
+def test_a_committed_count_is_read_again_without_the_database(tmp_path: Path) -> None:
+    store, _ = counting_store(tmp_path)
+    try:
+        store.put_timestamped("a", 1, 10)
+        store.put_timestamped("b", "text", 11)  # not a number: read back from the database
+        committed(store)
+        reads = _CountingReads(store._db)
+        store._db = reads  # type: ignore[assignment]
+        assert list(store.get_timestamped("a")) == [10, 1] and reads.reads == 0
+        assert list(store.get_timestamped("b")) == [11, "text"] and reads.reads == 1
+        store.put_timestamped("a", 2, 12)
+        store.abort()  # the database still holds 1
+        assert list(store.get_timestamped("a")) == [10, 1] and reads.reads == 1
+    finally:
+        store._db = reads._db  # type: ignore[assignment]
+        store.close()
+
+
+def test_a_committed_count_written_otherwise_since_is_not_read_from_memory(
+        tmp_path: Path) -> None:
+    store, _ = counting_store(tmp_path)
+    keys = store.spec.key_serde
+    try:
+        for key in "abcd":
+            store.put_timestamped(key, 1, 10)
+        committed(store)
+        store.put("a", 7)  # plain, committed
+        store.delete("b")
+        store.put_timestamped("c", [3], 11)
+        committed(store)
+        assert list(store.get_timestamped("a")) == [UNKNOWN_TIMESTAMP, 7]
+        assert store.get_timestamped("b") is None
+        assert list(store.get_timestamped("c")) == [11, [3]]
+        # Restoration writes the database directly (a standby, a learner): nothing held
+        # in memory outlives it.
+        store.apply_restore_batch([(keys.dumps("d"), SERDE.dumps_timestamped(9, 20))],
+                                  store.position + 1)
+        assert list(store.get_timestamped("d")) == [20, 9]
+    finally:
+        store.close()

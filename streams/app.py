@@ -87,6 +87,7 @@ from streams.quirks.task_positions import TaskPositions, positions_topic_name
 from streams.runtime.factory import build_stream_thread
 from streams.runtime.global_tables import GlobalTables
 from streams.runtime.store_handover import ProcessStores
+from streams.runtime.supervision import supervise
 from streams.runtime.thread import FatalThreadError, StreamThread
 
 # The deprecated path of an app given no bootstrap servers (an embedded broker of its own).
@@ -461,21 +462,7 @@ class App:
             if restarted:
                 hooks.restarted(f"{self.config.group_instance_id} restarted")
             stopper = asyncio.create_task(self._stop.wait())
-            pending = set(runs)
-            error: BaseException | None = None
-            while pending:
-                done, _ = await asyncio.wait(
-                    [*pending, stopper], return_when=asyncio.FIRST_COMPLETED
-                )
-                pending -= done
-                failed = [d for d in done if d is not stopper and d.exception() is not None]
-                if failed and error is None:
-                    error = failed[0].exception()
-                if stopper in done or failed:
-                    for thread in self.threads:
-                        thread.stop()
-                # A thread told to shut down (a leaving member with nothing left) ends on
-                # its own; the others keep handing over until they are told too.
+            error = await supervise(runs, stopper, self._stop_threads)
             await control.drain()
             self._stop.set()
             for extra in extras:
@@ -653,6 +640,10 @@ class App:
     def stop(self) -> None:
         if self._stop is not None:
             self._stop.set()
+
+    def _stop_threads(self) -> None:
+        for thread in self.threads:
+            thread.stop()
 
     # -- the control topic ------------------------------------------------------------------
 

@@ -275,6 +275,19 @@ class _Hangs:
         self._producer.send_offsets_to_transaction(*args)
 
 
+async def hang_the_next_offsets(r: Any, records: list[Any]) -> _Hangs:
+    """Task 0_0 commits its first record; then its producer's sending of offsets hangs, and
+    the next two records are processed (the commit to come sends their offsets)."""
+    await assign(r, ("0_0",))
+    await process(r, *records[:1])
+    await r.thread.committer.commit()
+    transaction = r.thread.collector.producers.transactions["0_0"]
+    hangs = _Hangs(transaction.producer)
+    transaction.producer = hangs
+    await process(r, *records[1:3])
+    return hangs
+
+
 async def test_a_transactional_call_that_hangs_past_its_timeout_revives_its_task(
     tmp_path: Path,
 ) -> None:
@@ -282,14 +295,8 @@ async def test_a_transactional_call_that_hangs_past_its_timeout_revives_its_task
     async with eos_rig(tmp_path) as r:
         log = log_of(r)
         committer = r.thread.committer
-        await assign(r, ("0_0",))
-        await process(r, *records[:1])
-        await committer.commit()
-        transaction = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
-        hangs = _Hangs(transaction.producer)
-        transaction.producer = hangs
+        hangs = await hang_the_next_offsets(r, records)
         try:
-            await process(r, *records[1:3])
             # The commit gives up on the call instead of holding the thread with it (after a
             # few ms here: the unit tier may not sit out a longer timer).
             committer.offsets_timeout_s, committer.offsets_grace_s = 0.002, 0.003
@@ -376,14 +383,8 @@ async def test_a_sending_of_offsets_still_waiting_once_the_group_has_its_coordin
         log = log_of(r)
         committer = r.thread.committer
         assert isinstance(committer, TransactionalCommitter)
-        await assign(r, ("0_0",))
-        await process(r, *records[:1])
-        await committer.commit()
-        transaction = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
-        hangs = _Hangs(transaction.producer)
-        transaction.producer = hangs
+        hangs = await hang_the_next_offsets(r, records)
         try:
-            await process(r, *records[1:3])
             # The group's consumer has its coordinator; the call goes on past the (here
             # zero) time it is given once it has (checked every ms: the unit tier may not
             # sit out a longer timer), well within its own bound.

@@ -132,6 +132,7 @@ class ControlListener:
         on_subscription: Callable[[str, bytes], None] = lambda static_id, data: None,
         on_round_report: Callable[[str, int], None] = lambda member_id, generation: None,
         on_promotion_ask: Callable[[PromotionAsk], None] = lambda ask: None,
+        fetch_max_wait_ms: int = 500,
     ) -> None:
         self._on_promotion_ask = on_promotion_ask
         #: The offset after the last record handled (-1: not reading yet).
@@ -145,7 +146,13 @@ class ControlListener:
         self._on_round_report = on_round_report
         self._started_ms = 0
         self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                          auto_offset_reset="earliest")
+                                          auto_offset_reset="earliest",
+                                          fetch_max_wait_ms=fetch_max_wait_ms)
+        # The topic's end is asked on a connection of its own: a broker answers a connection's
+        # requests in turn, so on the follower's it would wait behind a fetch that finds
+        # nothing new (up to its max wait), and a joining member waits for that answer.
+        self._ends = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self._ends_started = False
         self._bootstrap = bootstrap
         self.current: LeavingMark | None = None
 
@@ -164,6 +171,11 @@ class ControlListener:
         await self._consumer.seek_to_beginning(tp)
         self._handled = 0
         try:
+            try:
+                await self._ends.start()
+                self._ends_started = True
+            except Exception as exc:  # read_to_end then tells its callers it could not tell
+                log.warning("control topic: no connection to ask its end on (%s)", exc)
             while not stop.is_set():
                 batches = await self._consumer.getmany(timeout_ms=300)
                 for records in batches.values():
@@ -218,14 +230,20 @@ class ControlListener:
         finally:
             with contextlib.suppress(Exception):
                 await self._consumer.stop()
+            if self._ends_started:
+                self._ends_started = False
+                with contextlib.suppress(Exception):
+                    await self._ends.stop()
 
     async def read_to_end(self, timeout_s: float) -> bool:
         """Wait until every record on the topic as of now has been handled (at most
         ``timeout_s``); False if that could not be told in time."""
         tp = TopicPartition(self._topic, 0)
         deadline = time.monotonic() + timeout_s
+        if not self._ends_started:
+            return False
         try:
-            ends = await asyncio.wait_for(self._consumer.end_offsets([tp]), timeout_s)
+            ends = await asyncio.wait_for(self._ends.end_offsets([tp]), timeout_s)
         except Exception as exc:
             log.debug("control topic's end unknown: %s", exc)
             return False

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -30,6 +31,8 @@ ANNOUNCE_TIMEOUT_S = 2.0
 #: How long a member running tasks that learners follow waits, as it joins, to have read the
 #: control topic to its end (asks to promote those learners).
 CONTROL_CATCH_UP_S = 1.0
+#: A catch-up this long (seconds) is logged: the group's round waits for it.
+SLOW_CATCH_UP_S = 0.05
 
 
 class PromotionAnnouncer:
@@ -90,7 +93,12 @@ class LearnerHandover:
         if asks.read_to_end is not None:
             # An ask sent before its member rejoined (or before a newcomer joined: a warmed
             # up instance's ask may concern any stateful task) is on the topic by now.
-            await asks.read_to_end(CONTROL_CATCH_UP_S)
+            started = time.monotonic()
+            caught_up = await asks.read_to_end(CONTROL_CATCH_UP_S)
+            took = time.monotonic() - started
+            if took >= SLOW_CATCH_UP_S or not caught_up:
+                log.info("%s: read the control topic to its end in %.2fs%s", self.name, took,
+                         "" if caught_up else " (not caught up; joining anyway)")
         if not self._to_release(asks):
             # Nothing to give up: the member joins at once, without waiting for the thread's
             # lock behind a batch or a commit (the whole group's round waits for it).

@@ -53,6 +53,8 @@ from streams.kafka.silence import SilenceWatch, watch_silence
 log = logging.getLogger(__name__)
 
 REBALANCE_IN_PROGRESS = 27
+#: A member that takes this long (seconds) from hearing of a round to joining it says why.
+SLOW_JOIN_S = 0.1
 
 
 class CooperativeGroupCoordinator(GroupCoordinator):
@@ -93,6 +95,8 @@ class CooperativeGroupCoordinator(GroupCoordinator):
     _silent_loss: asyncio.Future[None] | None = None
     #: The member's partitions were lost since its last round completed.
     _lost_since_round = False
+    #: When (monotonic seconds) the member heard that it must rejoin (None: it need not).
+    _rejoin_heard_at: float | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -121,6 +125,11 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         elif _confirms(request, response):
             self.confirmed_at = max(sent_at, self.confirmed_at or sent_at)
         return response
+
+    def request_rejoin(self) -> None:
+        if self._rejoin_heard_at is None:
+            self._rejoin_heard_at = time.monotonic()
+        super().request_rejoin()
 
     def _check_silence(self) -> None:
         """A group step runs: the event loop runs. A gap longer than the session since it
@@ -246,11 +255,22 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         # Relay's listener may give tasks up before the subscription is built (learners
         # that take them over in this round: streams.group.promotion_asks).
         before_join = getattr(self._subscription.listener, "before_join", None)
+        prepared_at = time.monotonic()
         if before_join is not None:
             try:
                 await before_join()
             except Exception:
                 log.exception("before_join failed; joining with what the member runs")
+        self._log_slow_join(prepared_at)
+
+    def _log_slow_join(self, prepared_at: float) -> None:
+        """Every member's delay holds the whole group's round: say where a long one went."""
+        now = time.monotonic()
+        heard, self._rejoin_heard_at = self._rejoin_heard_at, None
+        if heard is not None and now - heard >= SLOW_JOIN_S:
+            log.info("group %s: joins %.2fs after it heard of the round (%.2fs before its "
+                     "listener's preparation, %.2fs in it)", self.group_id, now - heard,
+                     prepared_at - heard, now - prepared_at)
 
     async def _lose(self, partitions: set[TopicPartition]) -> None:
         """The broker ended this member's membership (its session expired while it was

@@ -1,0 +1,47 @@
+"""The control topic's follower on a real broker: reading the topic to its end, which a
+member running tasks that learners follow does before every join, must not wait behind the
+follower's own fetch (a broker answers a connection's requests in turn, and a fetch that finds
+nothing new is held for its max wait)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from streams.group.control import ControlListener, control_topic_name
+from tests.broker.streams.harness import create_topics
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.broker
+
+#: Far longer than the catch-up's bound: a catch-up that asked behind the idle fetch would
+#: wait for all of it.
+IDLE_FETCH_WAIT_MS = 30_000
+
+
+async def test_reading_to_the_end_does_not_wait_behind_an_idle_fetch(
+    bootstrap: str, unique: Callable[[str], str],
+) -> None:
+    app_id = unique("control-end")
+    topic = control_topic_name(app_id)
+    await create_topics(bootstrap, {topic: 1})
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, key=b"w1", value=None)
+    finally:
+        await producer.stop()
+    listener = ControlListener(bootstrap, app_id, "w2", on_mark=lambda mark: None,
+                               fetch_max_wait_ms=IDLE_FETCH_WAIT_MS)
+    stop = asyncio.Event()
+    following = asyncio.create_task(listener.run(stop))
+    try:
+        # The one record is read; the follower's next fetch then waits for news.
+        await wait_until(lambda: listener._handled == 1, timeout_s=30)
+        assert await listener.read_to_end(5.0)
+    finally:
+        stop.set()
+        await asyncio.wait_for(following, IDLE_FETCH_WAIT_MS / 1000 + 10)

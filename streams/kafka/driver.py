@@ -48,6 +48,11 @@ log = logging.getLogger(__name__)
 #: aiokafka's default fetch size per partition, and the one of read_committed members.
 DEFAULT_PARTITION_FETCH_BYTES = 1024 * 1024
 READ_COMMITTED_PARTITION_FETCH_BYTES = 16 * 1024 * 1024
+#: How long the broker may hold a fetch that finds nothing new (aiokafka's default is 500).
+#: The fetcher sends one fetch per broker at a time, so a task that starts running (a moved
+#: or restored task, its partitions resumed) gets its first records only once the fetch in
+#: flight returns; among idle partitions that is this long, and it sits in every hand-over.
+FETCH_MAX_WAIT_MS = 100
 
 #: Errors of an offset commit that mean "a rebalance is under way": the next commit carries
 #: the offsets.
@@ -348,6 +353,7 @@ def new_group_consumer(
         heartbeat_interval_ms=config.heartbeat_interval_ms,
         max_poll_interval_ms=config.max_poll_interval_ms,
         rebalance_timeout_ms=config.max_poll_interval_ms,
+        fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
         # Exactly-once: input written by transactions (repartition topics, upstream apps)
         # counts only once committed.
         isolation_level="read_committed" if config.exactly_once else "read_uncommitted",

@@ -69,6 +69,7 @@ from streams.group.predecessors import (
     stale_members,
 )
 from streams.group.promotion_asks import PromotionAsks
+from streams.group.round_alarm import RoundAlarm
 from streams.group.status_topic import read_status, status_topic_name
 from streams.group.topology_record import encode_topology_record
 from streams.group.warm_up import (
@@ -432,6 +433,9 @@ class App:
             listener = control_listener
             listener.listen(hooks, promotion_asks)
             promotion_asks.read_to_end = listener.read_to_end
+            # A round one member heard of, every member joins (streams.group.round_alarm).
+            round_alarm = RoundAlarm()
+            listener.on_round_begun = round_alarm.wake
             # The other members' learners, for batching promotions (streams.group.group_learning):
             # the status topic is followed from the first time a thread asks.
             extras: list[asyncio.Task[None]] = []
@@ -448,7 +452,7 @@ class App:
                     hooks=hooks, control=control, process_stores=process_stores,
                     leaving=self.leaving, metrics=self.metrics, member_files=member_files,
                     promotion_asks=promotion_asks, group_learning=group_learning,
-                    warm_up_gate=gate,
+                    warm_up_gate=gate, round_alarm=round_alarm,
                 )
                 for i in range(self.config.num_threads)
             ]

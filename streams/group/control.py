@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from streams.group.promotion_asks import PROMOTION_KEY, PromotionAsk, decode_ask
+from streams.group.round_alarm import ROUND_BEGUN_KEY, decode_round_begun
 from streams.group.topology_record import TOPOLOGY_KEY
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ ROUND_KEY = b"__round__"
 #: Every key of a control message that is not an instance's leaving mark, so that readers
 #: of the topic (the web view) can tell them apart; a new message kind is added here.
 CONTROL_MESSAGE_KEYS = (REBALANCE_KEY, FETCH_KEY, SUBSCRIPTION_KEY, ROUND_KEY, PROMOTION_KEY,
-                        TOPOLOGY_KEY)
+                        TOPOLOGY_KEY, ROUND_BEGUN_KEY)
 
 
 def encode_round_report(member_id: str, generation: int) -> bytes:
@@ -135,6 +136,9 @@ class ControlListener:
         fetch_max_wait_ms: int = 500,
     ) -> None:
         self._on_promotion_ask = on_promotion_ask
+        #: Told the generation whose round another member heard has begun
+        #: (streams.group.round_alarm).
+        self.on_round_begun: Callable[[int], object] = lambda generation: None
         #: The offset after the last record handled (-1: not reading yet).
         self._handled = -1
         self._topic = control_topic_name(application_id)
@@ -196,6 +200,14 @@ class ControlListener:
                                 with contextlib.suppress(Exception):
                                     static_id, data = msgpack.unpackb(record.value, raw=False)
                                     self._on_subscription(str(static_id), bytes(data))
+                            continue
+                        if record.key == ROUND_BEGUN_KEY:
+                            if record.timestamp >= self._started_ms and record.value:
+                                try:
+                                    self.on_round_begun(decode_round_begun(record.value))
+                                except ValueError as exc:
+                                    log.warning("ignoring control record at offset %d: %s",
+                                                record.offset, exc)
                             continue
                         if record.key == ROUND_KEY:
                             if record.timestamp >= self._started_ms and record.value:

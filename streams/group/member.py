@@ -22,6 +22,7 @@ from streams.group.group_learning import GroupLearning
 from streams.group.learner_handover import PromotionAnnouncer
 from streams.group.learner_readiness import being_promoted
 from streams.group.partition_assignor import RelayAssignor
+from streams.group.round_alarm import should_join
 from streams.kafka.driver import GroupConsumer
 from streams.quirks.hooks import RoundHooks
 from streams.quirks.synced_round import RoundView
@@ -180,6 +181,17 @@ class GroupMember:
         if self._deferred_rejoin is None or self._deferred_rejoin.done():
             self._deferred_rejoin = asyncio.get_running_loop().create_task(
                 self._rejoin_once_synced(), name=f"rejoin-{self.identity.index}")
+
+    def join_begun_round(self, begun_after: int) -> bool:
+        """Another member heard that the group has begun the round after ``begun_after``
+        (streams.group.round_alarm): join it now rather than at the next heartbeat. The
+        subscription stays as it is, so this never starts a round of its own."""
+        if self.lifecycle.stopping:
+            return False  # see request_rejoin
+        if not should_join(self.consumer.generation, self.consumer.rebalancing, begun_after):
+            return False
+        self.consumer.request_rejoin()
+        return True
 
     def learners_ready(self, task_ids: list[str]) -> None:
         """The state updater's news: learners caught up, so a round may promote them."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiokafka.consumer.consumer as consumer_module
@@ -95,6 +96,9 @@ class CooperativeGroupCoordinator(GroupCoordinator):
     _silent_loss: asyncio.Future[None] | None = None
     #: The member's partitions were lost since its last round completed.
     _lost_since_round = False
+    #: Told the generation whose round has begun when a heartbeat says the group rebalances
+    #: (streams.group.round_alarm: the other members then join without waiting for theirs).
+    on_round_heard: Callable[[int], None] | None = None
     #: When (monotonic seconds) the member heard that it must rejoin (None: it need not).
     _rejoin_heard_at: float | None = None
 
@@ -124,6 +128,9 @@ class CooperativeGroupCoordinator(GroupCoordinator):
             raise_group_error(response, self.coordinator_dead)
         elif _confirms(request, response):
             self.confirmed_at = max(sent_at, self.confirmed_at or sent_at)
+            if (response.error_code == REBALANCE_IN_PROGRESS
+                    and isinstance(request, HeartbeatRequest) and self.on_round_heard):
+                self.on_round_heard(self.generation)
         return response
 
     def request_rejoin(self) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
@@ -66,6 +66,7 @@ class GroupConsumer:
     def __init__(self, consumer: AIOKafkaConsumer, committed_by_markers: bool = False) -> None:
         self._consumer = consumer
         self._committed_by_markers = committed_by_markers
+        self._round_listener: Callable[[int], None] | None = None
 
     # -- the consumer's public API ---------------------------------------------------------
 
@@ -73,6 +74,8 @@ class GroupConsumer:
         await self._consumer.start()
         if self._committed_by_markers:
             read_committed_by_markers(self._consumer)
+        if self._round_listener is not None and self._coordinator is not None:
+            self._coordinator.on_round_heard = self._round_listener
 
     async def stop(self) -> None:
         await self._consumer.stop()
@@ -216,6 +219,14 @@ class GroupConsumer:
         coordinator = self._coordinator
         if coordinator is not None:
             coordinator.request_rejoin()
+
+    def on_round_heard(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener`` with the member's generation whenever a heartbeat says its group
+        has begun a round (streams.group.round_alarm)."""
+        self._round_listener = listener
+        coordinator = self._coordinator
+        if coordinator is not None:
+            coordinator.on_round_heard = listener
 
     async def heartbeat(self) -> str | None:
         """Send one Heartbeat of this member's own and return the broker's error name (None

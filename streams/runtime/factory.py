@@ -32,6 +32,7 @@ from streams.group.newcomer import WarmUp
 from streams.group.partition_assignor import RelayAssignor, TaskLayout
 from streams.group.predecessors import MemberFiles
 from streams.group.promotion_asks import PromotionAsks
+from streams.group.round_alarm import RoundAlarm, RoundAnnouncer
 from streams.group.warm_up import WarmUpGate
 from streams.kafka.delete_records import RecordDeleter
 from streams.kafka.driver import GroupConsumer, new_group_consumer, new_producer
@@ -101,6 +102,7 @@ def build_stream_thread(
     promotion_asks: PromotionAsks | None = None,
     group_learning: GroupLearning | None = None,
     warm_up_gate: WarmUpGate | None = None,
+    round_alarm: RoundAlarm | None = None,
 ) -> StreamThread:
     """A thread and its parts. ``hooks``: what the broker's quirks add to its rounds (left
     out: nothing); ``control``: the process's control channel, which a member stuck joining
@@ -168,6 +170,12 @@ def build_stream_thread(
                          lifecycle, hooks, leaving, announcer, group_learning=group_learning)
     assignor.serve(member)
     hooks.add_member(member)
+    if round_alarm is not None and config.cooperative:
+        round_alarm.register(member)
+        consumer.on_round_heard(round_alarm.heard)
+        if round_alarm.announce is None:
+            round_alarm.announce = RoundAnnouncer(producer,
+                                                  control_topic_name(config.application_id))
     snapshots = (SnapshotSettings(config.snapshot_dir, bootstrap_servers or "")
                  if config.snapshot_dir is not None else None)
     stores = TaskStores(layout, config, snapshots)

@@ -12,6 +12,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from streams.group.control import ControlListener, control_topic_name
+from streams.group.round_alarm import ROUND_BEGUN_KEY, encode_round_begun
 from tests.broker.streams.harness import create_topics
 from tests.conftest import wait_until
 
@@ -45,3 +46,29 @@ async def test_reading_to_the_end_does_not_wait_behind_an_idle_fetch(
     finally:
         stop.set()
         await asyncio.wait_for(following, IDLE_FETCH_WAIT_MS / 1000 + 10)
+
+
+async def test_another_members_round_news_reaches_the_alarm_and_garbage_is_skipped(
+    bootstrap: str, unique: Callable[[str], str],
+) -> None:
+    app_id = unique("control-round")
+    topic = control_topic_name(app_id)
+    await create_topics(bootstrap, {topic: 1})
+    listener = ControlListener(bootstrap, app_id, "w2", on_mark=lambda mark: None)
+    begun: list[int] = []
+    listener.on_round_begun = begun.append
+    stop = asyncio.Event()
+    following = asyncio.create_task(listener.run(stop))
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        await wait_until(lambda: listener._handled == 0, timeout_s=30)
+        # Garbage first: skipped with a warning, and the news after it still heard.
+        await producer.send_and_wait(topic, key=ROUND_BEGUN_KEY, value=b"\xc1")
+        await producer.send_and_wait(topic, key=ROUND_BEGUN_KEY, value=encode_round_begun(5))
+        await wait_until(lambda: begun == [5], timeout_s=30, message="the news heard")
+        assert not following.done()
+    finally:
+        await producer.stop()
+        stop.set()
+        await asyncio.wait_for(following, 30)

@@ -1,0 +1,114 @@
+"""The round alarm: once one member hears that its group rebalances, every member joins.
+
+On the classic protocol a member hears of a round only through its next heartbeat (or
+commit), so members join a round up to one heartbeat interval apart, and the round, with
+every task it moves or gives out again, waits for the last of them. The first member of an
+instance to hear of the round (its heartbeat answered ``REBALANCE_IN_PROGRESS``) tells the
+instance's other threads at once, and the other instances through the control topic; a
+member still in the generation that the round ends then joins it without waiting for its
+heartbeat. The news only ever makes a member join a round the broker has already begun:
+it changes nothing in its subscription, so it never starts a round of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgpack
+
+log = logging.getLogger(__name__)
+
+#: Key of the records in which a member tells the group a round has begun.
+ROUND_BEGUN_KEY = b"__round_begun__"
+#: How long an announcement may take before it is given up (a heartbeat does it then).
+ANNOUNCE_TIMEOUT_S = 2.0
+
+
+def encode_round_begun(generation: int) -> bytes:
+    return msgpack.packb(generation)
+
+
+def decode_round_begun(raw: bytes) -> int:
+    """The generation the round ends; raises ValueError for a malformed record."""
+    try:
+        generation = msgpack.unpackb(raw)
+    except Exception as exc:
+        raise ValueError(f"not a round-begun record: {exc}") from None
+    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+        raise ValueError(f"not a generation: {generation!r}")
+    return generation
+
+
+class RoundMember(Protocol):
+    """A stream thread's member of the group, as the alarm sees it."""
+
+    def join_begun_round(self, begun_after: int) -> bool:
+        """Join the round begun after generation ``begun_after`` if it should
+        (:func:`should_join`); whether it did."""
+        ...
+
+
+def should_join(generation: int, rebalancing: bool, begun_after: int) -> bool:
+    """Whether a member in ``generation`` joins a round begun after ``begun_after``: only a
+    member of that very generation not yet joining (an earlier or a later one is either not
+    in the round or already past it)."""
+    return generation == begun_after and generation >= 0 and not rebalancing
+
+
+@dataclass
+class RoundAlarm:
+    """A process's side of the alarm, shared by its stream threads."""
+
+    #: Sends the news to the other instances (the control topic); None: this process only.
+    announce: Callable[[int], None] | None = None
+    members: list[RoundMember] = field(default_factory=list)
+    #: The generations whose round this process announced already (once per round).
+    _announced: set[int] = field(default_factory=set)
+
+    def register(self, member: RoundMember) -> None:
+        self.members.append(member)
+
+    def heard(self, generation: int) -> None:
+        """A member of this process heard that the round after ``generation`` has begun."""
+        if generation < 0 or generation in self._announced:
+            return
+        self._announced = {g for g in self._announced if g > generation - 8} | {generation}
+        self.wake(generation)
+        if self.announce is not None:
+            self.announce(generation)
+
+    def wake(self, generation: int) -> int:
+        """Make this process's members of ``generation`` join its round; how many did."""
+        woken = sum(1 for member in self.members if member.join_begun_round(generation))
+        if woken:
+            log.info("the round after generation %d has begun: %d member(s) of this process "
+                     "join it at once", generation, woken)
+        return woken
+
+
+class RoundAnnouncer:
+    """Tells the other instances, on the control topic, through a thread's producer (already
+    connected: a new one would take longer than the heartbeat it saves)."""
+
+    def __init__(self, producer: Any, control_topic: str) -> None:
+        self.producer = producer
+        self.control_topic = control_topic
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def __call__(self, generation: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._send(generation))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, generation: int) -> None:
+        try:
+            await asyncio.wait_for(self.producer.send_and_wait(
+                self.control_topic, key=ROUND_BEGUN_KEY, value=encode_round_begun(generation)),
+                ANNOUNCE_TIMEOUT_S)
+        except Exception as exc:  # the others hear of the round by their heartbeats
+            log.info("could not announce the round after generation %d (%s: %s)", generation,
+                     type(exc).__name__, exc)

@@ -63,7 +63,8 @@ class GroupConsumer:
                  turn_ms: int = 0, clock: Callable[[], float] | None = None) -> None:
         self._consumer = consumer
         self._committed_by_markers = committed_by_markers
-        # How long each partition keeps its turn at the fetched records (streams.kafka.turns).
+        # How long a partition number keeps its turn at the fetched records at most
+        # (streams.kafka.turns).
         self._turn_s = turn_ms / 1000
         self._clock = clock or time.monotonic
         self._turns = TurnState()
@@ -176,7 +177,7 @@ class GroupConsumer:
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         await self._consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()})
         # A turn ends with the commit interval it ran in, so that the next interval's
-        # records come from the next partition, and each store ships its keys once a turn.
+        # records come from the next partition number, and a store ships its keys once a turn.
         buffered = self._fetch_buffer()
         if buffered is not None:
             order, self._turns = end_turn(list(buffered), self._turns)

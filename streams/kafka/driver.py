@@ -42,6 +42,7 @@ from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from statestore.fetch import walk_batches
 from streams.config import AppConfig
 from streams.kafka import cooperative
+from streams.kafka.turns import TurnState, end_turn, newcomers_first, take_turns
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,16 @@ COMMIT_DEFERRED_ERRORS = (CommitFailedError, RebalanceInProgressError, IllegalSt
 class GroupConsumer:
     """A group member's consumer, and what the runtime needs to know about its group."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, committed_by_markers: bool = False) -> None:
+    def __init__(self, consumer: AIOKafkaConsumer, committed_by_markers: bool = False,
+                 turn_ms: int = 0, clock: Callable[[], float] | None = None) -> None:
         self._consumer = consumer
         self._committed_by_markers = committed_by_markers
         self._round_listener: Callable[[int], None] | None = None
+        # How long a partition number keeps its turn at the fetched records at most
+        # (streams.kafka.turns).
+        self._turn_s = turn_ms / 1000
+        self._clock = clock or time.monotonic
+        self._turns = TurnState()
 
     # -- the consumer's public API ---------------------------------------------------------
 
@@ -85,11 +92,11 @@ class GroupConsumer:
 
     async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Any]]:
         """Fetched records, up to ``max_records``, each partition's in offset order. Taken
-        in turns across partitions: aiokafka hands out its fetched records partition by
-        partition in the order they were fetched, so a task given a partition after a
-        rebalance waited until every partition fetched before it was drained (a moved task
-        processed its first record seconds after it started, behind the backlogs of the
-        other tasks moved with it)."""
+        in turns across partitions (:mod:`streams.kafka.turns`): aiokafka hands out its
+        fetched records partition by partition in the order they were fetched, so a task
+        given a partition after a rebalance waited until every partition fetched before it
+        was drained (a moved task processed its first record seconds after it started,
+        behind the backlogs of the other tasks moved with it)."""
         if self.membership_in_doubt:
             # Held in the fetcher, not dropped: the member may be in the group after all. The
             # group's errors (a fenced member) reach the thread as aiokafka's getmany raises
@@ -97,11 +104,24 @@ class GroupConsumer:
             await asyncio.sleep(timeout_ms / 1000)
             self._coordinator.check_errors()
             return {}
+        buffered = self._fetch_buffer()
+        if buffered is not None:
+            # Fetched since the last call: a partition handed nothing yet goes first.
+            hand_out_in(buffered, newcomers_first(list(buffered), self._turns))
         batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-        buffered = getattr(getattr(self._consumer, "_fetcher", None), "_records", None)
-        if isinstance(buffered, dict):
-            to_the_back(buffered, batches)
+        buffered = self._fetch_buffer()
+        if buffered is not None:
+            assignment = getattr(self._consumer, "assignment", None)
+            order, self._turns = take_turns(
+                list(buffered), list(batches), self._turns, self._clock(), self._turn_s,
+                assignment() if assignment is not None else None)
+            hand_out_in(buffered, order)
         return batches
+
+    def _fetch_buffer(self) -> dict[TopicPartition, Any] | None:
+        """aiokafka's fetched records not handed out yet, per partition in hand-out order."""
+        buffered = getattr(getattr(self._consumer, "_fetcher", None), "_records", None)
+        return buffered if isinstance(buffered, dict) else None
 
     def give_back(self, batches: dict[TopicPartition, list[Any]]) -> None:
         """Records handed out but not processed go back: each partition's position returns
@@ -164,6 +184,12 @@ class GroupConsumer:
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         await self._consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()})
+        # A turn ends with the commit interval it ran in, so that the next interval's
+        # records come from the next partition number, and a store ships its keys once a turn.
+        buffered = self._fetch_buffer()
+        if buffered is not None:
+            order, self._turns = end_turn(list(buffered), self._turns)
+            hand_out_in(buffered, order)
 
     # -- the group, from the coordinator's internals ----------------------------------------
 
@@ -328,11 +354,10 @@ def install_read_committed_records() -> None:
         fetcher_module.PartitionRecords = ReadCommittedRecords  # type: ignore[misc]
 
 
-def to_the_back(buffered: dict[TopicPartition, Any], taken: Iterable[TopicPartition]) -> None:
-    """Move the partitions records were just taken from to the back of the fetcher's buffer
-    (a dict in hand-out order), so that the next call starts with the others."""
-    for tp in list(taken):
-        if tp in buffered:
+def hand_out_in(buffered: dict[TopicPartition, Any], order: list[TopicPartition]) -> None:
+    """Reorder the fetcher's buffer (a dict in hand-out order) to ``order``, in place."""
+    if list(buffered) != order:
+        for tp in order:
             buffered[tp] = buffered.pop(tp)
 
 
@@ -372,7 +397,8 @@ def new_group_consumer(
         # ReadCommittedRecords): room for a commit interval's worth per partition.
         max_partition_fetch_bytes=(READ_COMMITTED_PARTITION_FETCH_BYTES if config.exactly_once
                                    else DEFAULT_PARTITION_FETCH_BYTES),
-    ), committed_by_markers=committed_by_markers and config.exactly_once)
+    ), committed_by_markers=committed_by_markers and config.exactly_once,
+        turn_ms=config.commit_interval_ms)
 
 
 def new_producer(bootstrap_servers: str) -> AIOKafkaProducer:

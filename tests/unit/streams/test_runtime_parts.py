@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.structs import TopicPartition
 
 from streams.kafka.driver import GroupConsumer
@@ -209,12 +210,18 @@ async def test_a_member_told_to_shut_down_while_revoking_leaves_after_the_next_r
         r.thread.task_manager.close_all()
 
 
+_ROUND_ROBIN = RoundRobinPartitionAssignor
+
+
 class _BufferingConsumer:
     """aiokafka's hand-out order: fetched records partition by partition, in the order the
     partitions sit in the fetcher's buffer, up to ``max_records`` a call."""
 
     def __init__(self, buffered: dict[TopicPartition, list[int]]) -> None:
         self._fetcher = SimpleNamespace(_records=buffered)
+
+    async def commit(self, offsets: dict[TopicPartition, Any]) -> None:
+        pass
 
     async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[int]]:
         out: dict[TopicPartition, list[int]] = {}
@@ -241,3 +248,68 @@ def test_fetched_records_are_handed_out_in_turns_across_partitions() -> None:
         return [list(await consumer.getmany(timeout_ms=0, max_records=2000)) for _ in range(3)]
 
     assert asyncio.run(first_calls()) == [[a], [b], [c, a]]
+
+
+async def _handed(consumer: GroupConsumer, calls: int) -> list[list[TopicPartition]]:
+    return [list(await consumer.getmany(timeout_ms=0, max_records=2000)) for _ in range(calls)]
+
+
+def test_a_turn_at_the_fetched_records_lasts_the_commit_interval(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Handed one fetch call each in turn, every task processed records in every commit
+    # interval and its store shipped nearly every key it holds at each commit: the counting
+    # benchmark's changelog records went up 3 times. Within a turn, one partition's records.
+    from streams.config import AppConfig
+    from streams.kafka import driver
+
+    now = [100.0]
+    monkeypatch.setattr(driver.time, "monotonic", lambda: now[0])
+    partitions = [TopicPartition("t", p) for p in range(4)]
+
+    async def scenario() -> None:
+        consumer = driver.new_group_consumer(AppConfig("a", commit_interval_ms=1000),
+                                             "127.0.0.1:9", None, 0, _ROUND_ROBIN)
+        await consumer.stop()  # never started: the real consumer is only let go
+        consumer._consumer = _BufferingConsumer(  # type: ignore[assignment]
+            {tp: list(range(20_000)) for tp in partitions})
+        # Each partition's first records first (none was handed any yet).
+        first = await _handed(consumer, 4)
+        assert sorted(tp for handed in first for tp in handed) == partitions
+        within_the_turn = {tp for handed in await _handed(consumer, 6) for tp in handed}
+        assert len(within_the_turn) == 1
+        now[0] += 1.0  # the call that finds the turn over ends it: the next partition's
+        [[ending], *later] = await _handed(consumer, 4)
+        assert {ending} == within_the_turn
+        next_turn = {tp for handed in later for tp in handed}
+        assert len(next_turn) == 1 and not next_turn & within_the_turn
+
+    asyncio.run(scenario())
+
+
+def test_a_partition_assigned_meanwhile_is_handed_records_before_the_turn_goes_on() -> None:
+    # A task moved here must not wait behind the turns of the backlogs already buffered.
+    a, b, moved = (TopicPartition("t", p) for p in range(3))
+    fetching = _BufferingConsumer({a: list(range(20_000)), b: list(range(20_000))})
+    consumer = GroupConsumer(fetching, turn_ms=60_000,  # type: ignore[arg-type]
+                             clock=lambda: 0.0)
+
+    async def scenario() -> None:
+        assert await _handed(consumer, 3) == [[a], [b], [b]]
+        fetching._fetcher._records[moved] = list(range(10))
+        assert await _handed(consumer, 2) == [[moved, b], [b]]
+
+    asyncio.run(scenario())
+
+
+def test_an_offset_commit_ends_the_turn() -> None:
+    # Aligned with the commit interval, a turn dirties one task's stores per commit.
+    a, b = (TopicPartition("t", p) for p in range(2))
+    consumer = GroupConsumer(_BufferingConsumer(  # type: ignore[arg-type]
+        {a: list(range(20_000)), b: list(range(20_000))}), turn_ms=60_000, clock=lambda: 0.0)
+
+    async def scenario() -> None:
+        assert await _handed(consumer, 4) == [[a], [b], [b], [b]]
+        await consumer.commit({b: 6000})
+        assert await _handed(consumer, 2) == [[a], [a]]
+
+    asyncio.run(scenario())

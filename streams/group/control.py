@@ -178,6 +178,9 @@ class ControlListener:
             try:
                 await self._ends.start()
                 self._ends_started = True
+                # Once now: the first ask of a partition's end looks up its leader (and
+                # waits a retry's backoff), and a member's first join would wait for that.
+                await self._ends.end_offsets([tp])
             except Exception as exc:  # read_to_end then tells its callers it could not tell
                 log.warning("control topic: no connection to ask its end on (%s)", exc)
             while not stop.is_set():

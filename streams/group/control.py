@@ -191,12 +191,8 @@ class ControlListener:
                         if record.key == TOPOLOGY_KEY:
                             continue  # for the web view (streams.group.topology_record)
                         if record.key == PROMOTION_KEY:
-                            if record.timestamp >= self._started_ms and record.value:
-                                try:
-                                    self._on_promotion_ask(decode_ask(record.value))
-                                except ValueError as exc:
-                                    log.warning("ignoring control record at offset %d: %s",
-                                                record.offset, exc)
+                            self._news(record, lambda raw: self._on_promotion_ask(
+                                decode_ask(raw)))
                             continue
                         if record.key == SUBSCRIPTION_KEY:
                             if record.timestamp >= self._started_ms and record.value:
@@ -205,20 +201,12 @@ class ControlListener:
                                     self._on_subscription(str(static_id), bytes(data))
                             continue
                         if record.key == ROUND_BEGUN_KEY:
-                            if record.timestamp >= self._started_ms and record.value:
-                                try:
-                                    self.on_round_begun(decode_round_begun(record.value))
-                                except ValueError as exc:
-                                    log.warning("ignoring control record at offset %d: %s",
-                                                record.offset, exc)
+                            self._news(record, lambda raw: self.on_round_begun(
+                                decode_round_begun(raw)))
                             continue
                         if record.key == ROUND_KEY:
-                            if record.timestamp >= self._started_ms and record.value:
-                                try:
-                                    self._on_round_report(*decode_round_report(record.value))
-                                except ValueError as exc:
-                                    log.warning("ignoring control record at offset %d: %s",
-                                                record.offset, exc)
+                            self._news(record, lambda raw: self._on_round_report(
+                                *decode_round_report(raw)))
                             continue
                         if record.key == FETCH_KEY:
                             if record.timestamp >= self._started_ms and record.value:
@@ -249,6 +237,16 @@ class ControlListener:
                 self._ends_started = False
                 with contextlib.suppress(Exception):
                     await self._ends.stop()
+
+    def _news(self, record: Any, handle: Callable[[bytes], object]) -> None:
+        """Hand a message written since this listener started to ``handle``; one it cannot
+        decode (a ValueError) is skipped with a warning, and the listener goes on."""
+        if record.timestamp < self._started_ms or not record.value:
+            return
+        try:
+            handle(record.value)
+        except ValueError as exc:
+            log.warning("ignoring control record at offset %d: %s", record.offset, exc)
 
     async def read_to_end(self, timeout_s: float) -> bool:
         """Wait until every record on the topic as of now has been handled (at most

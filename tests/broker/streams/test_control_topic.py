@@ -23,12 +23,17 @@ pytestmark = pytest.mark.broker
 IDLE_FETCH_WAIT_MS = 30_000
 
 
+async def new_control_topic(bootstrap: str, app_id: str) -> tuple[str, str]:
+    """An app id and its control topic, created."""
+    topic = control_topic_name(app_id)
+    await create_topics(bootstrap, {topic: 1})
+    return app_id, topic
+
+
 async def test_reading_to_the_end_does_not_wait_behind_an_idle_fetch(
     bootstrap: str, unique: Callable[[str], str],
 ) -> None:
-    app_id = unique("control-end")
-    topic = control_topic_name(app_id)
-    await create_topics(bootstrap, {topic: 1})
+    app_id, topic = await new_control_topic(bootstrap, unique("control-end"))
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await producer.start()
     try:
@@ -51,9 +56,7 @@ async def test_reading_to_the_end_does_not_wait_behind_an_idle_fetch(
 async def test_another_members_round_news_reaches_the_alarm_and_garbage_is_skipped(
     bootstrap: str, unique: Callable[[str], str],
 ) -> None:
-    app_id = unique("control-round")
-    topic = control_topic_name(app_id)
-    await create_topics(bootstrap, {topic: 1})
+    app_id, topic = await new_control_topic(bootstrap, unique("control-round"))
     listener = ControlListener(bootstrap, app_id, "w2", on_mark=lambda mark: None)
     begun: list[int] = []
     listener.on_round_begun = begun.append

@@ -288,13 +288,16 @@ class ChangelogFetcher:
                 self._client.add_topic(topic)
 
     async def fetch(
-        self, positions: Mapping[TopicPartition, int], sent: asyncio.Event | None = None
+        self, positions: Mapping[TopicPartition, int], sent: asyncio.Event | None = None,
+        max_wait_ms: int | None = None,
     ) -> list[FetchedPartition]:
         """Fetch every partition from its position, one request per leader, concurrently.
 
         Partitions that failed with a retriable error are left out of the result (after a
         metadata refresh): fetching them again retries. ``sent`` is set once the requests
         are on their way (or none will be), so that the caller can work meanwhile.
+        ``max_wait_ms``: how long the broker may hold a fetch that finds nothing (default:
+        the settings').
         """
         try:
             client = self.client
@@ -322,8 +325,9 @@ class ChangelogFetcher:
                 if unsent == 0 and sent is not None:
                     sent.set()
 
+            wait_ms = self.settings.max_wait_ms if max_wait_ms is None else max_wait_ms
             rounds = await asyncio.gather(
-                *(self._fetch_from(leader, wanted, one_sent)
+                *(self._fetch_from(leader, wanted, one_sent, wait_ms)
                   for leader, wanted in by_leader.items())
             )
             if leaderless:
@@ -338,14 +342,17 @@ class ChangelogFetcher:
         leader: int,
         wanted: list[tuple[TopicPartition, int]],
         on_sending: Callable[[], None] = lambda: None,
+        max_wait_ms: int | None = None,
     ) -> list[FetchedPartition]:
         settings = self.settings
+        if max_wait_ms is None:
+            max_wait_ms = settings.max_wait_ms
         by_topic: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
         for tp, offset in wanted:
             by_topic[tp.topic].append((tp.partition, offset, settings.max_partition_bytes))
         isolation = READ_UNCOMMITTED if settings.committed_by_markers else READ_COMMITTED
         request = FetchRequest(
-            settings.max_wait_ms, 1, settings.max_bytes, isolation, list(by_topic.items())
+            max_wait_ms, 1, settings.max_bytes, isolation, list(by_topic.items())
         )
         try:
             # Connected first, send() writes the request before it first waits: whoever

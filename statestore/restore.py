@@ -299,7 +299,14 @@ class ChangelogReader:
     def _send_fetch(
         self, sent: asyncio.Event | None = None
     ) -> asyncio.Task[list[FetchedPartition]]:
-        return asyncio.ensure_future(self._fetcher.fetch(dict(self._fetch_positions), sent))
+        positions = dict(self._fetch_positions)
+        # A store just registered waits for its changelog's end, which only a fetch answers.
+        # Already at the end (a standby promoted, a store restarted where it stopped), it
+        # finds nothing new, and the broker would hold the fetch for its whole max wait
+        # before saying so: every restored task waited that long to start.
+        unknown_end = any(tp not in self._ends for tp in positions)
+        return asyncio.ensure_future(
+            self._fetcher.fetch(positions, sent, max_wait_ms=0 if unknown_end else None))
 
     def _accept(self, fetched: list[FetchedPartition]) -> list[_Accepted]:
         """The fetched partitions still wanted from where they were fetched, with the changes

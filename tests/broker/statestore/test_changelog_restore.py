@@ -152,6 +152,33 @@ async def test_restart_with_checkpoint_replays_only_the_tail(
     assert dict(reopened.items()) == model
 
 
+async def test_a_store_at_its_changelog_end_learns_so_without_the_fetch_max_wait(
+    tmp_path: Path, bootstrap: str, producer: AIOKafkaProducer, app_id: str
+) -> None:
+    """A promoted standby is at its changelog's end already: the fetch that tells its reader
+    so must not sit out the broker's max wait (every task taken over waited that long)."""
+    source = open_store(tmp_path / "a", app_id)
+    await write_history(source, producer, 300, seed=3)
+    source.commit()
+    copy = open_store(tmp_path / "b", app_id)
+    async with ChangelogReader(bootstrap) as reader:
+        await reader.restore([copy], show_progress=False)
+    copy.commit()
+    async with ChangelogReader(bootstrap, fetch_max_wait_ms=30_000) as reader:
+        reader.register(copy)
+        for _ in range(10):
+            await reader.poll(timeout_ms=500)
+            if reader.lag(copy) is not None:
+                break
+        # Without a fetch that skips the max wait, the end stays unknown for 30 s.
+        assert reader.lag(copy) == 0
+        # Once the end is known, an empty fetch waits at the broker again.
+        await reader.poll(timeout_ms=500)
+        assert reader._in_flight is not None and not reader._in_flight.done()
+    source.close()
+    copy.close()
+
+
 async def test_standby_reports_lag_while_the_changelog_grows(
     tmp_path: Path, bootstrap: str, producer: AIOKafkaProducer, app_id: str
 ) -> None:

@@ -52,7 +52,8 @@ class ScriptedFetcher:
         pass
 
     async def fetch(self, positions: Mapping[TopicPartition, int],
-                    sent: asyncio.Event | None = None) -> list[FetchedPartition]:
+                    sent: asyncio.Event | None = None,
+                    max_wait_ms: int | None = None) -> list[FetchedPartition]:
         if sent is not None:
             sent.set()
         offset = positions[TP]

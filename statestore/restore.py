@@ -58,6 +58,10 @@ _ORDERED_KEY_TAGS = frozenset({0x05, 0x08, 0x10, 0x18, 0x20, 0x30, 0x40, 0xFF})
 #: included, and its member lost its session. Written in slices with the event loop run
 #: between them, the store's position moving with the last slice.
 APPLY_SLICE_BYTES = 8 * 1024 * 1024
+#: The broker's max wait for a fetch sent while a store's changelog end is unknown. Not 0:
+#: Tansu answers a fetch that may not wait with no partition at all, so the end stayed
+#: unknown for good.
+END_PROBE_WAIT_MS = 1
 
 
 @dataclass
@@ -305,8 +309,8 @@ class ChangelogReader:
         # finds nothing new, and the broker would hold the fetch for its whole max wait
         # before saying so: every restored task waited that long to start.
         unknown_end = any(tp not in self._ends for tp in positions)
-        return asyncio.ensure_future(
-            self._fetcher.fetch(positions, sent, max_wait_ms=0 if unknown_end else None))
+        return asyncio.ensure_future(self._fetcher.fetch(
+            positions, sent, max_wait_ms=END_PROBE_WAIT_MS if unknown_end else None))
 
     def _accept(self, fetched: list[FetchedPartition]) -> list[_Accepted]:
         """The fetched partitions still wanted from where they were fetched, with the changes

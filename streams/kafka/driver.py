@@ -18,6 +18,7 @@ committed. Reading the markers is correct on every broker, so this has no switch
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -74,6 +75,10 @@ class GroupConsumer:
         self._turn_s = turn_ms / 1000
         self._clock = clock or time.monotonic
         self._turns = TurnState()
+        #: Partitions fetched but not handed out: a restoring task's input read ahead
+        #: (:meth:`hold`).
+        self._held: set[TopicPartition] = set()
+        self._released = asyncio.Event()
 
     # -- the consumer's public API ---------------------------------------------------------
 
@@ -108,7 +113,16 @@ class GroupConsumer:
         if buffered is not None:
             # Fetched since the last call: a partition handed nothing yet goes first.
             hand_out_in(buffered, newcomers_first(list(buffered), self._turns))
-        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        if self._held:
+            batches = await self._getmany_unheld(timeout_ms, max_records)
+        else:
+            batches = await self._consumer.getmany(timeout_ms=timeout_ms,
+                                                   max_records=max_records)
+        held = [tp for tp in batches if tp in self._held]
+        if held:
+            # Held while the call waited: their task is not running yet. Sought back, they
+            # are fetched again for it.
+            self.give_back({tp: batches.pop(tp) for tp in held})
         buffered = self._fetch_buffer()
         if buffered is not None:
             assignment = getattr(self._consumer, "assignment", None)
@@ -117,6 +131,46 @@ class GroupConsumer:
                 assignment() if assignment is not None else None)
             hand_out_in(buffered, order)
         return batches
+
+    async def _getmany_unheld(self, timeout_ms: int, max_records: int,
+                              ) -> dict[TopicPartition, list[Any]]:
+        """aiokafka's getmany for the partitions not held. A release ends the wait early
+        (with nothing): the caller calls again, and the released partitions' records, read
+        ahead, are handed out at once."""
+        self._released.clear()
+        allowed = [tp for tp in self._consumer.assignment() if tp not in self._held]
+        if not allowed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._released.wait(), timeout_ms / 1000)
+            return {}
+        fetch = asyncio.ensure_future(
+            self._consumer.getmany(*allowed, timeout_ms=timeout_ms, max_records=max_records))
+        released = asyncio.ensure_future(self._released.wait())
+        try:
+            await asyncio.wait({fetch, released}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            released.cancel()
+            if not fetch.done():
+                fetch.cancel()
+        try:
+            return await fetch
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            return {}  # released meanwhile: aiokafka drains nothing before it waits
+
+    def hold(self, *tps: TopicPartition) -> None:
+        """Fetch these partitions but hand out none of their records until :meth:`release`:
+        a restoring task's input is read ahead (from the offsets it will start at), so that
+        its first records are at hand when it starts instead of one fetch later."""
+        self._held.update(tps)
+
+    def release(self, *tps: TopicPartition) -> None:
+        """Hand out these partitions' records again (a getmany waiting meanwhile returns)."""
+        if self._held.intersection(tps):
+            self._held.difference_update(tps)
+            self._released.set()
 
     def _fetch_buffer(self) -> dict[TopicPartition, Any] | None:
         """aiokafka's fetched records not handed out yet, per partition in hand-out order."""

@@ -10,7 +10,9 @@ an assignment arrives, and owns the lifecycle of a thread's tasks and copies.
   the request would wait behind the JoinGroup on the coordinator's connection (a broker
   answers a connection's requests in order), and the restored task with it;
 - seek kept partitions back to where their task stopped, pause the partitions of actives that
-  are still restoring.
+  are still restoring, and read their input ahead once their committed offsets are known
+  (fetched, held back from the thread), so that a task taken over from a standby has its
+  first records at hand when it starts.
 
 Opening a store may take long: one that bootstraps from a snapshot loads its files and may
 seed its changelog (:mod:`statestore.recovery`). With ``open_off_loop`` the stores an
@@ -31,6 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka.structs import TopicPartition
 
@@ -89,6 +92,9 @@ class TaskManager:
         self._opened_ahead: dict[str, dict[str, KeyValueStore]] = {}
         #: The committed offsets of each restoring active, asked for when it was assigned.
         self._committed: dict[str, asyncio.Future[dict[TopicPartition, int]]] = {}
+        #: Restoring actives whose input is read ahead: the offsets their partitions were
+        #: sought to (:meth:`_read_ahead_of`).
+        self._read_ahead: dict[str, dict[TopicPartition, int]] = {}
 
     # -- applying an assignment -------------------------------------------------------------
 
@@ -160,14 +166,20 @@ class TaskManager:
                 stores = self._stores_for(task_id)
             self.tasks.add_restoring(task_id, stores)
             self._ask_committed(task_id)
-        # Kept partitions resume where their task stopped; restoring ones wait paused.
+        # Kept partitions resume where their task stopped; restoring ones wait paused, and
+        # are read ahead again where their committed offsets are known.
         for task in self.tasks.active.values():
             for tp in task.partitions:
                 if tp in task.processed:
                     self._consumer.seek(tp, task.processed[tp])
+        for task_id in list(self._read_ahead):
+            self._stop_reading_ahead(task_id)
         paused = [tp for task_id in self.tasks.restoring for tp in self.partitions_of(task_id)]
         if paused:
             self._consumer.pause(*paused)
+        for task_id, future in self._committed.items():
+            if future.done():
+                self._read_ahead_of(task_id, future)
         self._updater.assignment_changed()
         return plan
 
@@ -192,13 +204,49 @@ class TaskManager:
     def _ask_committed(self, task_id: str) -> None:
         self._forget_committed(task_id)
         with contextlib.suppress(RuntimeError):  # no running loop: asked at the start
-            self._committed[task_id] = asyncio.ensure_future(
-                self._read_committed(self.partitions_of(task_id)))
+            future = asyncio.ensure_future(self._read_committed(self.partitions_of(task_id)))
+            self._committed[task_id] = future
+            future.add_done_callback(lambda done: self._read_ahead_of(task_id, done))
 
     def _forget_committed(self, task_id: str) -> None:
+        self._stop_reading_ahead(task_id)
         future = self._committed.pop(task_id, None)
         if future is not None:
             future.cancel()
+
+    def _read_ahead_of(self, task_id: str, future: asyncio.Future[Any]) -> None:
+        """Fetch a restoring task's input from its committed offsets while its state is
+        restored, holding the records back (:meth:`GroupConsumer.hold`): a task taken over
+        from a standby restores in a moment, and then waited a fetch or more for its first
+        records. The partitions are sought where the task will start unless its restored
+        state or its recorded positions say later (then sought again, the records read
+        ahead dropped). Partitions with no committed offset are not read ahead."""
+        if (self._committed.get(task_id) is not future or future.cancelled()
+                or future.exception() is not None or task_id not in self.tasks.restoring
+                or task_id in self._read_ahead):
+            return
+        offsets: dict[TopicPartition, int] = future.result()
+        assigned = self._consumer.assignment()
+        ahead = {tp: offsets[tp] for tp in self.partitions_of(task_id)
+                 if tp in assigned and tp in offsets}
+        if not ahead:
+            return
+        self._consumer.hold(*ahead)
+        self._read_ahead[task_id] = ahead
+        try:
+            for tp, offset in ahead.items():
+                self._consumer.seek(tp, offset)
+            self._consumer.resume(*ahead)
+        except Exception as exc:  # the consumer stopped, say: the task starts as before
+            log.info("%s: not reading %s's input ahead (%s)", self._name, task_id, exc)
+            self._stop_reading_ahead(task_id)
+
+    def _stop_reading_ahead(self, task_id: str) -> None:
+        ahead = self._read_ahead.pop(task_id, None)
+        if ahead is not None:
+            assigned = self._consumer.assignment()
+            self._consumer.pause(*[tp for tp in ahead if tp in assigned])
+            self._consumer.release(*ahead)
 
     async def _read_committed(self, partitions: list[TopicPartition],
                               ) -> dict[TopicPartition, int]:
@@ -274,18 +322,24 @@ class TaskManager:
             if tp in restored_position and restored_position[tp] > committed.get(tp, -1):
                 committed[tp] = restored_position[tp]
         self.tasks.add_running(task)
+        # Partitions read ahead from where the task starts keep what was fetched meanwhile
+        # (a seek drops it).
+        ahead = self._read_ahead.pop(task_id, {})
         assigned = self._consumer.assignment()
         from_start = [tp for tp in task.partitions if tp in assigned and tp not in committed]
         for tp in task.partitions:
             if tp in assigned and tp in committed:
-                self._consumer.seek(tp, committed[tp])
+                if ahead.get(tp) != committed[tp]:
+                    self._consumer.seek(tp, committed[tp])
                 task.processed[tp] = committed[tp]
         for tp in from_start:
             await self._consumer.seek_to_beginning(tp)
         if self.tasks.active.get(task_id) is not task:
+            self._consumer.release(*ahead)
             return False  # closed while it sought the beginning
         assigned = self._consumer.assignment()
         self._consumer.resume(*[tp for tp in task.partitions if tp in assigned])
+        self._consumer.release(*ahead)
         log.info("%s: task %s restored and running from %s", self._name, task_id,
                  {f"{tp.topic}[{tp.partition}]": committed.get(tp, "the beginning")
                   for tp in task.partitions if tp in assigned} or "no assigned partition")

@@ -49,6 +49,8 @@ class FakeConsumer:
         self.commits: list[dict[TopicPartition, int]] = []
         self.seeks: dict[TopicPartition, int] = {}
         self.paused: set[TopicPartition] = set()
+        #: Partitions read ahead for a restoring task, not handed out.
+        self.held: set[TopicPartition] = set()
         self.rejoins = 0
         self.rebalancing = False
         self.rebalancing_since: float | None = None
@@ -115,6 +117,12 @@ class FakeConsumer:
 
     def resume(self, *tps: TopicPartition) -> None:
         self.paused.difference_update(tps)
+
+    def hold(self, *tps: TopicPartition) -> None:
+        self.held.update(tps)
+
+    def release(self, *tps: TopicPartition) -> None:
+        self.held.difference_update(tps)
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)

@@ -608,8 +608,12 @@ def _place_actives(
         if destination is None:
             cold.append(task)
             continue
+        # Only the member itself gets its task back past balance: a task whose hold ended
+        # without its member goes to the instance's other threads as any task would, and
+        # balance spreads it (that instance may have fewer threads than it had).
         held = memory.lost.get(task)
-        if held is not None and held[0][0] == destination and task not in moving:
+        if (held is not None and held[0] in present and held[0][0] == destination
+                and task not in moving):
             plan.returning.add(task)
         plan.target[task] = destination
         load.add(destination, task, kind)

@@ -74,10 +74,25 @@ ONE_THREAD_BACK = Setup(
 )
 
 
+#: Instance a (2 threads) crashes, c joins and a's threads come back within the delay, all
+#: before the next round: they get their tasks back, more than balance allows now that c is
+#: there, and nothing else would start the round that moves the stateless ones to c.
+BACK_TO_A_BIGGER_GROUP = Setup(
+    threads=(2, 2),
+    tasks=(*(Task(f"0_{p}", stateful=False) for p in range(8)), Task("1_0"), Task("1_1")),
+    config=AssignorConfig(num_standbys=0, acceptable_lag=0, max_learners=1,
+                          lost_task_delay_ms=45_000),
+    slowest_ms=0, spread_ms=0, names=("a", "b", "c"),
+)
+
+
 @settings(max_examples=examples(120), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @example(setup=ONE_THREAD_BACK, chain=[Change("crash", 0, 1, None), Change("return", 0, 1, 0)],
          seed=0)
+@example(setup=BACK_TO_A_BIGGER_GROUP, chain=[Change("crash", 0, 1, None),
+                                              Change("join", 0, 2, 0), Change("return", 0, 1, 0),
+                                              Change("return", 0, 1, 0)], seed=0)
 @given(setup=setups(), chain=changes, seed=st.integers(0, 2**16))
 def test_chained_changes_keep_every_promise_and_settle_within_the_bound(
     setup: Setup, chain: list[Change], seed: int,

@@ -79,6 +79,9 @@ class _Plan:
     held: dict[str, tuple[MemberKey, int]] = field(default_factory=dict)
     #: tasks held last round that go back to their member this round (balance leaves them)
     returning: set[str] = field(default_factory=set)
+    #: instances given back more than balance allows (the group changed while they were
+    #: away): their members ask for the next round at once, which moves the excess
+    over_returned: set[str] = field(default_factory=set)
     revoke: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     #: task -> the member it was revoked for
     moving: dict[str, MemberKey] = field(default_factory=dict)
@@ -608,8 +611,12 @@ def _place_actives(
         if destination is None:
             cold.append(task)
             continue
+        # Only the member itself gets its task back past balance: a task whose hold ended
+        # without its member goes to the instance's other threads as any task would, and
+        # balance spreads it (that instance may have fewer threads than it had).
         held = memory.lost.get(task)
-        if held is not None and held[0][0] == destination and task not in moving:
+        if (held is not None and held[0] in present and held[0][0] == destination
+                and task not in moving):
             plan.returning.add(task)
         plan.target[task] = destination
         load.add(destination, task, kind)
@@ -654,6 +661,8 @@ def _balance_directly(
         movable = [t for t in load.tasks[(heavy, kind)]
                    if plan.target[t] == heavy and t not in plan.returning]
         if not movable:
+            if any(t in plan.returning for t in load.tasks[(heavy, kind)]):
+                plan.over_returned.add(heavy)
             return
         # A task that is not running anywhere yet first (no revoke), then the highest id.
         task = min(movable, key=lambda t: (t in owner, -order[t]))
@@ -1059,13 +1068,16 @@ def _assignments(
             # tasks (the learner design). The runtime has it take part in the next round,
             # which assigns them, before it leaves: its departure alone may start no round.
             shutdown = inst.leaving and not mine and not targeted[inst.instance_id]
+            # Nothing else would start the round that moves what balance could not.
+            follow_up = inst.instance_id in plan.over_returned and any(
+                t in plan.returning for t in mine)
             result[mid] = MemberAssignment(
                 active=mine,
                 being_learned=tuple(t for t in mine if t in learned),
                 learners=() if inst.leaving else ordered(learners.get(mid, ())),
                 standbys=() if inst.leaving else ordered(standbys.get(mid, ())),
                 revoked=revoked,
-                rejoin_after_ms=0 if revoked else group_timer,
+                rejoin_after_ms=0 if revoked or follow_up else group_timer,
                 shutdown=shutdown,
                 notes=notes[mid],
             )

@@ -361,8 +361,9 @@ class History:
             check_warm(views, memory, group.config.acceptable_lag, self.stateful, out)
         except AssertionError as cold:
             self.out.problems.append(f"t={at}: {cold}")
-        self.follow_up = at + ROUND_MS if any(a.revoked or a.shutdown for a in out.values()) \
-            else None
+        # A member that revoked tasks or is told to rejoin at once asks for the next round.
+        self.follow_up = at + ROUND_MS if any(
+            a.revoked or a.shutdown or a.rejoin_after_ms == 0 for a in out.values()) else None
         timers = [a.rejoin_after_ms for a in out.values()
                   if a.rejoin_after_ms and not a.revoked]
         self.timer = at + min(timers) if timers else None

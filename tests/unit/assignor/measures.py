@@ -125,9 +125,10 @@ def settle(group: Group, limit: int = 200, catch_up: bool = True, step_ms: int =
         quiet = all(not a.revoked and not a.learners and not a.shutdown for a in out.values())
         if quiet and before == after and balanced(group, group.config.tolerance):
             return rounds
-        # A member that revoked tasks rejoins at once, one that shut down leaves (and the
-        # broker starts a round), a ready learner asks for one.
-        asked = any(a.revoked or a.shutdown for a in out.values()) or bool(
+        # A member that revoked tasks (or is told to) rejoins at once, one that shut down
+        # leaves (and the broker starts a round), a ready learner asks for one.
+        asked = any(a.revoked or a.shutdown or a.rejoin_after_ms == 0
+                    for a in out.values()) or bool(
             _ready_learners(group))
         if not catch_up and not asked and not any(a.learners for a in out.values()):
             # Nobody will ask for another round: this is where the group stays.
@@ -193,8 +194,10 @@ def settle_timed(group: Group, policy: str, wait_ms: int, round_ms: int = 3_000,
         quiet = all(not a.revoked and not a.learners and not a.shutdown for a in out.values())
         if quiet and before == after and balanced(group, group.config.tolerance):
             return rounds
-        # A member that revoked tasks rejoins at once; one that shut down leaves.
-        follow_up = at + round_ms if any(a.revoked or a.shutdown for a in out.values()) else None
+        # A member that revoked tasks (or is told to) rejoins at once; one that shut down
+        # leaves.
+        follow_up = at + round_ms if any(a.revoked or a.shutdown or a.rejoin_after_ms == 0
+                                         for a in out.values()) else None
     raise AssertionError(f"not settled after {rounds} rounds: {group.active_by_member()}")
 
 

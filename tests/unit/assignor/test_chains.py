@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from assignor import AssignorConfig, Task
@@ -60,8 +60,39 @@ def setups(draw: st.DrawFn) -> Setup:
                  spread_ms=draw(st.sampled_from([0, 25_000, 70_000])), names=tuple(names))
 
 
+#: Instance a (4 threads) crashes and one of its threads comes back within the delay: when
+#: the holds of the three others end, their tasks are the instance's again but not given back
+#: to anyone, so balance must spread them (stateless ones at once) over the threads there are.
+ONE_THREAD_BACK = Setup(
+    threads=(4, 3),
+    tasks=(*(Task(f"0_{p}", stateful=False) for p in range(4)), Task("1_0", False),
+           Task("1_1", False), Task("1_2"), Task("1_3")),
+    config=AssignorConfig(num_standbys=0, acceptable_lag=0, max_learners=1,
+                          lost_task_delay_ms=7_000, scale_down_timeout_ms=90_000),
+    lag_seed=0, slowest_ms=0, spread_ms=0,
+    names=("a", "b", "c", "q", "r", "a-", "ab", "-a", "-", "aa", "aaa", "aaaa"),
+)
+
+
+#: Instance a (2 threads) crashes, c joins and a's threads come back within the delay, all
+#: before the next round: they get their tasks back, more than balance allows now that c is
+#: there, and nothing else would start the round that moves the stateless ones to c.
+BACK_TO_A_BIGGER_GROUP = Setup(
+    threads=(2, 2),
+    tasks=(*(Task(f"0_{p}", stateful=False) for p in range(8)), Task("1_0"), Task("1_1")),
+    config=AssignorConfig(num_standbys=0, acceptable_lag=0, max_learners=1,
+                          lost_task_delay_ms=45_000),
+    slowest_ms=0, spread_ms=0, names=("a", "b", "c"),
+)
+
+
 @settings(max_examples=examples(120), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
+@example(setup=ONE_THREAD_BACK, chain=[Change("crash", 0, 1, None), Change("return", 0, 1, 0)],
+         seed=0)
+@example(setup=BACK_TO_A_BIGGER_GROUP, chain=[Change("crash", 0, 1, None),
+                                              Change("join", 0, 2, 0), Change("return", 0, 1, 0),
+                                              Change("return", 0, 1, 0)], seed=0)
 @given(setup=setups(), chain=changes, seed=st.integers(0, 2**16))
 def test_chained_changes_keep_every_promise_and_settle_within_the_bound(
     setup: Setup, chain: list[Change], seed: int,

@@ -145,6 +145,59 @@ def test_a_returning_member_gets_its_stateless_tasks_back_too() -> None:
     assert group.active_by_instance()["A"] == owned
 
 
+def test_a_member_given_back_more_than_balance_allows_asks_for_the_round_that_moves_it(
+) -> None:
+    """An instance crashes and another joins before it returns within the delay: it gets its
+    stateless tasks back, more than its share now, and nothing would start another round (no
+    revoke, no learner, no hold left), so it is told to rejoin at once; that round moves
+    the excess."""
+    tasks = [Task(f"0_{n}", stateful=False) for n in range(12)]
+    group = Group(tasks, AssignorConfig(lost_task_delay_ms=60_000))
+    group.join("A", threads=2)
+    group.join("B", threads=2)
+    settle(group)
+    owned = group.active_by_instance()["A"]
+    group.crash("A")
+    group.now_ms = 1_000
+    group.round()
+    group.join("C", threads=2)
+    group.join("A", threads=2)
+    group.now_ms = 4_000
+    out = group.round()
+    assert group.active_by_instance()["A"] == owned
+    assert any(a.rejoin_after_ms == 0 for mid, a in out.items() if mid.startswith("A-"))
+    group.now_ms = 7_000
+    out = group.round()
+    assert any(a.revoked for a in out.values())
+    group.now_ms = 10_000
+    group.round()
+    assert balanced(group, 1), group.active_by_instance()
+
+
+def test_a_task_whose_hold_ends_without_its_member_is_spread_by_balance() -> None:
+    """An instance of three threads crashes and one comes back: when the holds of the two
+    others end, their stateless tasks are not given back to the one thread there is (they
+    were, past balance, and with no revoke no round followed to move them)."""
+    tasks = [*(Task(f"0_{n}", stateful=False) for n in range(4)), Task("1_0"), Task("1_1")]
+    group = Group(tasks, AssignorConfig(lost_task_delay_ms=10_000))
+    group.join("A", threads=3)
+    group.join("B", threads=3)
+    settle(group)
+    # The thread that comes back runs A's stateful task: nothing stateless of its own to move.
+    [back] = [m.thread for m in group.members.values()
+              if m.instance_id == "A" and any(t.startswith("1_") for t in m.active)]
+    group.crash("A")
+    group.now_ms = 1_000
+    group.round()
+    group.join_thread("A", back)
+    group.now_ms = 4_000
+    group.round()
+    group.now_ms = 11_000
+    out = group.round()
+    assert not any(a.revoked for a in out.values())
+    assert balanced(group, 1), group.active_by_instance()
+
+
 def test_nothing_is_held_for_a_thread_of_an_instance_marked_leaving() -> None:
     group = Group([Task(f"0_{n}") for n in range(4)], AssignorConfig(lost_task_delay_ms=60_000))
     group.join("A", threads=2)

@@ -66,6 +66,9 @@ OFFSETS_GRACE_S = 3.0
 OFFSETS_KNOWN_COORDINATOR_S = 5.0
 #: How often a sending of offsets checks the group's coordinator.
 OFFSETS_CHECK_S = 0.5
+#: A sending of offsets that took longer than this waited out a coordinator's move, as a
+#: rule: its producer is replaced once its transaction committed (see TaskProducers.renew).
+RENEW_AFTER_OFFSETS_S = 3.0
 #: How long an abort may take before the producer is released instead.
 ABORT_TIMEOUT_S = 5.0
 #: Attempts at fencing a task's previous owner before the error propagates.
@@ -179,6 +182,9 @@ class TaskTransaction:
     task_id: str
     producer: Any
     open: bool = False
+    #: When the producer was made (monotonic seconds): one older than the group's coordinator
+    #: may still send offsets to the one before it.
+    since: float = field(default_factory=time.monotonic)
     #: Changelog acknowledgements per store (filled by delivery reports).
     acks: dict[int, _StoreAcks] = field(default_factory=dict)
     errors: list[Any] = field(default_factory=list)
@@ -311,6 +317,26 @@ class TaskProducers:
         log.info("task %s: transactional producer %s ready (earlier owners fenced)",
                  task_id, tid)
         return transaction
+
+    async def renew(self, task_id: str) -> None:
+        """Replace the producer of ``task_id``, between two of its transactions, with a new
+        one that looks the coordinators up afresh. After the SIGKILL of the group's
+        coordinator, a producer whose sending of offsets waited out the move sends the next
+        ones to the dead broker (librdkafka's stale choice, issue 5511), and hangs until given
+        up, its task revived: a new producer costs one ``init_transactions`` instead. If that
+        fails, the task is left without a producer, and its next record starts one."""
+        transaction = self.transactions.get(task_id)
+        if transaction is None or transaction.open:
+            return
+        started = time.monotonic()
+        try:
+            await self.start_task(task_id)
+        except Exception as exc:
+            log.warning("task %s: a new producer could not start (%s); the next record "
+                        "starts one", task_id, exc)
+            return
+        log.info("task %s: producer replaced after the coordinator's move in %.1f s",
+                 task_id, time.monotonic() - started)
 
     async def drop(self, task_id: str, failed: bool = False) -> None:
         """Close the task's producer; an open transaction is aborted. A producer whose
@@ -472,6 +498,8 @@ class TransactionalCommitter:
         self.offsets_grace_s = OFFSETS_GRACE_S
         self.offsets_known_coordinator_s = OFFSETS_KNOWN_COORDINATOR_S
         self.offsets_check_s = OFFSETS_CHECK_S
+        #: A sending of offsets slower than this gets its producer replaced after the commit.
+        self.renew_after_offsets_s = RENEW_AFTER_OFFSETS_S
         #: Transactions committed and failed, for tests and status.
         self.commits = 0
         self.failures = 0
@@ -543,8 +571,12 @@ class TransactionalCommitter:
 
             if self._metadata is None:
                 self._metadata = await asyncio.to_thread(self._group_metadata)
+            sending = time.monotonic()
             await self._send_offsets(producer, [OffsetPartition(tp.topic, tp.partition, offset)
                                                 for tp, offset in offsets.items()])
+            renew = time.monotonic() - sending > self.renew_after_offsets_s
+        else:
+            renew = False
         unsent = await call_within(producer.flush, timeout_s=TRANSACTION_TIMEOUT_S,
                                    grace_s=self.call_grace_s)
         if transaction.errors:
@@ -562,6 +594,15 @@ class TransactionalCommitter:
         for store in task.stores.values():
             store.commit()
         self.committed.update(offsets)
+        if renew or self._coordinator_moved_since(transaction.since):
+            await self._collector.producers.renew(task.task_id)
+
+    def _coordinator_moved_since(self, since: float) -> bool:
+        """The group's consumer found its coordinator after ``since``: it moved (or was lost
+        and found again) meanwhile."""
+        known = (self._coordinator_known_since()
+                 if self._coordinator_known_since is not None else None)
+        return known is not None and known > since
 
     async def _send_offsets(self, producer: Any, offsets: list[Any]) -> None:
         """``send_offsets_to_transaction`` within its bound, and given up sooner if the

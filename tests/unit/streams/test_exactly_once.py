@@ -401,6 +401,39 @@ async def test_a_sending_of_offsets_still_waiting_once_the_group_has_its_coordin
         assert log.offsets == {(SOURCE, 0): 4} and r.consumer.rejoins == 0
 
 
+@pytest.mark.parametrize("cause", ["the coordinator moved", "slow offsets", "neither"])
+async def test_a_producer_that_waited_out_the_coordinators_move_is_replaced_after_its_commit(
+    tmp_path: Path, cause: str,
+) -> None:
+    """After the SIGKILL of the group's coordinator, a producer whose sending of offsets
+    waited out the move sends its next ones to the dead broker, and hangs: once its
+    transaction has committed, it is replaced by a new producer (fencing it, with no
+    transaction open), and the task goes on, neither revived nor rebalanced."""
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    async with eos_rig(tmp_path) as r:
+        log = log_of(r)
+        committer = r.thread.committer
+        assert isinstance(committer, TransactionalCommitter)
+        await assign(r, ("0_0",))
+        await process(r, *records[:1])
+        await committer.commit()
+        old = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
+        if cause == "the coordinator moved":
+            r.consumer.coordinator_since = old.since + 1.0  # found after the producer's start
+        elif cause == "slow offsets":
+            committer.renew_after_offsets_s = -1.0  # any sending of offsets counts as slow
+        await process(r, *records[1:3])
+        await committer.commit()
+        renewed = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
+        assert (renewed is not old) == (cause != "neither")
+        assert committer.failures == 0 and "0_0" in r.thread.tasks
+        r.consumer.coordinator_since, committer.renew_after_offsets_s = None, 3.0
+        await run_to_end(r, records, 3)
+        assert counts_out(log) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+        assert log.offsets == {(SOURCE, 0): 4} and r.consumer.rejoins == 0
+        assert committer.commits == 3 and log.aborted == 0
+
+
 def stateless_subs() -> list[SubTopology]:
     app = App("unit", bootstrap_servers="127.0.0.1:1")
     app.stream(SOURCE).map_values(lambda v: v * 10).to(SINK)

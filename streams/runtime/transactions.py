@@ -64,6 +64,13 @@ OFFSETS_GRACE_S = 3.0
 #: (and the call had started): a call still waiting then waits on the coordinator that is
 #: gone, librdkafka's stale choice (issue 5511), and is given up before its 12 + 3 s.
 OFFSETS_KNOWN_COORDINATOR_S = 5.0
+#: How long a sending of offsets may go on once another task's, started about as early (at
+#: most OFFSETS_STARTED_TOGETHER_S before it, a commit's calls start together), went through:
+#: the coordinators answer, and a call still waiting waits on the dead broker. After a
+#: SIGKILL of the group's coordinator, calls started together either returned within 0.5 s
+#: of each other or hung to their bound, 4 s and more later.
+OFFSETS_AFTER_ANOTHER_S = 2.0
+OFFSETS_STARTED_TOGETHER_S = 1.0
 #: How often a sending of offsets checks the group's coordinator.
 OFFSETS_CHECK_S = 0.5
 #: A sending of offsets that took longer than this waited out a coordinator's move, as a
@@ -498,6 +505,9 @@ class TransactionalCommitter:
         self.offsets_grace_s = OFFSETS_GRACE_S
         self.offsets_known_coordinator_s = OFFSETS_KNOWN_COORDINATOR_S
         self.offsets_check_s = OFFSETS_CHECK_S
+        self.offsets_after_another_s = OFFSETS_AFTER_ANOTHER_S
+        #: When this thread's latest sending of offsets that went through started and ended.
+        self._offsets_went_through: tuple[float, float] | None = None
         #: A sending of offsets slower than this gets its producer replaced after the commit.
         self.renew_after_offsets_s = RENEW_AFTER_OFFSETS_S
         #: Transactions committed and failed, for tests and status.
@@ -607,7 +617,9 @@ class TransactionalCommitter:
     async def _send_offsets(self, producer: Any, offsets: list[Any]) -> None:
         """``send_offsets_to_transaction`` within its bound, and given up sooner if the
         group's consumer has had a coordinator for ``offsets_known_coordinator_s`` while the
-        call went on (see :data:`OFFSETS_KNOWN_COORDINATOR_S`)."""
+        call went on (see :data:`OFFSETS_KNOWN_COORDINATOR_S`), or another task's sending of
+        offsets, started about as early, went through ``offsets_after_another_s`` ago (see
+        :data:`OFFSETS_AFTER_ANOTHER_S`)."""
         started = time.monotonic()
         call = asyncio.ensure_future(call_within(
             producer.send_offsets_to_transaction, offsets, self._metadata,
@@ -616,7 +628,16 @@ class TransactionalCommitter:
             while True:
                 done, _ = await asyncio.wait({call}, timeout=self.offsets_check_s)
                 if done:
-                    return call.result()
+                    result = call.result()
+                    self._offsets_went_through = (started, time.monotonic())
+                    return result
+                other = self._offsets_went_through
+                if (other is not None and other[0] >= started - OFFSETS_STARTED_TOGETHER_S
+                        and other[1] >= started):
+                    waited = time.monotonic() - other[1]
+                    if waited >= self.offsets_after_another_s:
+                        raise CallHung(f"send_offsets_to_transaction still waiting "
+                                       f"{waited:.1f} s after another task's went through")
                 since = (self._coordinator_known_since()
                          if self._coordinator_known_since is not None else None)
                 if since is None:

@@ -434,6 +434,41 @@ async def test_a_producer_that_waited_out_the_coordinators_move_is_replaced_afte
         assert committer.commits == 3 and log.aborted == 0
 
 
+async def test_a_sending_of_offsets_still_waiting_once_another_tasks_went_through_is_given_up(
+    tmp_path: Path,
+) -> None:
+    """Two tasks' offsets are sent together after the coordinator's SIGKILL: one goes through
+    once the coordinators moved, the other waits on the dead broker. It is given up soon
+    after the first went through (here at once, checked every ms: the unit tier may not sit
+    out a longer timer), before the group's consumer says anything, its task revived; the
+    other task commits."""
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    tp1 = TopicPartition(SOURCE, 1)
+    async with eos_rig(tmp_path) as r:
+        log = log_of(r)
+        committer = r.thread.committer
+        assert isinstance(committer, TransactionalCommitter)
+        await assign(r, ("0_0", "0_1"))
+        await r.thread.process({TP0: records[:1], tp1: [record(1, 0, "c")]})
+        await committer.commit()
+        transaction = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
+        hangs = _Hangs(transaction.producer)
+        transaction.producer = hangs
+        await r.thread.process({TP0: records[1:3], tp1: [record(1, 1, "c")]})
+        try:
+            committer.offsets_after_another_s, committer.offsets_check_s = 0.0, 0.001
+            await committer.commit()
+            assert committer.failures == 1 and "0_0" in r.thread.registry.restoring
+            assert log.offsets[(SOURCE, 1)] == 2
+            await r.thread.state_updater.restore_pending()
+            await run_to_end(r, records, 1)
+        finally:
+            hangs.release.set()
+        assert [o for o in counts_out(log) if o[0] != "c"] == [
+            ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+        assert log.offsets[(SOURCE, 0)] == 4 and r.consumer.rejoins == 0
+
+
 def stateless_subs() -> list[SubTopology]:
     app = App("unit", bootstrap_servers="127.0.0.1:1")
     app.stream(SOURCE).map_values(lambda v: v * 10).to(SINK)

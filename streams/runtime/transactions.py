@@ -608,11 +608,14 @@ class TransactionalCommitter:
             await self._collector.producers.renew(task.task_id)
 
     def _coordinator_moved_since(self, since: float) -> bool:
-        """The group's consumer found its coordinator after ``since``: it moved (or was lost
-        and found again) meanwhile."""
-        known = (self._coordinator_known_since()
-                 if self._coordinator_known_since is not None else None)
-        return known is not None and known > since
+        """The group's consumer found its coordinator after ``since``, or has none now (it
+        marked it dead, and looks for it): it moved, or is moving (or was lost and found
+        again). A commit that ended while the consumer had none was followed by one whose
+        offsets hung on its producer (run L of the fault suite)."""
+        if self._coordinator_known_since is None:
+            return False
+        known = self._coordinator_known_since()
+        return known is None or known > since
 
     async def _send_offsets(self, producer: Any, offsets: list[Any]) -> None:
         """``send_offsets_to_transaction`` within its bound, and given up sooner if the

@@ -397,7 +397,7 @@ async def test_a_sending_of_offsets_still_waiting_once_the_group_has_its_coordin
             committer.offsets_known_coordinator_s, committer.offsets_check_s = 0.0, 0.001
             await committer.commit()
             assert committer.failures == 1 and "0_0" in r.thread.registry.restoring
-            r.consumer.coordinator_since = None
+            committer.offsets_known_coordinator_s = float("inf")  # the next call: not given up
             await r.thread.state_updater.restore_pending()
             await run_to_end(r, records, 1)
         finally:
@@ -406,7 +406,8 @@ async def test_a_sending_of_offsets_still_waiting_once_the_group_has_its_coordin
         assert log.offsets == {(SOURCE, 0): 4} and r.consumer.rejoins == 0
 
 
-@pytest.mark.parametrize("cause", ["the coordinator moved", "slow offsets", "neither"])
+@pytest.mark.parametrize("cause", ["the coordinator moved", "the coordinator is moving",
+                                   "slow offsets", "neither"])
 async def test_a_producer_that_waited_out_the_coordinators_move_is_replaced_after_its_commit(
     tmp_path: Path, cause: str,
 ) -> None:
@@ -425,6 +426,8 @@ async def test_a_producer_that_waited_out_the_coordinators_move_is_replaced_afte
         old = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
         if cause == "the coordinator moved":
             r.consumer.coordinator_since = old.since + 1.0  # found after the producer's start
+        elif cause == "the coordinator is moving":
+            r.consumer.coordinator_since = None  # marked dead, looked for
         elif cause == "slow offsets":
             committer.renew_after_offsets_s = -1.0  # any sending of offsets counts as slow
         await process(r, *records[1:3])
@@ -432,7 +435,7 @@ async def test_a_producer_that_waited_out_the_coordinators_move_is_replaced_afte
         renewed = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
         assert (renewed is not old) == (cause != "neither")
         assert committer.failures == 0 and "0_0" in r.thread.tasks
-        r.consumer.coordinator_since, committer.renew_after_offsets_s = None, 3.0
+        r.consumer.coordinator_since, committer.renew_after_offsets_s = 0.0, 3.0
         await run_to_end(r, records, 3)
         assert counts_out(log) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
         assert log.offsets == {(SOURCE, 0): 4} and r.consumer.rejoins == 0

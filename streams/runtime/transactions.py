@@ -76,6 +76,9 @@ OFFSETS_CHECK_S = 0.5
 #: A sending of offsets that took longer than this waited out a coordinator's move, as a
 #: rule: its producer is replaced once its transaction committed (see TaskProducers.renew).
 RENEW_AFTER_OFFSETS_S = 3.0
+#: How long a producer's replacement (see TaskProducers.renew) may take to fence the old one
+#: (0.1 to 1.6 s after a SIGKILL in the fault suite) before its task is revived instead.
+RENEW_TIMEOUT_S = 5.0
 #: How long an abort may take before the producer is released instead.
 ABORT_TIMEOUT_S = 5.0
 #: Attempts at fencing a task's previous owner before the error propagates.
@@ -134,6 +137,14 @@ class CallHung(TransactionFailed):
     end, its timeout ignored (librdkafka issues 5456 and 5511), and the stream thread, which
     holds its lock through the commit, would wait with it. The producer is left to the
     worker thread that waits; the task starts again with a new one."""
+
+    hung = True
+
+
+class ProducerNotRenewed(TransactionFailed):
+    """A task's transaction committed, but the producer that was to replace its producer
+    could not start: the task is revived (its next producer, started off the thread's lock,
+    fences the old one with retries), from the state just committed."""
 
     hung = True
 
@@ -325,23 +336,26 @@ class TaskProducers:
                  task_id, tid)
         return transaction
 
-    async def renew(self, task_id: str) -> None:
+    async def renew(self, task_id: str, timeout_s: float = RENEW_TIMEOUT_S) -> None:
         """Replace the producer of ``task_id``, between two of its transactions, with a new
         one that looks the coordinators up afresh. After the SIGKILL of the group's
         coordinator, a producer whose sending of offsets waited out the move sends the next
         ones to the dead broker (librdkafka's stale choice, issue 5511), and hangs until given
-        up, its task revived: a new producer costs one ``init_transactions`` instead. If that
-        fails, the task is left without a producer, and its next record starts one."""
+        up, its task revived: a new producer costs one ``init_transactions`` instead. One
+        attempt, within ``timeout_s`` (the caller holds its thread's lock): if it fails, the
+        task has no producer, and the error propagates."""
         transaction = self.transactions.get(task_id)
         if transaction is None or transaction.open:
             return
         started = time.monotonic()
+        await self.drop(task_id)
+        producer = self._new_producer(transactional_id(self._application_id, task_id))
         try:
-            await self.start_task(task_id)
-        except Exception as exc:
-            log.warning("task %s: a new producer could not start (%s); the next record "
-                        "starts one", task_id, exc)
-            return
+            await call_within(producer.init_transactions, timeout_s=timeout_s)
+        except Exception:
+            await _close_producer(producer)
+            raise
+        self.transactions[task_id] = TaskTransaction(task_id, producer)
         log.info("task %s: producer replaced after the coordinator's move in %.1f s",
                  task_id, time.monotonic() - started)
 
@@ -510,6 +524,7 @@ class TransactionalCommitter:
         self._offsets_went_through: tuple[float, float] | None = None
         #: A sending of offsets slower than this gets its producer replaced after the commit.
         self.renew_after_offsets_s = RENEW_AFTER_OFFSETS_S
+        self.renew_timeout_s = RENEW_TIMEOUT_S
         #: Transactions committed and failed, for tests and status.
         self.commits = 0
         self.failures = 0
@@ -605,7 +620,11 @@ class TransactionalCommitter:
             store.commit()
         self.committed.update(offsets)
         if renew or self._coordinator_moved_since(transaction.since):
-            await self._collector.producers.renew(task.task_id)
+            try:
+                await self._collector.producers.renew(task.task_id, self.renew_timeout_s)
+            except Exception as exc:
+                raise ProducerNotRenewed(f"committed, but its new producer could not start: "
+                                         f"{type(exc).__name__}: {exc}") from exc
 
     def _coordinator_moved_since(self, since: float) -> bool:
         """The group's consumer found its coordinator after ``since``, or has none now (it

@@ -442,6 +442,45 @@ async def test_a_producer_that_waited_out_the_coordinators_move_is_replaced_afte
         assert committer.commits == 3 and log.aborted == 0
 
 
+async def test_a_producer_that_cannot_be_replaced_revives_its_task_from_what_it_committed(
+    tmp_path: Path,
+) -> None:
+    """The replacement of a producer is one attempt, made while the thread's lock is held: if
+    its ``init_transactions`` fails, the task, its transaction committed, is revived (its next
+    producer is started off the lock, with retries), neither closed nor rebalanced."""
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    async with eos_rig(tmp_path) as r:
+        log = log_of(r)
+        committer = r.thread.committer
+        assert isinstance(committer, TransactionalCommitter)
+        producers = r.thread.collector.producers  # type: ignore[union-attr]
+        await assign(r, ("0_0",))
+        await process(r, *records[:1])
+        await committer.commit()
+        new_producer = producers._new_producer
+        failing: list[_Failing] = []
+
+        def failing_once(tid: str) -> Any:
+            if failing:
+                return new_producer(tid)
+            failing.append(_Failing(new_producer(tid), "init_transactions", timed_out))
+            return failing[0]
+
+        producers._new_producer = failing_once
+        r.consumer.coordinator_since = None  # the group's coordinator is moving
+        await process(r, *records[1:3])
+        await committer.commit()
+        r.consumer.coordinator_since = 0.0
+        assert failing and failing[0].left == 0
+        assert committer.commits == 2 and committer.failures == 1
+        assert "0_0" in r.thread.registry.restoring and r.consumer.rejoins == 0
+        await r.thread.state_updater.restore_pending()
+        assert r.consumer.seeks[TP0] == 3
+        await run_to_end(r, records, 3)
+        assert counts_out(log) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+        assert log.offsets == {(SOURCE, 0): 4} and log.aborted == 0
+
+
 async def test_a_sending_of_offsets_still_waiting_once_another_tasks_went_through_is_given_up(
     tmp_path: Path,
 ) -> None:

@@ -10,9 +10,12 @@ Every commit interval, each task's transaction holds its outputs, dead letters, 
 records (the last of which is the task's input position, kept in its state) and, through
 ``send_offsets_to_transaction``, its input offsets for the group. Commit or abort decides
 them all at once. The store's write buffer reaches RocksDB only after the transaction
-committed; a failed transaction (fenced, aborted, a send error) discards the buffer, closes
-the task and asks the group to plan again: reopened, the task starts from the committed
-state on disk plus the committed changelog after its checkpoint, never a full restore.
+committed; a failed transaction (fenced, aborted, a send error) discards the buffer, and its
+task starts again from the committed state on disk plus the committed changelog after its
+checkpoint, never a full restore: in place, or, fenced, once the group has planned again
+(see :mod:`streams.runtime.transaction_errors`). After a SIGKILL of the group's
+coordinator, a producer that waited out its move is replaced once its transaction committed
+(see :meth:`TaskProducers.renew`).
 
 The offsets go with a consumer group metadata that names the group only (no member id, no
 generation): fencing rests on the per-task transactional id, not on the group generation,

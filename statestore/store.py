@@ -354,6 +354,13 @@ class KeyValueStore:
         self._unacked = 0
         self._acked_to = self.position
 
+    def roll_back(self) -> None:
+        """Drop the writes since the last commit, as ``abort`` does, for a writer whose
+        transaction was aborted: the changelog records it handed over will never be
+        acknowledged (nor applied by a reader), so none of them is waited for."""
+        self.abort()
+        self._stale_acks = 0
+
     @property
     def uncommitted(self) -> int:
         """Writes buffered since the last commit."""

@@ -10,9 +10,12 @@ Every commit interval, each task's transaction holds its outputs, dead letters, 
 records (the last of which is the task's input position, kept in its state) and, through
 ``send_offsets_to_transaction``, its input offsets for the group. Commit or abort decides
 them all at once. The store's write buffer reaches RocksDB only after the transaction
-committed; a failed transaction (fenced, aborted, a send error) discards the buffer, closes
-the task and asks the group to plan again: reopened, the task starts from the committed
-state on disk plus the committed changelog after its checkpoint, never a full restore.
+committed; a failed transaction (fenced, aborted, a send error) discards the buffer, and its
+task starts again from the committed state on disk plus the committed changelog after its
+checkpoint, never a full restore: in place, or, fenced, once the group has planned again
+(see :mod:`streams.runtime.transaction_errors`). After a SIGKILL of the group's
+coordinator, a producer that waited out its move is replaced once its transaction committed
+(see :meth:`TaskProducers.renew`).
 
 The offsets go with a consumer group metadata that names the group only (no member id, no
 generation): fencing rests on the per-task transactional id, not on the group generation,
@@ -64,8 +67,21 @@ OFFSETS_GRACE_S = 3.0
 #: (and the call had started): a call still waiting then waits on the coordinator that is
 #: gone, librdkafka's stale choice (issue 5511), and is given up before its 12 + 3 s.
 OFFSETS_KNOWN_COORDINATOR_S = 5.0
+#: How long a sending of offsets may go on once another task's, started about as early (at
+#: most OFFSETS_STARTED_TOGETHER_S before it, a commit's calls start together), went through:
+#: the coordinators answer, and a call still waiting waits on the dead broker. After a
+#: SIGKILL of the group's coordinator, calls started together either returned within 0.5 s
+#: of each other or hung to their bound, 4 s and more later.
+OFFSETS_AFTER_ANOTHER_S = 2.0
+OFFSETS_STARTED_TOGETHER_S = 1.0
 #: How often a sending of offsets checks the group's coordinator.
 OFFSETS_CHECK_S = 0.5
+#: A sending of offsets that took longer than this waited out a coordinator's move, as a
+#: rule: its producer is replaced once its transaction committed (see TaskProducers.renew).
+RENEW_AFTER_OFFSETS_S = 3.0
+#: How long a producer's replacement (see TaskProducers.renew) may take to fence the old one
+#: (0.1 to 1.6 s after a SIGKILL in the fault suite) before its task is revived instead.
+RENEW_TIMEOUT_S = 5.0
 #: How long an abort may take before the producer is released instead.
 ABORT_TIMEOUT_S = 5.0
 #: Attempts at fencing a task's previous owner before the error propagates.
@@ -128,6 +144,14 @@ class CallHung(TransactionFailed):
     hung = True
 
 
+class ProducerNotRenewed(TransactionFailed):
+    """A task's transaction committed, but the producer that was to replace its producer
+    could not start: the task is revived (its next producer, started off the thread's lock,
+    fences the old one with retries), from the state just committed."""
+
+    hung = True
+
+
 async def call_within(call: Callable[..., Any], *args: Any, timeout_s: float,
                       grace_s: float = CALL_GRACE_S) -> Any:
     """``call(*args, timeout_s)`` in a thread of its own, waited for at most ``timeout_s`` +
@@ -179,6 +203,9 @@ class TaskTransaction:
     task_id: str
     producer: Any
     open: bool = False
+    #: When the producer was made (monotonic seconds): one older than the group's coordinator
+    #: may still send offsets to the one before it.
+    since: float = field(default_factory=time.monotonic)
     #: Changelog acknowledgements per store (filled by delivery reports).
     acks: dict[int, _StoreAcks] = field(default_factory=dict)
     errors: list[Any] = field(default_factory=list)
@@ -311,6 +338,29 @@ class TaskProducers:
         log.info("task %s: transactional producer %s ready (earlier owners fenced)",
                  task_id, tid)
         return transaction
+
+    async def renew(self, task_id: str, timeout_s: float = RENEW_TIMEOUT_S) -> None:
+        """Replace the producer of ``task_id``, between two of its transactions, with a new
+        one that looks the coordinators up afresh. After the SIGKILL of the group's
+        coordinator, a producer whose sending of offsets waited out the move sends the next
+        ones to the dead broker (librdkafka's stale choice, issue 5511), and hangs until given
+        up, its task revived: a new producer costs one ``init_transactions`` instead. One
+        attempt, within ``timeout_s`` (the caller holds its thread's lock): if it fails, the
+        task has no producer, and the error propagates."""
+        transaction = self.transactions.get(task_id)
+        if transaction is None or transaction.open:
+            return
+        started = time.monotonic()
+        await self.drop(task_id)
+        producer = self._new_producer(transactional_id(self._application_id, task_id))
+        try:
+            await call_within(producer.init_transactions, timeout_s=timeout_s)
+        except Exception:
+            await _close_producer(producer)
+            raise
+        self.transactions[task_id] = TaskTransaction(task_id, producer)
+        log.info("task %s: producer replaced after the coordinator's move in %.1f s",
+                 task_id, time.monotonic() - started)
 
     async def drop(self, task_id: str, failed: bool = False) -> None:
         """Close the task's producer; an open transaction is aborted. A producer whose
@@ -472,6 +522,12 @@ class TransactionalCommitter:
         self.offsets_grace_s = OFFSETS_GRACE_S
         self.offsets_known_coordinator_s = OFFSETS_KNOWN_COORDINATOR_S
         self.offsets_check_s = OFFSETS_CHECK_S
+        self.offsets_after_another_s = OFFSETS_AFTER_ANOTHER_S
+        #: When this thread's latest sending of offsets that went through started and ended.
+        self._offsets_went_through: tuple[float, float] | None = None
+        #: A sending of offsets slower than this gets its producer replaced after the commit.
+        self.renew_after_offsets_s = RENEW_AFTER_OFFSETS_S
+        self.renew_timeout_s = RENEW_TIMEOUT_S
         #: Transactions committed and failed, for tests and status.
         self.commits = 0
         self.failures = 0
@@ -543,8 +599,12 @@ class TransactionalCommitter:
 
             if self._metadata is None:
                 self._metadata = await asyncio.to_thread(self._group_metadata)
+            sending = time.monotonic()
             await self._send_offsets(producer, [OffsetPartition(tp.topic, tp.partition, offset)
                                                 for tp, offset in offsets.items()])
+            renew = time.monotonic() - sending > self.renew_after_offsets_s
+        else:
+            renew = False
         unsent = await call_within(producer.flush, timeout_s=TRANSACTION_TIMEOUT_S,
                                    grace_s=self.call_grace_s)
         if transaction.errors:
@@ -562,11 +622,29 @@ class TransactionalCommitter:
         for store in task.stores.values():
             store.commit()
         self.committed.update(offsets)
+        if renew or self._coordinator_moved_since(transaction.since):
+            try:
+                await self._collector.producers.renew(task.task_id, self.renew_timeout_s)
+            except Exception as exc:
+                raise ProducerNotRenewed(f"committed, but its new producer could not start: "
+                                         f"{type(exc).__name__}: {exc}") from exc
+
+    def _coordinator_moved_since(self, since: float) -> bool:
+        """The group's consumer found its coordinator after ``since``, or has none now (it
+        marked it dead, and looks for it): it moved, or is moving (or was lost and found
+        again). A commit that ended while the consumer had none was followed by one whose
+        offsets hung on its producer (run L of the fault suite)."""
+        if self._coordinator_known_since is None:
+            return False
+        known = self._coordinator_known_since()
+        return known is None or known > since
 
     async def _send_offsets(self, producer: Any, offsets: list[Any]) -> None:
         """``send_offsets_to_transaction`` within its bound, and given up sooner if the
         group's consumer has had a coordinator for ``offsets_known_coordinator_s`` while the
-        call went on (see :data:`OFFSETS_KNOWN_COORDINATOR_S`)."""
+        call went on (see :data:`OFFSETS_KNOWN_COORDINATOR_S`), or another task's sending of
+        offsets, started about as early, went through ``offsets_after_another_s`` ago (see
+        :data:`OFFSETS_AFTER_ANOTHER_S`)."""
         started = time.monotonic()
         call = asyncio.ensure_future(call_within(
             producer.send_offsets_to_transaction, offsets, self._metadata,
@@ -575,7 +653,16 @@ class TransactionalCommitter:
             while True:
                 done, _ = await asyncio.wait({call}, timeout=self.offsets_check_s)
                 if done:
-                    return call.result()
+                    result = call.result()
+                    self._offsets_went_through = (started, time.monotonic())
+                    return result
+                other = self._offsets_went_through
+                if (other is not None and other[0] >= started - OFFSETS_STARTED_TOGETHER_S
+                        and other[1] >= started):
+                    waited = time.monotonic() - other[1]
+                    if waited >= self.offsets_after_another_s:
+                        raise CallHung(f"send_offsets_to_transaction still waiting "
+                                       f"{waited:.1f} s after another task's went through")
                 since = (self._coordinator_known_since()
                          if self._coordinator_known_since is not None else None)
                 if since is None:

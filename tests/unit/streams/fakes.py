@@ -68,8 +68,9 @@ class FakeConsumer:
         #: Exactly-once rigs: where the group's offsets are (committed by transactions).
         self.transactions: TransactionLog | None = None
         self._batches: asyncio.Queue[dict[TopicPartition, list[Any]]] = asyncio.Queue()
-        #: Since when (monotonic seconds) the group has had its coordinator; None: it has none.
-        self.coordinator_since: float | None = None
+        #: Since when (monotonic seconds) the group has had its coordinator (from the start);
+        #: None: it has none.
+        self.coordinator_since: float | None = 0.0
 
     def coordinator_known_since(self) -> float | None:
         return self.coordinator_since

@@ -89,6 +89,9 @@ class TaskManager:
         self._opened_ahead: dict[str, dict[str, KeyValueStore]] = {}
         #: The committed offsets of each restoring active, asked for when it was assigned.
         self._committed: dict[str, asyncio.Future[dict[TopicPartition, int]]] = {}
+        #: Revived tasks that start from their committed offsets whatever input position
+        #: their restored state reflects (:meth:`replay`).
+        self._replaying: set[str] = set()
 
     # -- applying an assignment -------------------------------------------------------------
 
@@ -264,6 +267,12 @@ class TaskManager:
         task = StreamTask(task_id, self._layout.sub_of(task_id), stores)
         recorded, committed = offsets.recorded, dict(offsets.committed)
         restored_position = task.restored_input_position()
+        replaying = task_id in self._replaying
+        if replaying:
+            # Outputs of the input past the committed offsets were lost: it is processed
+            # again, over a state that may reflect part of it (duplicates, not losses).
+            self._replaying.discard(task_id)
+            restored_position = {}
         for tp in task.partitions:
             # The group's offset may lag the last committed transaction (see
             # streams.quirks.task_positions): the task's own record of it is then later.
@@ -280,6 +289,10 @@ class TaskManager:
             if tp in assigned and tp in committed:
                 self._consumer.seek(tp, committed[tp])
                 task.processed[tp] = committed[tp]
+        if replaying:
+            # The state's position says where it starts now, in its next changelog records:
+            # a restoration elsewhere after those does not skip the input again.
+            task.record_input_position()
         for tp in from_start:
             await self._consumer.seek_to_beginning(tp)
         if self.tasks.active.get(task_id) is not task:
@@ -352,6 +365,7 @@ class TaskManager:
 
     def close_task(self, task_id: str) -> None:
         self._forget_committed(task_id)
+        self._replaying.discard(task_id)
         if task_id in self.tasks.active or task_id in self.tasks.restoring:
             stores = self._stop_active(task_id)
         else:
@@ -380,6 +394,17 @@ class TaskManager:
         self.tasks.add_restoring(task_id, self._stores_for(task_id))
         self._updater.assignment_changed()
         log.info("%s: revived task %s in place from its committed state", self._name, task_id)
+        return True
+
+    def replay(self, task_id: str) -> bool:
+        """At-least-once: some of the task's records were not delivered (see
+        :mod:`streams.runtime.delivery_errors`), so its input since the last commit is
+        processed again. Revived as by :meth:`revive`, it then starts from its committed
+        offsets even where its restored state reflects input past them (the changelog got
+        records whose outputs were lost)."""
+        if not self.revive(task_id):
+            return False
+        self._replaying.add(task_id)
         return True
 
     def close_all(self) -> None:

@@ -90,15 +90,14 @@ def flush_timeout_s(timeout_ms: int) -> float:
     return max(FLUSH_TIMEOUT_S, timeout_ms / 1000 + FLUSH_MARGIN_S)
 
 
-def new_data_producer(bootstrap_servers: str, client_id: str = "",
-                      timeout_ms: int = 45_000 - 3_000) -> Any:
-    """The producer of a thread's data. Idempotent: retries keep each partition's order, which
-    a changelog needs (a later write of a key must stay later). ``murmur2_random`` places keyed
-    records where Java clients and aiokafka do (repartition topics rely on it). The queue is
-    bounded (records and bytes) so that memory stays flat when the broker falls behind.
-    ``timeout_ms``: each record's ``message.timeout.ms`` (see :func:`message_timeout_ms`)."""
-    from confluent_kafka import Producer
-
+def data_producer_settings(bootstrap_servers: str, client_id: str = "",
+                           timeout_ms: int = 45_000 - 3_000) -> dict[str, Any]:
+    """The settings of a thread's data producer. Idempotent: retries keep each partition's
+    order, which a changelog needs (a later write of a key must stay later).
+    ``murmur2_random`` places keyed records where Java clients and aiokafka do (repartition
+    topics rely on it). The queue is bounded (records and bytes) so that memory stays flat
+    when the broker falls behind. ``timeout_ms``: each record's ``message.timeout.ms`` (see
+    :func:`message_timeout_ms`)."""
     settings: dict[str, Any] = {
         "bootstrap.servers": bootstrap_servers,
         "linger.ms": 5,
@@ -112,8 +111,17 @@ def new_data_producer(bootstrap_servers: str, client_id: str = "",
     }
     if client_id:
         settings["client.id"] = client_id
+    return settings
+
+
+def new_data_producer(bootstrap_servers: str, client_id: str = "",
+                      timeout_ms: int = 45_000 - 3_000) -> Any:
+    """The producer of a thread's data (see :func:`data_producer_settings`)."""
+    from confluent_kafka import Producer
+
     # librdkafka's own log lines (a broker gone at shutdown) go through Python's logging.
-    return Producer(settings, logger=log)
+    return Producer(data_producer_settings(bootstrap_servers, client_id, timeout_ms),
+                    logger=log)
 
 
 def hand_outputs(produce: Callable[..., None], outputs: list[Any], start: int,

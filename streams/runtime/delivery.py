@@ -302,6 +302,14 @@ class Deliveries:
                                 f"{self.flush_timeout_s:.0f}s")
         return verdict.replay
 
+    def discard_queued(self) -> None:
+        """Drop the records still queued, not yet in a request: their tasks were stopped
+        uncommitted (lost with the membership), and their new owner writes them again. Their
+        reports (``_PURGE_QUEUE``) revive nothing: the tasks are no longer this thread's."""
+        purge = getattr(self.producer, "purge", None)
+        if purge is not None and len(self.producer):
+            purge(in_queue=True, in_flight=False, blocking=False)
+
     async def close(self) -> None:
         """Wait briefly for what is in flight (records no commit covers: delivered, they
         are only not repeated); the producer is released with this object."""

@@ -218,7 +218,7 @@ def build_stream_thread(
                                committer, manager, reporter, name)
     listener = RebalanceListener(config, lock, lifecycle, consumer, producer, tasks, manager,
                                  updater, committer, member, reporter, handover, hooks,
-                                 member_files)
+                                 member_files, collector)
     updater.report_to(restored=listener, ready=member)
     # Test clients reach no broker: nothing to look for departed members on.
     remover = (hooks.departed_remover(producer, bootstrap_servers, config.application_id,

@@ -114,6 +114,10 @@ class RecordCollector:
         :meth:`Deliveries.wait_acknowledged`)."""
         return await self.deliveries.wait_acknowledged(running)
 
+    def discard_queued(self) -> None:
+        """The thread's tasks were stopped uncommitted: what they queued is not sent."""
+        self.deliveries.discard_queued()
+
     async def close(self) -> None:
         """Wait (bounded) for what is in flight; the thread stops its other producer."""
         await self.deliveries.close()

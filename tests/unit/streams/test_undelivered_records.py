@@ -169,3 +169,28 @@ async def test_a_refused_record_stays_fatal(tmp_path: Path) -> None:
         assert "0_0" in r.thread.registry.active
     finally:
         r.thread.task_manager.close_all()
+
+
+async def test_records_of_tasks_lost_with_the_membership_are_dropped_from_the_queue(
+    tmp_path: Path,
+) -> None:
+    tp1 = TopicPartition(SOURCE, 1)
+    r = rig(tmp_path)
+    try:
+        await assign(r, ("0_0",))
+        r.producer.auto_ack = False
+        await process(r, record(0, 0, "a"))
+        assert len(r.producer.to(SINK)) == 1  # its output handed, not acknowledged
+        # The broker ended the membership: the task stops uncommitted, and what it queued is
+        # not sent after its new owner's records.
+        await r.thread.listener.on_partitions_lost(r.consumer.assigned)
+        assert "0_0" not in r.thread.tasks and r.producer.purged >= 1
+        r.producer.auto_ack = True
+        # The purge's report revives nothing and fails nothing.
+        await assign(r, ("0_1",))
+        await r.thread.process({tp1: [record(1, 0, "b")]})
+        await r.thread.committer.commit()
+        assert r.consumer.committed_offsets == {tp1: 1}
+        assert sorted(r.thread.registry.active) == ["0_1"] and not r.thread.registry.restoring
+    finally:
+        r.thread.task_manager.close_all()

@@ -11,9 +11,8 @@ it twice.
 
 A task some of whose records were not delivered (their ``message.timeout.ms`` ran out: a
 broker failover longer than it) has its offsets left out of the commit and its stores
-uncommitted, and is handed to ``replay``, which revives it in place from its last committed
-offsets and its changelog (see :mod:`streams.runtime.delivery_errors`); the thread's other
-tasks commit as usual.
+uncommitted, and is handed to ``replay``, which runs it again in place from its last commit
+(see :mod:`streams.runtime.delivery_errors`); the thread's other tasks commit as usual.
 """
 
 from __future__ import annotations
@@ -42,7 +41,8 @@ class Committer:
                  tasks: Callable[[], list[StreamTask]], name: str,
                  metrics: Metrics | None = None, metrics_label: str = "",
                  purger: RepartitionPurger | None = None,
-                 replay: Callable[[str], object] | None = None) -> None:
+                 replay: Callable[[str, dict[TopicPartition, int]], object] | None = None,
+                 ) -> None:
         self._collector = collector
         #: Revives a task whose records were not delivered (None: nothing does, and such a
         #: task is only left uncommitted).
@@ -107,11 +107,11 @@ class Committer:
                 self._metrics.observe_commit(self._label, time.perf_counter() - started)
 
     def _revive(self, task_ids: list[str]) -> None:
-        log.warning("%s: records of %s were not delivered; revived from their last commit",
+        log.warning("%s: records of %s were not delivered; run again from their last commit",
                     self._name, task_ids)
         if self._replay is not None:
             for task_id in task_ids:
-                self._replay(task_id)
+                self._replay(task_id, dict(self.committed))
 
     async def close(self) -> None:
         if self.purger is not None:

@@ -33,11 +33,11 @@ the queues (microseconds). A request written before the stop reaches the broker 
 stop, before any new owner has its partitions.
 
 A record not delivered (timed out, purged) means the input it came from is processed again:
-the commit leaves its task's offsets out and the task is revived in place from its last
-committed offsets and its changelog (:mod:`streams.runtime.delivery_errors`), duplicates
-allowed, nothing lost; a broker failover longer than the timeout ends so. A record the broker
-refused otherwise is sticky: every later :meth:`Deliveries.wait_acknowledged` raises it, so
-no commit ever passes input whose outputs or changelog records the broker refused.
+the commit leaves its task's offsets out and the task runs again in place from its last
+commit (:mod:`streams.runtime.delivery_errors`), its outputs repeated, nothing lost; a broker
+failover longer than the timeout ends so. A record the broker refused otherwise is sticky:
+every later :meth:`Deliveries.wait_acknowledged` raises it, so no commit ever passes input
+whose outputs or changelog records the broker refused.
 """
 
 from __future__ import annotations

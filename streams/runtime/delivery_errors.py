@@ -3,10 +3,12 @@ tell it, and what becomes of the tasks whose records they were.
 
 - **Not delivered, and not to be** (the record's ``message.timeout.ms`` ran out, or it was
   purged from the queue): the broker never got it, or got it only in part, so the input it
-  came from is processed again. The task is revived in place from its last committed offsets
-  and its changelog, without the group (as an exactly-once task is after a failed
-  transaction, :mod:`streams.runtime.transaction_errors`): at-least-once allows the
-  duplicates, and nothing is lost. A broker failover longer than the timeout ends here.
+  came from is processed again. The task runs again in place from its last commit, without
+  the group (as an exactly-once task is revived after a failed transaction,
+  :mod:`streams.runtime.transaction_errors`): its stores drop their writes since that commit
+  and its input is sought back to the position they reflect
+  (:meth:`streams.runtime.task_manager.TaskManager.replay`). Its outputs since repeat, which
+  at-least-once allows; nothing is lost. A broker failover longer than the timeout ends here.
 - **Refused** (anything else: a record too large, an authorization error, a fatal producer):
   sending it again would be refused again. It stays sticky and fatal to the thread, so that
   no commit ever passes input whose outputs or changelog records the broker refused.

@@ -83,7 +83,14 @@ async def process(r: Rig, *records: Any) -> None:
     await r.thread.collector.ship(r.thread.registry.active.values())
 
 
-async def test_a_task_whose_outputs_timed_out_is_revived_from_its_last_commit(
+def last_counts(r: Rig) -> dict[str, int]:
+    last: dict[str, int] = {}
+    for key, count in counts_out(r):
+        last[key] = count
+    return last
+
+
+async def test_a_task_whose_outputs_timed_out_runs_again_from_its_last_commit_in_place(
     tmp_path: Path,
 ) -> None:
     records = [record(0, i, k) for i, k in enumerate("abab")]
@@ -98,34 +105,58 @@ async def test_a_task_whose_outputs_timed_out_is_revived_from_its_last_commit(
         r.producer.refusing[SINK] = timed_out()
         await process(r, *records[1:3])
         rejoins, requests = r.consumer.rejoins, list(r.control.rebalance_requests)
+        r.consumer.seeks.clear()
         await r.thread.committer.commit()
-        # Not fatal, not committed, and not the group's business: revived in place.
+        r.producer.refusing.clear()
+        # Not fatal, not committed, not the group's business: rolled back in place, its
+        # input sought back to its last commit, its store at that commit.
         assert r.consumer.committed_offsets == {TP0: 1}
         assert r.consumer.rejoins == rejoins and r.control.rebalance_requests == requests
-        assert "0_0" in r.thread.registry.restoring and TP0 in r.consumer.paused
+        task = r.thread.tasks["0_0"]
+        assert r.consumer.seeks[TP0] == 1 and task.processed[TP0] == 1
+        store = task.stores["counts"]
+        assert store.get("a") == 1 and store.get("b") is None
+        await process(r, *records[1:])
+        await r.thread.committer.commit()
+        assert r.consumer.committed_offsets == {TP0: 4}
+        # The lost outputs come again, and the state counted each record once.
+        assert last_counts(r) == {"a": 2, "b": 2}
+        assert store.get("a") == 2 and store.get("b") == 2
+    finally:
+        r.thread.task_manager.close_all()
+
+
+async def test_a_task_with_no_commit_yet_is_revived_and_reads_its_input_again(
+    tmp_path: Path,
+) -> None:
+    records = [record(0, i, k) for i, k in enumerate("ab")]
+    r = rig(tmp_path)
+    try:
+        await assign(r, ("0_0",))
+        r.producer.refusing[SINK] = timed_out()
+        await process(r, *records)
+        await r.thread.committer.commit()
         r.producer.refusing.clear()
+        # Nothing tells where its last commit left it in place: revived, it restores.
+        assert r.consumer.committed_offsets == {}
+        assert "0_0" in r.thread.registry.restoring and TP0 in r.consumer.paused
         # Its changelog holds the records that got through, and the position past them.
         r.restorer.transactions = delivered_changelog(r)  # type: ignore[assignment]
         r.consumer.seeks.clear()
         await r.thread.state_updater.restore_pending()
         task = r.thread.tasks["0_0"]
-        # It starts again from its last committed offset, whatever its restored state says.
-        assert r.consumer.seeks[TP0] == 1 and task.processed[TP0] == 1
-        assert TP0 not in r.consumer.paused
-        await process(r, *records[1:])
+        # Its input is read again from the start, whatever its restored state says (its
+        # outputs were lost): duplicates, not losses.
+        assert r.consumer.seeks[TP0] == 0 and TP0 not in task.processed
+        await process(r, *records)
         await r.thread.committer.commit()
-        assert r.consumer.committed_offsets == {TP0: 4}
-        # Every input record's output arrives; a key's last count is never under its own.
-        last: dict[str, int] = {}
-        for key, count in counts_out(r):
-            last[key] = count
-        assert last["a"] >= 2 and last["b"] >= 2
-        assert not r.thread.lifecycle.stopping
+        assert r.consumer.committed_offsets == {TP0: 2}
+        assert last_counts(r)["a"] >= 1 and last_counts(r)["b"] >= 1
     finally:
         r.thread.task_manager.close_all()
 
 
-async def test_a_task_whose_changelog_timed_out_is_revived_and_the_others_commit(
+async def test_a_task_whose_changelog_timed_out_runs_again_and_the_others_commit(
     tmp_path: Path,
 ) -> None:
     tp1 = TopicPartition(SOURCE, 1)
@@ -136,23 +167,25 @@ async def test_a_task_whose_changelog_timed_out_is_revived_and_the_others_commit
         await r.thread.committer.commit()
         await r.thread.process({TP0: [record(0, 1, "a")], tp1: [record(1, 1, "b")]})
         # The changelog record of 0_0's store times out; 0_1's gets through.
-        refused = r.producer.produce
+        produce = r.producer.produce
 
-        def produce(topic: str, **kwargs: Any) -> None:
+        def expiring(topic: str, **kwargs: Any) -> None:
             if topic == CHANGELOG and kwargs.get("partition") == 0:
                 kwargs["on_delivery"](timed_out(), None)
                 return
-            refused(topic, **kwargs)
-        r.producer.produce = produce  # type: ignore[method-assign]
+            produce(topic, **kwargs)
+        r.producer.produce = expiring  # type: ignore[method-assign]
+        r.consumer.seeks.clear()
         await r.thread.committer.commit()
+        r.producer.produce = produce  # type: ignore[method-assign]
         assert r.consumer.committed_offsets == {TP0: 1, tp1: 2}
-        assert "0_0" in r.thread.registry.restoring and "0_1" in r.thread.registry.active
-        # The next commit is not failed by the old report.
-        r.producer.produce = refused  # type: ignore[method-assign]
-        await r.thread.state_updater.restore_pending()
+        assert sorted(r.thread.registry.active) == ["0_0", "0_1"]
+        assert r.consumer.seeks == {TP0: 1}
+        # The next commit is not failed by the old report, and the count is exact.
         await r.thread.process({TP0: [record(0, 1, "a")]})
         await r.thread.committer.commit()
         assert r.consumer.committed_offsets == {TP0: 2, tp1: 2}
+        assert r.thread.tasks["0_0"].stores["counts"].get("a") == 2
     finally:
         r.thread.task_manager.close_all()
 

@@ -24,6 +24,8 @@ from streams.runtime.delivery import data_producer_settings, message_timeout_ms
 LINGER_MS = 2_000
 #: How long the resumed process serves reports before it gives up.
 REPORTS_S = 60.0
+#: How long it tries to get its first record through.
+READY_S = 60.0
 
 
 def main(bootstrap: str, topic: str, session_ms: int, heartbeat_ms: int, count: int) -> int:
@@ -31,12 +33,15 @@ def main(bootstrap: str, topic: str, session_ms: int, heartbeat_ms: int, count: 
                                       message_timeout_ms(session_ms, heartbeat_ms))
     producer = Producer({**settings, "linger.ms": LINGER_MS})
     # A first record, flushed (a flush sends at once, whatever the linger): the producer is
-    # connected and has its producer id, as a worker's is in the middle of its work.
+    # connected and has its producer id, as a worker's is in the middle of its work. Sent
+    # again while it times out (its timeout is short, and a loaded machine slow to connect).
     first: list[Any] = []
-    producer.produce(topic, value=b"ready", on_delivery=lambda err, msg: first.append(err))
-    producer.flush(30)
-    if first != [None]:
-        print(json.dumps({"ready": str(first)}), flush=True)
+    deadline = time.monotonic() + READY_S
+    while None not in first and time.monotonic() < deadline:
+        producer.produce(topic, value=b"ready", on_delivery=lambda err, msg: first.append(err))
+        producer.flush(READY_S)
+    if None not in first:
+        print(json.dumps({"ready": [str(err) for err in first]}), flush=True)
         return 2
     reports: Counter[str] = Counter()
 

@@ -341,16 +341,18 @@ class KeyValueStore:
             self._db = None
             self._release_lock()
 
-    def abort(self) -> None:
+    def abort(self, reported: bool = False) -> None:
         """Drop the writes since the last commit and the changelog records not acknowledged
-        yet; the database and its position stay at the last commit."""
+        yet; the database and its position stay at the last commit. ``reported``: every
+        changelog record handed so far has had its delivery report (acknowledged or failed),
+        so no acknowledgement still to come is to be discounted."""
         self._buffer.clear()
         self._decoded.clear()
         self._deferred.clear()
         self._covered.clear()
         self._pending.clear()
         self.changelog_bytes = 0
-        self._stale_acks += self._unacked
+        self._stale_acks = 0 if reported else self._stale_acks + self._unacked
         self._unacked = 0
         self._acked_to = self.position
 

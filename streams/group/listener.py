@@ -28,12 +28,13 @@ from streams.kafka.driver import GroupConsumer
 from streams.quirks.hooks import RoundHooks
 from streams.runtime.commit import Committer
 from streams.runtime.lifecycle import FatalThreadError, Lifecycle, ThreadState
+from streams.runtime.record_collector import RecordCollector
 from streams.runtime.state_updater import StateUpdater
 from streams.runtime.task_manager import TaskManager
 from streams.runtime.tasks import Tasks
 from streams.runtime.thread_status import StatusReporter
 from streams.runtime.transaction_errors import revivable
-from streams.runtime.transactions import TransactionalCommitter
+from streams.runtime.transactions import TransactionalCollector, TransactionalCommitter
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class RebalanceListener(ConsumerRebalanceListener):
         state_updater: StateUpdater, committer: Committer | TransactionalCommitter,
         member: GroupMember, reporter: StatusReporter, handover: LearnerHandover,
         hooks: RoundHooks, member_files: MemberFiles | None = None,
+        collector: RecordCollector | TransactionalCollector | None = None,
     ) -> None:
         self.config = config
         self.lock = lock
@@ -65,6 +67,8 @@ class RebalanceListener(ConsumerRebalanceListener):
         #: Where this thread keeps its member id for a restart after a crash to remove
         #: (see :mod:`streams.group.predecessors`).
         self.member_files = member_files
+        #: Ships the tasks' records: what lost tasks queued is dropped (None: nothing is).
+        self.collector = collector
         self.name = member.name
         #: Between the revocation and the assignment callbacks: fetched batches are dropped
         #: (kept partitions are sought back to their processed offset after the rebalance).
@@ -102,6 +106,10 @@ class RebalanceListener(ConsumerRebalanceListener):
             lost = [*self.registry.active, *self.registry.restoring]
             for task_id in lost:
                 self.task_manager.close_task(task_id)
+            if lost and self.collector is not None:
+                # Records still queued would land after the new owner's (those queued before
+                # a long stop expired already: streams.runtime.delivery).
+                self.collector.discard_queued()
             if lost:
                 log.warning("%s: lost %s with its membership; stopped them uncommitted",
                             self.name, sorted(lost))

@@ -8,6 +8,11 @@
 A crash between two steps loses nothing: uncommitted input is processed again, and the
 stores' input position (written with the changelog records) keeps their state from counting
 it twice.
+
+A task some of whose records were not delivered (their ``message.timeout.ms`` ran out: a
+broker failover longer than it) has its offsets left out of the commit and its stores
+uncommitted, and is handed to ``replay``, which runs it again in place from its last commit
+(see :mod:`streams.runtime.delivery_errors`); the thread's other tasks commit as usual.
 """
 
 from __future__ import annotations
@@ -35,8 +40,13 @@ class Committer:
     def __init__(self, collector: RecordCollector, consumer: GroupConsumer,
                  tasks: Callable[[], list[StreamTask]], name: str,
                  metrics: Metrics | None = None, metrics_label: str = "",
-                 purger: RepartitionPurger | None = None) -> None:
+                 purger: RepartitionPurger | None = None,
+                 replay: Callable[[str, dict[TopicPartition, int]], object] | None = None,
+                 ) -> None:
         self._collector = collector
+        #: Revives a task whose records were not delivered (None: nothing does, and such a
+        #: task is only left uncommitted).
+        self._replay = replay
         self._consumer = consumer
         self._tasks = tasks
         self._name = name
@@ -53,10 +63,12 @@ class Committer:
         waits for anyway)."""
         started = time.perf_counter()
         tasks = self._tasks()
+        running = [task.task_id for task in tasks]
         await self._collector.ship(tasks)
-        await self._collector.wait_acknowledged()
+        replay = set(await self._collector.wait_acknowledged(running))
         offsets: dict[TopicPartition, int] = {
-            tp: offset for task in tasks for tp, offset in task.processed.items()
+            tp: offset for task in tasks if task.task_id not in replay
+            for tp, offset in task.processed.items()
         }
         if offsets and self._consumer.rebalancing and not force:
             # A commit now would wait for the join to complete, while the join's callbacks
@@ -71,13 +83,17 @@ class Committer:
                 # the next commit carries these offsets, and the stores' input position keeps
                 # the state exact meanwhile.
                 log.info("%s: offset commit deferred: %s", self._name, exc)
-        for task in tasks:
+        kept = [task for task in tasks if task.task_id not in replay]
+        for task in kept:
             task.purge_expired_windows()
-        await self._collector.send_changelogs(tasks)
-        await self._collector.wait_acknowledged()
+        await self._collector.send_changelogs(kept)
+        replay.update(await self._collector.wait_acknowledged(running))
         for task in tasks:
-            for store in task.stores.values():
-                store.commit()
+            if task.task_id not in replay:
+                for store in task.stores.values():
+                    store.commit()
+        if replay:
+            self._revive(sorted(replay))
         if self.purger is not None:
             self.purger.after_commit(tasks, self.committed)
         if self._metrics is not None:
@@ -89,6 +105,13 @@ class Committer:
                 # commits on its interval from its start, before its tasks have run or read
                 # anything, and such a commit committed no record.
                 self._metrics.observe_commit(self._label, time.perf_counter() - started)
+
+    def _revive(self, task_ids: list[str]) -> None:
+        log.warning("%s: records of %s were not delivered; run again from their last commit",
+                    self._name, task_ids)
+        if self._replay is not None:
+            for task_id in task_ids:
+                self._replay(task_id, dict(self.committed))
 
     async def close(self) -> None:
         if self.purger is not None:

@@ -40,7 +40,7 @@ from streams.metrics import Metrics
 from streams.quirks.hooks import RoundHooks
 from streams.quirks.task_positions import PositionReader
 from streams.runtime.commit import Committer
-from streams.runtime.delivery import new_data_producer
+from streams.runtime.delivery import flush_timeout_s, message_timeout_ms, new_data_producer
 from streams.runtime.lifecycle import Lifecycle
 from streams.runtime.record_collector import RecordCollector
 from streams.runtime.repartition_purge import Deleter, RepartitionPurger
@@ -204,16 +204,21 @@ def build_stream_thread(
             FailedTransactions(manager, member).task_failed, metrics, label, positions, purger,
             getattr(consumer, "coordinator_known_since", None))
     else:
+        # Records queued before a stop that cost the member its partitions expire unsent.
+        timeout_ms = message_timeout_ms(config.session_timeout_ms,
+                                        config.heartbeat_interval_ms)
         data_producer = (clients.data_producer if clients.data_producer is not None
-                         else new_data_producer(bootstrap_servers or "", f"{label}-data"))
+                         else new_data_producer(bootstrap_servers or "", f"{label}-data",
+                                                timeout_ms))
         collector = RecordCollector(data_producer, config.dead_letters, metrics, label,
-                                    config.changelog_buffer_bytes)
-        committer = Committer(collector, consumer, tasks.running, name, metrics, label, purger)
+                                    config.changelog_buffer_bytes, flush_timeout_s(timeout_ms))
+        committer = Committer(collector, consumer, tasks.running, name, metrics, label, purger,
+                              manager.replay)
     handover = LearnerHandover(promotion_asks, config.cooperative, subs, tasks, lock,
                                committer, manager, reporter, name)
     listener = RebalanceListener(config, lock, lifecycle, consumer, producer, tasks, manager,
                                  updater, committer, member, reporter, handover, hooks,
-                                 member_files)
+                                 member_files, collector)
     updater.report_to(restored=listener, ready=member)
     # Test clients reach no broker: nothing to look for departed members on.
     remover = (hooks.departed_remover(producer, bootstrap_servers, config.application_id,

@@ -19,7 +19,7 @@ from typing import Any
 from statestore.record_size import truncated_payload
 from statestore.store import KeyValueStore
 from streams.metrics import Metrics
-from streams.runtime.delivery import Deliveries
+from streams.runtime.delivery import FLUSH_TIMEOUT_S, Deliveries
 from streams.runtime.task import MAX_ERROR_CHARS, RecordError, StreamTask, drop_reason
 
 log = logging.getLogger(__name__)
@@ -36,10 +36,11 @@ def changelogs_due(tasks: Iterable[StreamTask], buffer_bytes: int) -> bool:
 
 class RecordCollector:
     def __init__(self, producer: Any, dead_letter_topic: str, metrics: Metrics | None = None,
-                 metrics_label: str = "", changelog_buffer_bytes: int = 0) -> None:
+                 metrics_label: str = "", changelog_buffer_bytes: int = 0,
+                 flush_timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         self.producer = producer
         self.changelog_buffer_bytes = changelog_buffer_bytes
-        self.deliveries = Deliveries(producer)
+        self.deliveries = Deliveries(producer, flush_timeout_s)
         self._metrics = metrics
         self._label = metrics_label
         self._dead_letter_topic = dead_letter_topic
@@ -59,18 +60,18 @@ class RecordCollector:
             outputs = task.take_outputs()
             handed = 0
             try:
-                handed = deliveries.hand(outputs, 0)
+                handed = deliveries.hand(outputs, 0, task_id=task.task_id)
                 while handed < len(outputs):
                     await deliveries.room()
-                    handed = deliveries.hand(outputs, handed)
+                    handed = deliveries.hand(outputs, handed, task_id=task.task_id)
             finally:
                 task.context.outputs[:0] = outputs[handed:]
             if changelogs and task.stores:
                 task.record_input_position()
-                await self._send_pending(task.stores.values())
+                await self._send_pending(task.task_id, task.stores.values())
         deliveries.serve()
 
-    async def _send_pending(self, stores: Iterable[KeyValueStore]) -> None:
+    async def _send_pending(self, task_id: str, stores: Iterable[KeyValueStore]) -> None:
         deliveries = self.deliveries
         for store in stores:
             topic = store.changelog_topic
@@ -79,7 +80,7 @@ class RecordCollector:
             records = store.drain_changelog()
             if not records:
                 continue
-            tracked = deliveries.for_store(store)
+            tracked = deliveries.for_store(store, task_id)
             handed = 0
             try:
                 handed = deliveries.hand(records, 0, topic, store.partition, tracked)
@@ -94,22 +95,28 @@ class RecordCollector:
 
     async def send_changelogs(self, tasks: Iterable[StreamTask]) -> None:
         for task in tasks:
-            await self._send_pending(task.stores.values())
+            await self._send_pending(task.task_id, task.stores.values())
 
     async def dead_letter(self, error: RecordError, task_id: str = "") -> None:
         record = error.record
         log.warning("%s; sent to %s", str(error)[:MAX_ERROR_CHARS], self._dead_letter_topic)
         key, value, cut = truncated_payload(record.key, record.value)
         await self.deliveries.send(self._dead_letter_topic, key, value,
-                                   error.dead_letter_headers() + cut)
+                                   error.dead_letter_headers() + cut, task_id)
         self.dead_lettered += 1
         if self._metrics is not None:
             self._metrics.record_dead_letters(self._label, task_id, reason=drop_reason(error))
 
-    async def wait_acknowledged(self) -> None:
-        """Every output, dead letter and changelog record sent so far is acknowledged (the
-        stores' changelog positions move on); raises the first send error."""
-        await self.deliveries.wait_acknowledged()
+    async def wait_acknowledged(self, running: Iterable[str] = ()) -> frozenset[str]:
+        """Every output, dead letter and changelog record sent so far is reported (the
+        stores' changelog positions move on); returns the tasks among ``running`` whose
+        records were not delivered, and raises the first refusal (see
+        :meth:`Deliveries.wait_acknowledged`)."""
+        return await self.deliveries.wait_acknowledged(running)
+
+    def discard_queued(self) -> None:
+        """The thread's tasks were stopped uncommitted: what they queued is not sent."""
+        self.deliveries.discard_queued()
 
     async def close(self) -> None:
         """Wait (bounded) for what is in flight; the thread stops its other producer."""

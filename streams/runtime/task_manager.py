@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +95,9 @@ class TaskManager:
         #: Restoring actives whose input is read ahead: the offsets their partitions were
         #: sought to (:meth:`_read_ahead_of`).
         self._read_ahead: dict[str, dict[TopicPartition, int]] = {}
+        #: Revived tasks that start from their committed offsets whatever input position
+        #: their restored state reflects (:meth:`replay`).
+        self._replaying: set[str] = set()
 
     # -- applying an assignment -------------------------------------------------------------
 
@@ -312,6 +315,12 @@ class TaskManager:
         task = StreamTask(task_id, self._layout.sub_of(task_id), stores)
         recorded, committed = offsets.recorded, dict(offsets.committed)
         restored_position = task.restored_input_position()
+        replaying = task_id in self._replaying
+        if replaying:
+            # Outputs of the input past the committed offsets were lost: it is processed
+            # again, over a state that may reflect part of it (duplicates, not losses).
+            self._replaying.discard(task_id)
+            restored_position = {}
         for tp in task.partitions:
             # The group's offset may lag the last committed transaction (see
             # streams.quirks.task_positions): the task's own record of it is then later.
@@ -332,6 +341,10 @@ class TaskManager:
                 if ahead.get(tp) != committed[tp]:
                     self._consumer.seek(tp, committed[tp])
                 task.processed[tp] = committed[tp]
+        if replaying:
+            # The state's position says where it starts now, in its next changelog records:
+            # a restoration elsewhere after those does not skip the input again.
+            task.record_input_position()
         for tp in from_start:
             await self._consumer.seek_to_beginning(tp)
         if self.tasks.active.get(task_id) is not task:
@@ -406,6 +419,7 @@ class TaskManager:
 
     def close_task(self, task_id: str) -> None:
         self._forget_committed(task_id)
+        self._replaying.discard(task_id)
         if task_id in self.tasks.active or task_id in self.tasks.restoring:
             stores = self._stop_active(task_id)
         else:
@@ -441,6 +455,50 @@ class TaskManager:
         self.tasks.add_restoring(task_id, stores)
         self._updater.assignment_changed()
         log.info("%s: revived task %s in place from its committed state", self._name, task_id)
+        return True
+
+    def replay(self, task_id: str, committed: Mapping[TopicPartition, int]) -> bool:
+        """At-least-once: some of the task's records were not delivered (see
+        :mod:`streams.runtime.delivery_errors`), so its input since its last commit is
+        processed again. A stateful task is rolled back in place (:meth:`_roll_back`); one
+        that cannot be (no state, or a position its state does not know) is revived as by
+        :meth:`revive`, and then starts from its committed offsets even where its restored
+        state reflects input past them (the changelog got records whose outputs were lost).
+        ``committed``: the offsets this thread last committed."""
+        if self._roll_back(task_id, committed):
+            return True
+        if not self.revive(task_id):
+            return False
+        self._replaying.add(task_id)
+        return True
+
+    def _roll_back(self, task_id: str, committed: Mapping[TopicPartition, int]) -> bool:
+        """Drop the task's writes since its stores' last commit and run it again at once, in
+        place, from the input position that commit reflects (or, for a partition the state
+        has no position of, the offset this thread committed): its outputs since repeat, its
+        state stays exact, and nothing is read from the changelog (records of the failed
+        commit that got there are written again by the input processed again). False, with
+        nothing done, if the position of one of its partitions is not known here."""
+        task = self.tasks.active.get(task_id)
+        partitions = self.partitions_of(task_id)
+        if task is None or not task.stores or not set(partitions) <= self._consumer.assignment():
+            return False
+        for store in task.stores.values():
+            # Called once the commit's flush returned: every record handed has been reported.
+            store.abort(reported=True)
+        again = StreamTask(task_id, self._layout.sub_of(task_id), task.stores)
+        position = again.restored_input_position()
+        start = {tp: position[tp] if tp in position else committed.get(tp) for tp in partitions}
+        if any(offset is None for offset in start.values()):
+            return False
+        self.tasks.remove_running(task_id)
+        self.tasks.add_running(again)
+        for tp, offset in start.items():
+            assert offset is not None
+            self._consumer.seek(tp, offset)
+            again.processed[tp] = offset
+        log.info("%s: rolled task %s back to its last commit, from %s", self._name, task_id,
+                 {f"{tp.topic}[{tp.partition}]": offset for tp, offset in start.items()})
         return True
 
     def close_all(self) -> None:

@@ -475,6 +475,10 @@ class TransactionalCollector:
     async def wait_acknowledged(self) -> None:
         """Acknowledgements are waited for at commit, inside each transaction."""
 
+    def discard_queued(self) -> None:
+        """Nothing to do: a stopped task's producer is dropped (and fenced by its next
+        owner) with its open transaction."""
+
     async def close(self) -> None:
         await self.producers.close()
 

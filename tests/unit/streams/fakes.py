@@ -191,6 +191,8 @@ class FakeProducer:
         self._ready: list[tuple[Any, Any, Sent, int]] = []
         #: Calls of :meth:`flush` waiting for acknowledgements now (a commit waiting).
         self.flushes_waiting = 0
+        #: Records dropped from the queue by :meth:`purge`.
+        self.purged = 0
 
     async def start(self) -> None:
         pass
@@ -275,6 +277,19 @@ class FakeProducer:
                 self.flushes_waiting -= 1
         self.poll()
         return len(self)
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True,
+              blocking: bool = True) -> None:
+        """Records not acknowledged yet are dropped: reported ``_PURGE_QUEUE`` at the next
+        poll, as librdkafka does."""
+        from confluent_kafka import KafkaError
+
+        with self._reports:
+            queued, self._queued = self._queued, []
+            for callback, record in queued:
+                self._ready.append((callback, KafkaError(KafkaError._PURGE_QUEUE), record, -1))
+            self.purged += len(queued)
+            self._reports.notify_all()
 
     def __len__(self) -> int:
         with self._reports:

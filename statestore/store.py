@@ -343,9 +343,9 @@ class KeyValueStore:
 
     def abort(self, reported: bool = False) -> None:
         """Drop the writes since the last commit and the changelog records not acknowledged
-        yet; the database and its position stay at the last commit. ``reported``: every
-        changelog record handed so far has had its delivery report (acknowledged or failed),
-        so no acknowledgement still to come is to be discounted."""
+        yet; the database and its position stay at the last commit. ``reported``: no
+        acknowledgement of a changelog record handed so far is still to come (each had its
+        delivery report, or its writer's transaction was aborted), so none is discounted."""
         self._buffer.clear()
         self._decoded.clear()
         self._deferred.clear()
@@ -355,13 +355,6 @@ class KeyValueStore:
         self._stale_acks = 0 if reported else self._stale_acks + self._unacked
         self._unacked = 0
         self._acked_to = self.position
-
-    def roll_back(self) -> None:
-        """Drop the writes since the last commit, as ``abort`` does, for a writer whose
-        transaction was aborted: the changelog records it handed over will never be
-        acknowledged (nor applied by a reader), so none of them is waited for."""
-        self.abort()
-        self._stale_acks = 0
 
     @property
     def uncommitted(self) -> int:

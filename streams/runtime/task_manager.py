@@ -450,7 +450,7 @@ class TaskManager:
         self._forget_committed(task_id)
         stores = self._stop_active(task_id)
         for store in stores.values():
-            store.roll_back()
+            store.abort(reported=True)  # its transaction was aborted
         self._consumer.pause(*partitions)
         self.tasks.add_restoring(task_id, stores)
         self._updater.assignment_changed()

@@ -56,6 +56,13 @@ READ_COMMITTED_PARTITION_FETCH_BYTES = 16 * 1024 * 1024
 #: flight returns; among idle partitions that is this long, and it sits in every hand-over.
 FETCH_MAX_WAIT_MS = 100
 
+#: The most records one fetch call hands the thread while a task starts (its input read
+#: ahead, or resumed less than :data:`STARTING_WINDOW_S` ago): a full call's batch of a
+#: heavy app took 0.25 s to process, and a task that started meanwhile waited behind it,
+#: and behind one more for each task moved with it.
+STARTING_BATCH = 200
+STARTING_WINDOW_S = 1.0
+
 #: Errors of an offset commit that mean "a rebalance is under way": the next commit carries
 #: the offsets.
 COMMIT_DEFERRED_ERRORS = (CommitFailedError, RebalanceInProgressError, IllegalStateError,
@@ -79,6 +86,8 @@ class GroupConsumer:
         #: (:meth:`hold`).
         self._held: set[TopicPartition] = set()
         self._released = asyncio.Event()
+        #: When (clock seconds) partitions were last resumed: a task started.
+        self._resumed_at: float | None = None
 
     # -- the consumer's public API ---------------------------------------------------------
 
@@ -113,6 +122,8 @@ class GroupConsumer:
         if buffered is not None:
             # Fetched since the last call: a partition handed nothing yet goes first.
             hand_out_in(buffered, newcomers_first(list(buffered), self._turns))
+        if self._starting():
+            max_records = min(max_records, STARTING_BATCH)
         if self._held:
             batches = await self._getmany_unheld(timeout_ms, max_records)
         else:
@@ -160,6 +171,14 @@ class GroupConsumer:
                 raise
             return {}  # released meanwhile: aiokafka drains nothing before it waits
 
+    def _starting(self) -> bool:
+        """Whether a task is about to get its first records: its input is read ahead, or
+        its partitions were resumed a moment ago."""
+        if self._held:
+            return True
+        return (self._resumed_at is not None
+                and self._clock() - self._resumed_at < STARTING_WINDOW_S)
+
     def hold(self, *tps: TopicPartition) -> None:
         """Fetch these partitions but hand out none of their records until :meth:`release`:
         a restoring task's input is read ahead (from the offsets it will start at), so that
@@ -206,6 +225,8 @@ class GroupConsumer:
 
     def resume(self, *tps: TopicPartition) -> None:
         self._consumer.resume(*tps)
+        if tps:
+            self._resumed_at = self._clock()
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._consumer.assignment())

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiokafka.structs import TopicPartition
 
-from streams.kafka.driver import GroupConsumer
+from streams.kafka.driver import STARTING_BATCH, STARTING_WINDOW_S, GroupConsumer
 from streams.runtime.task import StreamTask
 from tests.unit.streams.fakes import SOURCE, assign, rig
 
@@ -149,3 +149,44 @@ async def test_a_later_start_than_the_committed_offset_seeks_again(
         assert r.consumer.seeks[tp] == 9
         assert r.thread.tasks["0_0"].processed == {tp: 9}
         assert not r.consumer.held
+
+
+class _BatchingConsumer:
+    """aiokafka's getmany with ``max_records``: one partition's buffered records, at most
+    that many."""
+
+    def __init__(self, records: list[int]) -> None:
+        self.records = records
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition("t", 0)}
+
+    def resume(self, *tps: TopicPartition) -> None:
+        pass
+
+    async def getmany(self, *partitions: TopicPartition, timeout_ms: int,
+                      max_records: int) -> dict[TopicPartition, list[int]]:
+        taken, self.records = self.records[:max_records], self.records[max_records:]
+        return {TopicPartition("t", 0): taken}
+
+
+async def test_while_a_task_starts_the_thread_takes_small_batches() -> None:
+    # A full batch of a heavy app took 0.25 s to process: a task started meanwhile waited
+    # behind it for its first records, and behind one more per task moved with it.
+    now = [0.0]
+    consumer = GroupConsumer(_BatchingConsumer(list(range(10_000))),  # type: ignore[arg-type]
+                             clock=lambda: now[0])
+    moved = TopicPartition("t", 1)
+
+    async def batch() -> int:
+        return sum(len(r) for r in (await consumer.getmany(timeout_ms=0,
+                                                           max_records=2000)).values())
+
+    assert await batch() == 2000
+    consumer.hold(moved)  # its input read ahead while it restores
+    assert await batch() == STARTING_BATCH
+    consumer.release(moved)
+    consumer.resume(moved)
+    assert await batch() == STARTING_BATCH
+    now[0] += STARTING_WINDOW_S
+    assert await batch() == 2000

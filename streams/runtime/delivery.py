@@ -90,8 +90,8 @@ def flush_timeout_s(timeout_ms: int) -> float:
     return max(FLUSH_TIMEOUT_S, timeout_ms / 1000 + FLUSH_MARGIN_S)
 
 
-def data_producer_settings(bootstrap_servers: str, client_id: str = "",
-                           timeout_ms: int = 45_000 - 3_000) -> dict[str, Any]:
+def data_producer_settings(bootstrap_servers: str, client_id: str,
+                           timeout_ms: int) -> dict[str, Any]:
     """The settings of a thread's data producer. Idempotent: retries keep each partition's
     order, which a changelog needs (a later write of a key must stay later).
     ``murmur2_random`` places keyed records where Java clients and aiokafka do (repartition
@@ -114,8 +114,7 @@ def data_producer_settings(bootstrap_servers: str, client_id: str = "",
     return settings
 
 
-def new_data_producer(bootstrap_servers: str, client_id: str = "",
-                      timeout_ms: int = 45_000 - 3_000) -> Any:
+def new_data_producer(bootstrap_servers: str, client_id: str, timeout_ms: int) -> Any:
     """The producer of a thread's data (see :func:`data_producer_settings`)."""
     from confluent_kafka import Producer
 

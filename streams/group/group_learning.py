@@ -16,8 +16,12 @@ every member's learners: fewer fresh records of its round than the round had mem
 member that has not published since the round, a crashed one, one too old to publish
 ``learning``).
 
-The app follows the status topic for this only once a member first asks, so that a group
-that never holds ready learners reads nothing.
+The same records tell which members have been silent for longer than a session timeout
+(:meth:`GroupLearning.past_session`): a broker that keeps such a member in its rounds is told
+to remove it (:mod:`streams.group.join_watch`).
+
+The app follows the status topic only once a member first asks, so that a group that never
+holds ready learners, on a broker that needs no removal, reads nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ FRESH_WITHIN_MS = 5_000
 #: A member whose latest status record is this old has missed three publications: it is
 #: frozen (a pause, a stopped process) or gone.
 SILENT_AFTER_MS = 3_000
+#: A member silent this many session timeouts is long gone: any broker has ended its
+#: session, so it is no longer looked for in the group.
+GONE_AFTER_SESSIONS = 3
 
 
 @dataclass(frozen=True)
@@ -149,6 +156,16 @@ class GroupLearning:
                       if member != me and learning.generation == generation
                       and SILENT_AFTER_MS <= now_ms - learning.updated_ms
                       <= session_timeout_ms + 1_000)
+
+    def past_session(self, me: str, now_ms: int, session_timeout_ms: int) -> list[str]:
+        """The other members silent for longer than a session timeout (but not yet for
+        :data:`GONE_AFTER_SESSIONS` of them): gone or frozen, whatever round they were in.
+        Every broker should have ended their sessions, so one that still counts them in can
+        be told to remove them. Starts following the status topic on first use."""
+        self._follow()
+        return sorted(member for member, learning in self._members.items()
+                      if member != me and session_timeout_ms < now_ms - learning.updated_ms
+                      <= GONE_AFTER_SESSIONS * session_timeout_ms)
 
     def _follow(self) -> None:
         if not self._following:

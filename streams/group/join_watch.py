@@ -8,6 +8,11 @@ held by something only the group can undo, so it acts, each remedy at most every
 - after about one round it removes static members that are gone but that the broker still
   keeps in the group (:mod:`streams.quirks.departed_members`), which can hold a newcomer's round
   for good on a broker that keeps a departed leader;
+- on such a broker it does not wait to be stuck once another member's status shows it
+  silent for longer than a session timeout: a member frozen (SIGSTOP) just after it joined a
+  round stays in the rounds that follow, given tasks it never runs, until the broker's next
+  look at sessions (seen on Tansu 17 s after the stop, with 10-s sessions), and a frozen
+  leader's follow-up round was never told to the others at all;
 - at once, when other members' round reports show that its own SyncGroup answer was lost
   (:func:`streams.quirks.synced_round.sync_answer_lost` for :data:`LOST_SYNC_AFTER_S`), it asks the
   leader to rejoin, once per generation: waiting the stall limit would stop its tasks for
@@ -48,8 +53,12 @@ class JoinWatch:
     def __init__(self, name: str, session_timeout_ms: int, consumer: Joining,
                  control: RebalanceAsker | None,
                  remove_departed: Callable[[], Awaitable[list[str]]] | None,
-                 lost_sync: Callable[[], int | None] | None = None) -> None:
+                 lost_sync: Callable[[], int | None] | None = None,
+                 past_session: Callable[[], list[str]] | None = None) -> None:
         self.name = name
+        #: The other members silent for longer than a session timeout (their status
+        #: records); None: never looked at.
+        self.past_session = past_session
         #: The generation whose SyncGroup answer the member's round reports show was lost
         #: (None: not lost); None: never looked at.
         self.lost_sync = lost_sync
@@ -117,15 +126,21 @@ class JoinWatch:
         return True
 
     def check_departed(self, now: float | None = None) -> bool:
-        """While joining for longer than :attr:`departed_after_s`, every
+        """While joining for longer than :attr:`departed_after_s`, or while another member
+        has been silent for longer than a session timeout, every
         :data:`DEPARTED_CHECK_EVERY_S` remove static members that are gone (one look at a
         time, in the background)."""
         now = time.monotonic() if now is None else now
         if (self.remove_departed is None
-                or self.consumer.rebalancing_for_s(now) < self.departed_after_s
                 or now - self._last_departed_check < DEPARTED_CHECK_EVERY_S
                 or (self._departed_check is not None and not self._departed_check.done())):
             return False
+        if self.consumer.rebalancing_for_s(now) < self.departed_after_s:
+            silent = self.past_session() if self.past_session is not None else []
+            if not silent:
+                return False
+            log.info("%s: %s silent for longer than a session timeout: removing them if the "
+                     "broker still keeps them in the group", self.name, ", ".join(silent))
         self._last_departed_check = now
         self._departed_check = asyncio.create_task(self._look_for_departed())
         return True

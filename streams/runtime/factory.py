@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -226,7 +227,9 @@ def build_stream_thread(
                if clients.producer is None else None)
     join_watch = JoinWatch(name, config.session_timeout_ms, consumer, control,
                            remover.remove if remover is not None else None,
-                           member.lost_sync_generation)
+                           member.lost_sync_generation,
+                           past_session_of(group_learning, label, config.session_timeout_ms)
+                           if remover is not None else None)
     warm_up = (WarmUp(warm_up_gate, index, name, config.warm_up_timeout_ms, manager, updater,
                       reporter, lifecycle, announcer)
                if warm_up_gate is not None else None)
@@ -238,6 +241,16 @@ def build_stream_thread(
         reporter=reporter, join_watch=join_watch, hooks=hooks, metrics=metrics,
         member_files=member_files, warm_up=warm_up,
     )
+
+
+def past_session_of(group_learning: GroupLearning | None, label: str,
+                    session_timeout_ms: int) -> Callable[[], list[str]] | None:
+    """What the join watch asks of the group's status records: the other members silent for
+    longer than a session timeout (None: no records followed)."""
+    if group_learning is None:
+        return None
+    return lambda: group_learning.past_session(label, int(time.time() * 1000),
+                                               session_timeout_ms)
 
 
 def repartition_purger(config: AppConfig, subs: list[SubTopology], hooks: RoundHooks,

@@ -5,14 +5,17 @@ longer than a round, then every few seconds, one look at a time)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
 
+from streams.group.group_learning import GroupLearning
 from streams.group.join_watch import DEPARTED_CHECK_EVERY_S
 from streams.group.member_id import static_id_of
 from streams.kafka.membership import GroupMember
 from streams.quirks.departed_members import departed_static_members
+from streams.runtime.factory import past_session_of
 from tests.conftest import wait_until
 from tests.unit.streams.fakes import rig
 
@@ -76,3 +79,48 @@ async def test_a_member_joining_for_longer_than_a_round_looks_for_departed_membe
     r.consumer.rebalancing = False
     assert not r.thread.join_watch.check_departed(now + 100 * after)
     assert len(looks) == 2
+
+
+@pytest.mark.asyncio
+async def test_a_member_silent_past_its_session_is_looked_for_without_waiting_to_be_stuck(
+    tmp_path: Path,
+) -> None:
+    # Tansu kept a member frozen (SIGSTOP) just after it joined a round in the rounds that
+    # followed, with its tasks, until 17 s after the stop: the others, not stuck joining,
+    # never looked for it. Its status, silent past a session, now makes them look.
+    r = rig(tmp_path, session_timeout_ms=10_000, heartbeat_interval_ms=1_000)
+    looks: list[int] = []
+    silent: list[str] = []
+
+    async def remove() -> list[str]:
+        looks.append(1)
+        return list(silent)
+
+    watch = r.thread.join_watch
+    watch.remove_departed = remove
+    watch.past_session = lambda: list(silent)
+    r.consumer.rebalancing = False
+    now = 1_000.0
+    assert not watch.check_departed(now)
+    silent.append("w3-thread-0")
+    assert watch.check_departed(now + 1)
+    await wait_until(lambda: looks == [1], timeout_s=5, message="the look")
+    assert not watch.check_departed(now + 2)  # not more often than every few seconds
+    assert watch.check_departed(now + 1 + DEPARTED_CHECK_EVERY_S)
+    await wait_until(lambda: looks == [1, 1], timeout_s=5, message="the second look")
+    watch.past_session = None  # a broker that needs no removal: nothing looks
+    assert not watch.check_departed(now + 100)
+
+
+def test_the_join_watch_asks_the_group_s_status_records_for_silent_members() -> None:
+    group = GroupLearning(clock=lambda: 0.0)
+    now_ms = int(time.time() * 1000)
+    group.apply("w3-thread-0", {"generation": 3, "updated_ms": now_ms - 60_000,
+                                "acceptable_lag": 10, "learning": {}}, now_ms)
+    group.apply("w2-thread-0", {"generation": 3, "updated_ms": now_ms - 11_000,
+                                "acceptable_lag": 10, "learning": {}}, now_ms)
+    assert past_session_of(None, "w1-thread-0", 10_000) is None
+    asks = past_session_of(group, "w1-thread-0", 30_000)
+    assert asks is not None and asks() == ["w3-thread-0"]
+    asks = past_session_of(group, "w1-thread-0", 10_000)
+    assert asks is not None and asks() == ["w2-thread-0"]

@@ -93,3 +93,28 @@ def test_the_status_topic_is_followed_from_the_first_question_on() -> None:
     group.catching_up("a-thread-0", 7, 2, NOW_MS)
     group.catching_up("a-thread-0", 7, 2, NOW_MS)
     assert started == [True]
+
+
+def test_members_silent_past_a_session_whatever_their_round() -> None:
+    # A member frozen just after it joined a round stays in the broker's rounds on Tansu;
+    # its silence past a session tells the others to have it removed.
+    group = GroupLearning(clock=lambda: 0.0)
+    group.apply("frozen-thread-0", record(generation=3, updated_ms=NOW_MS - 10_001), NOW_MS)
+    group.apply("older-round-thread-0", record(generation=1, updated_ms=NOW_MS - 12_000),
+                NOW_MS)
+    group.apply("paused-thread-0", record(updated_ms=NOW_MS - 9_999), NOW_MS)
+    group.apply("long-gone-thread-0", record(updated_ms=NOW_MS - 30_001), NOW_MS)
+    group.apply("stopped-thread-0", record(updated_ms=NOW_MS - 20_000), NOW_MS)
+    group.apply("stopped-thread-0", None, NOW_MS)  # a clean stop: it left the group
+    group.apply("me-thread-0", record(updated_ms=NOW_MS - 15_000), NOW_MS)
+    assert group.past_session("me-thread-0", NOW_MS, 10_000) == [
+        "frozen-thread-0", "older-round-thread-0"]
+
+
+def test_looking_for_silent_members_starts_following_the_status_topic() -> None:
+    group = GroupLearning(clock=lambda: 0.0)
+    started: list[int] = []
+    group.start_following = lambda: started.append(1)
+    assert group.past_session("a-thread-0", NOW_MS, 10_000) == []
+    assert group.past_session("a-thread-0", NOW_MS, 10_000) == []
+    assert started == [1]

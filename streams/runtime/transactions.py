@@ -90,6 +90,20 @@ INIT_ATTEMPTS = 3
 SLOW_CALL_S = 1.0
 
 
+@dataclass
+class OffsetsSent:
+    """When the latest sending of offsets that went through started and ended. Shared by a
+    process's threads: their tasks' offsets all go to the group's one coordinator, so one
+    thread's that went through says the coordinators answer for every thread's (see
+    :data:`OFFSETS_AFTER_ANOTHER_S`; after the coordinator's SIGKILL, both tasks of one
+    thread hung while another thread's had gone through 3.5 s before)."""
+
+    latest: tuple[float, float] | None = None
+
+    def went_through(self, started: float, ended: float) -> None:
+        self.latest = (started, ended)
+
+
 def transactional_id(application_id: str, task_id: str) -> str:
     return f"{application_id}-{task_id}"
 
@@ -496,7 +510,8 @@ class TransactionalCommitter:
                  metrics: Metrics | None = None, metrics_label: str = "",
                  positions: TaskPositions | None = None,
                  purger: RepartitionPurger | None = None,
-                 coordinator_known_since: Callable[[], float | None] | None = None) -> None:
+                 coordinator_known_since: Callable[[], float | None] | None = None,
+                 offsets_sent: OffsetsSent | None = None) -> None:
         self._collector = collector
         #: Since when the group's consumer has had its coordinator (see
         #: OFFSETS_KNOWN_COORDINATOR_S); None: not known here.
@@ -527,8 +542,8 @@ class TransactionalCommitter:
         self.offsets_known_coordinator_s = OFFSETS_KNOWN_COORDINATOR_S
         self.offsets_check_s = OFFSETS_CHECK_S
         self.offsets_after_another_s = OFFSETS_AFTER_ANOTHER_S
-        #: When this thread's latest sending of offsets that went through started and ended.
-        self._offsets_went_through: tuple[float, float] | None = None
+        #: The process's latest sending of offsets that went through.
+        self.offsets_sent = offsets_sent if offsets_sent is not None else OffsetsSent()
         #: A sending of offsets slower than this gets its producer replaced after the commit.
         self.renew_after_offsets_s = RENEW_AFTER_OFFSETS_S
         self.renew_timeout_s = RENEW_TIMEOUT_S
@@ -647,7 +662,8 @@ class TransactionalCommitter:
         """``send_offsets_to_transaction`` within its bound, and given up sooner if the
         group's consumer has had a coordinator for ``offsets_known_coordinator_s`` while the
         call went on (see :data:`OFFSETS_KNOWN_COORDINATOR_S`), or another task's sending of
-        offsets, started about as early, went through ``offsets_after_another_s`` ago (see
+        offsets (of any thread of the process), started about as early or later, went
+        through ``offsets_after_another_s`` ago (see
         :data:`OFFSETS_AFTER_ANOTHER_S`)."""
         started = time.monotonic()
         call = asyncio.ensure_future(call_within(
@@ -658,9 +674,9 @@ class TransactionalCommitter:
                 done, _ = await asyncio.wait({call}, timeout=self.offsets_check_s)
                 if done:
                     result = call.result()
-                    self._offsets_went_through = (started, time.monotonic())
+                    self.offsets_sent.went_through(started, time.monotonic())
                     return result
-                other = self._offsets_went_through
+                other = self.offsets_sent.latest
                 if (other is not None and other[0] >= started - OFFSETS_STARTED_TOGETHER_S
                         and other[1] >= started):
                     waited = time.monotonic() - other[1]

@@ -270,12 +270,14 @@ class _Hangs:
     def __init__(self, producer: Any) -> None:
         self._producer = producer
         self.release = threading.Event()
+        self.calls = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._producer, name)
 
     def send_offsets_to_transaction(self, *args: Any) -> None:
         # Returns at last, had the commit waited (it then goes through: the test fails).
+        self.calls += 1
         self.release.wait(5)
         self._producer.send_offsets_to_transaction(*args)
 
@@ -655,3 +657,35 @@ async def test_records_handed_to_a_full_queue_wait_for_room_and_keep_their_order
     inner.commit_transaction()
     assert [(c.key, c.value) for c in log.records] == records
     assert transaction.produced == 5 and not transaction.errors
+
+
+async def test_another_threads_offsets_that_went_through_give_up_a_hung_sending(
+    tmp_path: Path,
+) -> None:
+    """After the coordinator's SIGKILL both tasks of one thread hung on the dead broker while
+    another thread's offsets had gone through 3.5 s before: the process's threads share what
+    went through, so the hung sending is given up (here at once, checked every ms), its task
+    revived, instead of waiting out its own bound."""
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    async with eos_rig(tmp_path / "a") as a, eos_rig(tmp_path / "b") as b:
+        hung, other = a.thread.committer, b.thread.committer
+        assert isinstance(hung, TransactionalCommitter)
+        assert isinstance(other, TransactionalCommitter)
+        other.offsets_sent = hung.offsets_sent  # as build_stream_thread shares it
+        hangs = await hang_the_next_offsets(a, records)
+        await assign(b, ("0_1",))
+        await b.thread.process({TopicPartition(SOURCE, 1): [record(1, 0, "c")]})
+        try:
+            hung.offsets_after_another_s, hung.offsets_check_s = 0.0, 0.001
+            # Only the other thread's sending gives it up (the fake consumer has its
+            # coordinator from the start).
+            hung.offsets_known_coordinator_s = float("inf")
+            waiting = asyncio.ensure_future(hung.commit())
+            while not hangs.calls:
+                await asyncio.sleep(0.001)
+            await other.commit()
+            assert other.failures == 0
+            await waiting
+            assert hung.failures == 1 and "0_0" in a.thread.registry.restoring
+        finally:
+            hangs.release.set()

@@ -7,7 +7,13 @@ expired leader as the leader of the next round: a static member that replaces it
 ``group_instance_id``) joins round after round as a follower of a member that is gone and
 never gets an assignment (seen for minutes, until an operator removed the departed member).
 
-So a member that has been joining for longer than a round removes, itself, every static
+Tansu also keeps a member frozen (a SIGSTOP) just after it joined a round in the rounds
+that follow, with its tasks, past its session (17 s after the stop with 10-s sessions); a
+frozen leader's follow-up round was never told to the others at all (53 s).
+
+So a member that has been joining for longer than a round, or that sees from the status
+records that another has been silent for longer than a session timeout
+(:mod:`streams.group.join_watch`), removes, itself, every static
 member of the group that has published nothing for a session timeout: its status record
 (published every second while it runs) is older than that, or it tombstoned its record (a
 clean stop) longer ago than that. By then its session is over on any broker, so removing it

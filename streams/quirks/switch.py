@@ -15,8 +15,10 @@ has a name here, lives in one module, and is on only when the broker needs it:
 - ``leader-wedge`` (:mod:`streams.quirks.formed_group`): a leader that leaves a forming group stays
   its leader, so a member leaves only from a formed group.
 - ``departed-static-leader`` (:mod:`streams.quirks.departed_members`): an expired static leader
-  keeps leading the rounds that follow, so a member stuck joining removes static members
-  silent for over a session timeout.
+  keeps leading the rounds that follow, and a member frozen just after it joined a round
+  stays in the rounds that follow past its session, so a member stuck joining, or any
+  member once another's status has been silent that long, removes static members silent
+  for over a session timeout.
 - ``stuck-last-stable-offset`` (:func:`streams.kafka.driver.read_committed_by_markers`): a
   partition's last stable offset does not move while any transaction on it is open, so an
   exactly-once member reads its input (a repartition topic several tasks write) up to the

@@ -119,6 +119,8 @@ def test_the_join_watch_asks_the_group_s_status_records_for_silent_members() -> 
                                 "acceptable_lag": 10, "learning": {}}, now_ms)
     group.apply("w2-thread-0", {"generation": 3, "updated_ms": now_ms - 11_000,
                                 "acceptable_lag": 10, "learning": {}}, now_ms)
+    group.apply("w1-thread-0", {"generation": 3, "updated_ms": now_ms,
+                                "acceptable_lag": 10, "learning": {}}, now_ms)
     assert past_session_of(None, "w1-thread-0", 10_000) is None
     asks = past_session_of(group, "w1-thread-0", 30_000)
     assert asks is not None and asks() == ["w3-thread-0"]

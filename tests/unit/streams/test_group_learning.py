@@ -106,9 +106,26 @@ def test_members_silent_past_a_session_whatever_their_round() -> None:
     group.apply("long-gone-thread-0", record(updated_ms=NOW_MS - 30_001), NOW_MS)
     group.apply("stopped-thread-0", record(updated_ms=NOW_MS - 20_000), NOW_MS)
     group.apply("stopped-thread-0", None, NOW_MS)  # a clean stop: it left the group
-    group.apply("me-thread-0", record(updated_ms=NOW_MS - 15_000), NOW_MS)
+    group.apply("me-thread-0", record(updated_ms=NOW_MS), NOW_MS)
     assert group.past_session("me-thread-0", NOW_MS, 10_000) == [
         "frozen-thread-0", "older-round-thread-0"]
+
+
+def test_a_member_that_was_frozen_itself_does_not_take_the_others_for_silent() -> None:
+    # Resumed from a 25-s SIGSTOP, a member's view of the status topic is as old as its stop
+    # until its follower catches up: nobody is silent in it.
+    group = GroupLearning(clock=lambda: 0.0)
+    stopped_at = NOW_MS - 25_000
+    group.apply("w1-thread-0", record(updated_ms=stopped_at - 400), NOW_MS)
+    group.apply("w2-thread-0", record(updated_ms=stopped_at - 700), NOW_MS)
+    group.apply("w3-thread-0", record(updated_ms=stopped_at), NOW_MS)
+    assert group.past_session("w3-thread-0", NOW_MS, 10_000) == []
+    # Caught up (a follower reads the records in the order they were written).
+    group.apply("w1-thread-0", record(updated_ms=NOW_MS - 200), NOW_MS)
+    group.apply("w2-thread-0", record(updated_ms=NOW_MS - 500), NOW_MS)
+    assert group.past_session("w3-thread-0", NOW_MS, 10_000) == []
+    # The others, meanwhile, saw w3 silent.
+    assert group.past_session("w1-thread-0", NOW_MS, 10_000) == ["w3-thread-0"]
 
 
 def test_looking_for_silent_members_starts_following_the_status_topic() -> None:

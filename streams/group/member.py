@@ -194,7 +194,10 @@ class GroupMember:
         return True
 
     def learners_ready(self, task_ids: list[str]) -> None:
-        """The state updater's news: learners caught up, so a round may promote them."""
+        """The state updater's news: learners caught up, so a round may promote them. The
+        status saying so goes out first: a round can promote them within a second, and its
+        readers (the web view) would otherwise never see them ready."""
+        self.reporter.publish_soon()
         self.request_rejoin_once_synced(f"learners ready: {task_ids}")
 
     def round_view(self, waited_s: float) -> RoundView:

@@ -109,6 +109,7 @@ class GroupMember:
     # -- the subscription and the assignment (called by the assignor) ---------------------
 
     def subscription(self) -> Subscription:
+        self.reporter.publish_if_changed()
         leaving, since, timeout = self.leaving.current()
         # Echoing the leader's notes of the last assignment lets any new leader rebuild the
         # memory (held lost tasks, moves under way) the previous one kept.

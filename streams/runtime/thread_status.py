@@ -251,9 +251,20 @@ class StatusReporter:
         what follows it (a ready learner, before the round that promotes it). The record is
         handed to the producer in the loop's next turn, before the round asked for next can
         have been joined."""
-        task = asyncio.get_running_loop().create_task(self.publish())
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop: no producer to publish with either (a subscription read alone)
+        task = loop.create_task(self.publish())
         self._publishing.add(task)
         task.add_done_callback(self._publishing.discard)
+
+    def publish_if_changed(self) -> None:
+        """As the member joins a round: what it tells the round (a learner ready since the
+        last record) is on the status topic before the round's outcome."""
+        self.update()
+        if self._changed.is_set():
+            self.publish_soon()
 
     async def remove(self) -> None:
         """Gone: describe and the duplicate check at start no longer see this member."""

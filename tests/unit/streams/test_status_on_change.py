@@ -140,3 +140,24 @@ async def test_nothing_is_published_after_the_tombstone(tmp_path: Path) -> None:
         assert [s.value for s in r.producer.to(STATUS_TOPIC)] == [None]
     finally:
         r.thread.task_manager.close_all()
+
+
+async def test_a_learner_ready_since_the_last_record_is_published_as_its_member_joins(
+    tmp_path: Path,
+) -> None:
+    """A round another member asks for may promote a learner this one has not asked for yet:
+    its status says the learner is ready before the round's outcome."""
+    r = rig(tmp_path)
+    try:
+        await assign(r, (), learners=("0_2",), group_size=2)
+        r.follower.lags["2"] = None  # its end not known yet
+        await r.thread.reporter.publish()
+        r.follower.lags["2"] = 0  # caught up since
+        r.thread.member.subscription()  # the join
+        await turns(3)
+        assert [s["learners"] for s in statuses(r)][-1] == {"0_2": 0}
+        r.thread.member.subscription()  # nothing new: nothing more
+        await turns(3)
+        assert len(statuses(r)) == 2
+    finally:
+        r.thread.task_manager.close_all()

@@ -47,8 +47,8 @@ class RebalanceAsker(Protocol):
 
 
 class JoinWatch:
-    """Checks, when asked (every second by the thread's housekeeping), whether its member
-    is stuck joining, and applies the remedies above."""
+    """Checks, when asked (at least every second, by the thread's housekeeping), whether its
+    member is stuck joining, and applies the remedies above."""
 
     def __init__(self, name: str, session_timeout_ms: int, consumer: Joining,
                  control: RebalanceAsker | None,

@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 
 from assignor import MemberAssignment
 from assignor.protocol import Subscription, encode_subscription, with_echo
@@ -55,6 +56,9 @@ class GroupMember:
         self.hooks = hooks
         self.leaving = leaving
         self.announcer = announcer
+        #: Sounds the round alarm (streams.group.round_alarm) for a round this member asks
+        #: for; None: no alarm.
+        self.round_asked: Callable[[int], None] | None = None
         #: The other members' status records: who has gone silent (None: not known).
         self.group_learning = group_learning
         self._pending_assignment: MemberAssignment | None = None
@@ -105,6 +109,7 @@ class GroupMember:
     # -- the subscription and the assignment (called by the assignor) ---------------------
 
     def subscription(self) -> Subscription:
+        self.reporter.publish_if_changed()
         leaving, since, timeout = self.leaving.current()
         # Echoing the leader's notes of the last assignment lets any new leader rebuild the
         # memory (held lost tasks, moves under way) the previous one kept.
@@ -168,6 +173,11 @@ class GroupMember:
         self.consumer.request_rejoin()
         if broadcast:
             self.hooks.ask_leader(self, reason)
+        if self.round_asked is not None and self.consumer.generation >= 0:
+            # The others join the round this one starts at once, rather than when their next
+            # heartbeat says so: a broker (Tansu) that kept this member in its forming round
+            # when it froze there never said so, and the others ran on without its tasks.
+            self.round_asked(self.consumer.generation)
 
     def request_rejoin_once_synced(self, reason: str, news: bool = True) -> None:
         """Ask for a rebalance once every member of this member's round has its assignment
@@ -194,7 +204,10 @@ class GroupMember:
         return True
 
     def learners_ready(self, task_ids: list[str]) -> None:
-        """The state updater's news: learners caught up, so a round may promote them."""
+        """The state updater's news: learners caught up, so a round may promote them. The
+        status saying so goes out first: a round can promote them within a second, and its
+        readers (the web view) would otherwise never see them ready."""
+        self.reporter.publish_soon()
         self.request_rejoin_once_synced(f"learners ready: {task_ids}")
 
     def round_view(self, waited_s: float) -> RoundView:

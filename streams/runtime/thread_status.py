@@ -1,8 +1,13 @@
 """What a stream thread runs, as it publishes it: its status record on the app's status topic
-(every second, and while it warms up), and its round figures in the app's metrics.
+(every second, at once when what its readers act on changes, and while it warms up), and its
+round figures in the app's metrics.
 
 The status record is what ``relay describe``, the web view, query routing, a newcomer's
-warm-up plan and the other members' batching of promotions read of this member.
+warm-up plan and the other members' batching of promotions read of this member. A change they
+act on (tasks gained or given up, copies added or dropped, a task started after its restore, a
+learner ready) is published at once rather than at the next tick: rounds can
+promote a learner within a second of its catching up, and a reader seeing one record a second
+would miss that it was ready. Bursts are coalesced (:data:`MIN_GAP_S`).
 """
 
 from __future__ import annotations
@@ -59,6 +64,42 @@ class ThreadStatus:
     rebalances: int = 0
 
 
+#: The status is published at least this often (seconds)...
+TICK_S = 1.0
+#: ...and soon after a change its readers act on, but never twice within this (seconds).
+MIN_GAP_S = 0.2
+
+@dataclass(frozen=True)
+class Shape:
+    """The parts of a status its readers act on (not the lags' every move)."""
+
+    active: tuple[str, ...]
+    restoring: tuple[str, ...]
+    standbys: tuple[str, ...]
+    learners: tuple[str, ...]
+    #: Learners at or under the acceptable lag.
+    ready: tuple[str, ...]
+    rebalances: int
+    leaving: bool
+
+
+def shape(status: ThreadStatus, acceptable_lag: int, leaving: bool) -> Shape:
+    return Shape(
+        tuple(status.active), tuple(status.restoring), tuple(sorted(status.standbys)),
+        tuple(sorted(status.learners)),
+        tuple(sorted(t for t, lag in status.learners.items() if lag <= acceptable_lag)),
+        status.rebalances, leaving)
+
+
+def publish_delay(now: float, last: float | None, changed: bool,
+                  tick_s: float = TICK_S, min_gap_s: float = MIN_GAP_S) -> float:
+    """How long (seconds) until the next status record: a first one at once, a change once
+    ``min_gap_s`` has passed since the last one, else at the tick."""
+    if last is None:
+        return 0.0
+    return max(0.0, (min_gap_s if changed else tick_s) - (now - last))
+
+
 @dataclass(frozen=True)
 class ThreadIdentity:
     index: int
@@ -110,12 +151,28 @@ class StatusReporter:
         #: When (monotonic) the thread stopped processing for the current round, if it did.
         self._revoked_at: float | None = None
         self._store_layouts: dict[str, dict[str, Any]] | None = None
+        #: What the last record published showed its readers, and when (monotonic).
+        self._published: Shape | None = None
+        self._published_at: float | None = None
+        #: Set when what the status shows its readers differs from the last record.
+        self._changed = asyncio.Event()
+        self._publishing: set[asyncio.Task[None]] = set()
+        self._removed = False
+        #: The least time between two records of the housekeeping (seconds).
+        self.min_gap_s = MIN_GAP_S
 
     def update(self) -> None:
+        """Read what the thread runs now (called wherever that changes, and after every poll
+        of the copies); a change its readers act on wakes the housekeeping to publish it."""
         self.status.active = sorted(self.registry.active)
         self.status.restoring = sorted(self.registry.restoring)
         self.status.standbys = self.state_updater.lags(Role.STANDBY)
         self.status.learners = self.state_updater.lags(Role.LEARNER)
+        if self._shape() != self._published:
+            self._changed.set()
+
+    def _shape(self) -> Shape:
+        return shape(self.status, self.config.acceptable_lag, self.leaving.current()[0])
 
     def status_record(self) -> dict[str, Any]:
         """What this member runs, as published on the app's status topic."""
@@ -181,17 +238,43 @@ class StatusReporter:
         return since + (self.config.scale_down_timeout_ms if timeout is None else timeout)
 
     async def publish(self) -> None:
+        if self._removed:
+            return  # a record after the tombstone would bring the member back
+        record = self.status_record()
+        self._published, self._published_at = self._shape(), time.monotonic()
+        self._changed.clear()
         with contextlib.suppress(Exception):
-            await self.producer.send(self.topic, key=self.key,
-                                     value=msgpack.packb(self.status_record()))
+            await self.producer.send(self.topic, key=self.key, value=msgpack.packb(record))
+
+    def publish_soon(self) -> None:
+        """Publish now, outside the housekeeping's pace: news its readers must have before
+        what follows it (a ready learner, before the round that promotes it). The record is
+        handed to the producer in the loop's next turn, before the round asked for next can
+        have been joined."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop: no producer to publish with either (a subscription read alone)
+        task = loop.create_task(self.publish())
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
+
+    def publish_if_changed(self) -> None:
+        """As the member joins a round: what it tells the round (a learner ready since the
+        last record) is on the status topic before the round's outcome."""
+        self.update()
+        if self._changed.is_set():
+            self.publish_soon()
 
     async def remove(self) -> None:
         """Gone: describe and the duplicate check at start no longer see this member."""
+        self._removed = True
         with contextlib.suppress(Exception):
             await self.producer.send_and_wait(self.topic, key=self.key, value=None)
 
     async def housekeeping(self, join_watch: JoinWatch) -> None:
-        """Every second: publish the status, and check the member is not stuck joining."""
+        """Publish the status every second and soon after a change its readers act on, and
+        check the member is not stuck joining."""
         stopped = self.lifecycle.stopped
         while not stopped.is_set():
             join_watch.check()
@@ -199,8 +282,24 @@ class StatusReporter:
             self.metrics.set_scale_down_deadline(self.identity.label,
                                                  self.leaving_deadline_ms())
             await self.publish()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stopped.wait(), 1.0)
+            await self._until_next(stopped)
+
+    async def _until_next(self, stopped: asyncio.Event) -> None:
+        """Until the next record is due (see :func:`publish_delay`) or the thread stops."""
+        while not stopped.is_set():
+            changed = self._changed.is_set()
+            delay = publish_delay(time.monotonic(), self._published_at, changed,
+                                  min_gap_s=self.min_gap_s)
+            if delay <= 0:
+                return
+            waits = [asyncio.ensure_future(stopped.wait())]
+            if not changed:
+                waits.append(asyncio.ensure_future(self._changed.wait()))
+            try:
+                await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
 
     async def while_warming_up(self) -> None:
         """Status records while warming up, so that ``relay describe`` and the web view show

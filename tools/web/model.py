@@ -238,6 +238,9 @@ class GroupModel:
     _owner: dict[str, str] = field(default_factory=dict)
     _owned_by: dict[str, set[str]] = field(default_factory=dict)  # member -> tasks it runs
     _released: dict[str, _Released] = field(default_factory=dict)
+    #: Members that stopped cleanly while leaving (their last status said so, or their
+    #: instance was marked): what they held moves for the scale-down.
+    _left_leaving: set[str] = field(default_factory=set)
     _peak: dict[tuple[str, str, str], int] = field(default_factory=dict)
     #: Per copy: its last (arrival, lag) and how fast its lag came down (records/s, smoothed).
     _pace: dict[tuple[str, str, str], tuple[int, int, float | None]] = field(
@@ -267,8 +270,6 @@ class GroupModel:
         if isinstance(record, TopologyRecord):
             self.topology = record.published
             return
-        if isinstance(record, MarkRecord):
-            self._apply_mark(record)
         # Only the tasks this record can change are derived again (groups can be large).
         dirty: set[str] = set()
         if isinstance(record, MarkRecord):
@@ -276,6 +277,10 @@ class GroupModel:
         elif record.value is None:
             gone = self._members.pop(record.member, None)
             if gone is not None:
+                if gone.status.leaving or gone.status.instance_id in self._marks:
+                    # A clean stop of a leaving member: the tasks it held are taken over
+                    # later (its mark may be deleted by then), and that is the scale-down.
+                    self._left_leaving.add(record.member)
                 self._event(record.at_ms, "left", f"{record.member} stopped",
                             members=(record.member,))
                 self._forget_copies(record.member, set(), record.at_ms)
@@ -291,6 +296,7 @@ class GroupModel:
                 return
             previous = self._members.get(record.member)
             dirty.update(status.active, previous.status.active if previous else ())
+            self._left_leaving.discard(record.member)  # back (a restart under its key)
             self._apply_status(record.member, status, record.at_ms)
         for member, tasks in self._owned_by.items():
             if tasks and not self._live(member, record.at_ms):
@@ -452,6 +458,8 @@ class GroupModel:
     def _release_cause(self, member: str, at: int) -> str | None:
         entry = self._members.get(member)
         if entry is not None and (entry.status.leaving or entry.status.instance_id in self._marks):
+            return "scale-down"
+        if entry is None and member in self._left_leaving:
             return "scale-down"
         if not self._live(member, at):
             return "failover"

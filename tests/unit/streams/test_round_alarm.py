@@ -4,6 +4,7 @@ members, and the other instances, join it at once rather than at their next hear
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from streams.group.round_alarm import (
     should_join,
 )
 from streams.kafka.cooperative import REBALANCE_IN_PROGRESS, CooperativeGroupCoordinator
+from tests.unit.streams.fakes import rig
 
 
 @dataclass
@@ -95,3 +97,15 @@ async def test_a_heartbeat_answered_rebalance_in_progress_tells_the_alarm(
     assert told == []
     await coordinator._send_req(request)
     assert told == [9]
+
+
+async def test_a_member_asking_for_a_round_sounds_the_alarm(tmp_path: Path) -> None:
+    # A leader that asked for a follow-up round froze (SIGSTOP) in Tansu's forming round,
+    # which never told the others by their heartbeats: they ran on without its tasks for 53 s.
+    # Told at once, they are in the round, and their join watch removes the frozen member.
+    r = rig(tmp_path)
+    asked: list[int] = []
+    r.thread.member.round_asked = asked.append
+    r.consumer.generation = 4
+    r.thread.member.request_rejoin("learners ready")
+    assert asked == [4]

@@ -140,6 +140,64 @@ def test_a_scale_down_seen_step_by_step() -> None:
         ("0_2", "scale-down", 7_000), ("0_3", "scale-down", 7_000)]
 
 
+def test_a_leaving_member_that_stops_while_listing_its_tasks_hands_them_to_the_scale_down(
+) -> None:
+    """A leaving member's tombstone (a clean stop) can arrive before its record without the
+    tasks it handed over, and before the record of the member taking them: the moves are
+    the scale-down's, not failovers."""
+    model = GroupModel("app")
+    model.apply(status("a", active=("0_0",), learners={"0_1": 0}, at=1_000))
+    model.apply(status("b", active=("0_1",), leaving=True, at=1_000))
+    model.apply(StatusRecord("b-thread-0", None, 1_500))
+    assert task(model.view(1_600), "0_1")["previous_active"] == "b-thread-0"
+    model.apply(status("a", active=("0_0", "0_1"), rebalances=2, generation=2, at=1_800))
+    (move,) = kinds(model.view(2_000), "moved")
+    assert (move["task"], move["cause"], move["gap_ms"]) == ("0_1", "scale-down", 300)
+
+
+def test_a_marked_member_that_stops_hands_its_tasks_to_the_scale_down() -> None:
+    """Marked, but stopped before its status said it was leaving; its mark deleted before
+    the takeover."""
+    model = GroupModel("app")
+    model.apply(status("a", active=("0_0",), at=1_000))
+    model.apply(status("b", active=("0_1",), at=1_000))
+    model.apply(MarkRecord("b", LeavingMark(1_100, 60_000), 1_200))
+    model.apply(StatusRecord("b-thread-0", None, 1_500))
+    model.apply(MarkRecord("b", None, 1_600))
+    model.apply(status("a", active=("0_0", "0_1"), rebalances=2, generation=2, at=1_800))
+    (move,) = kinds(model.view(2_000), "moved")
+    assert move["cause"] == "scale-down"
+
+
+def test_a_member_back_from_leaving_that_stops_again_fails_over() -> None:
+    model = GroupModel("app")
+    model.apply(status("a", active=("0_0",), at=1_000))
+    model.apply(status("b", active=("0_1",), leaving=True, at=1_000))
+    model.apply(StatusRecord("b-thread-0", None, 1_500))
+    model.apply(status("b", active=("0_1",), at=2_000))  # restarted, not leaving
+    model.apply(StatusRecord("b-thread-0", None, 2_500))
+    model.apply(status("a", active=("0_0", "0_1"), rebalances=2, generation=2, at=2_800))
+    (move,) = kinds(model.view(3_000), "moved")
+    assert move["cause"] == "failover"
+
+
+def test_a_leaving_mark_is_folded_in_once() -> None:
+    folded: list[MarkRecord] = []
+
+    class Counting(GroupModel):
+        def _apply_mark(self, record: MarkRecord) -> None:
+            folded.append(record)
+            super()._apply_mark(record)
+
+    model = Counting("app")
+    marked, unmarked = MarkRecord("b", LeavingMark(1_100, 60_000), 1_200), MarkRecord(
+        "b", None, 1_300)
+    model.apply(marked)
+    model.apply(unmarked)
+    assert folded == [marked, unmarked]
+    assert [e["kind"] for e in model.view(1_400)["timeline"]] == ["marked", "unmarked"]
+
+
 def test_the_new_owner_wins_while_the_old_owner_still_lists_the_task() -> None:
     model = GroupModel("app")
     model.apply(status("a", active=("0_0",), at=1_000))

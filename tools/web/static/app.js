@@ -185,7 +185,7 @@ function renderTimeline(view) {
   strip.replaceChildren(...ticks, ...marks);
   const items = view.timeline.slice().reverse().slice(0, 200).map((e) =>
     el("li", {class: `event ${e.kind}`, "data-kind": e.kind, "data-task": e.task || "",
-              "data-cause": e.cause || ""},
+              "data-cause": e.cause || "", "data-members": e.members.join(" ")},
       el("time", {}, clock(e.at_ms)), " ",
       el("span", {class: "kind"}, e.kind), " ", e.text,
       e.gap_ms !== null ? el("span", {class: "gap"}, ` · unassigned ${duration(e.gap_ms)}`)

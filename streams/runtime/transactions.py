@@ -669,6 +669,10 @@ class TransactionalCommitter:
         call = asyncio.ensure_future(call_within(
             producer.send_offsets_to_transaction, offsets, self._metadata,
             timeout_s=self.offsets_timeout_s, grace_s=self.offsets_grace_s))
+        #: When the first sending seen to go through, started about as early or later, ended:
+        #: the process's other threads go on committing, and the latest of theirs is always
+        #: recent, so the wait counts from the first.
+        evidence: float | None = None
         try:
             while True:
                 done, _ = await asyncio.wait({call}, timeout=self.offsets_check_s)
@@ -677,9 +681,12 @@ class TransactionalCommitter:
                     self.offsets_sent.went_through(started, time.monotonic())
                     return result
                 other = self.offsets_sent.latest
-                if (other is not None and other[0] >= started - OFFSETS_STARTED_TOGETHER_S
+                if (evidence is None and other is not None
+                        and other[0] >= started - OFFSETS_STARTED_TOGETHER_S
                         and other[1] >= started):
-                    waited = time.monotonic() - other[1]
+                    evidence = other[1]
+                if evidence is not None:
+                    waited = time.monotonic() - evidence
                     if waited >= self.offsets_after_another_s:
                         raise CallHung(f"send_offsets_to_transaction still waiting "
                                        f"{waited:.1f} s after another task's went through")

@@ -664,8 +664,10 @@ async def test_another_threads_offsets_that_went_through_give_up_a_hung_sending(
 ) -> None:
     """After the coordinator's SIGKILL both tasks of one thread hung on the dead broker while
     another thread's offsets had gone through 3.5 s before: the process's threads share what
-    went through, so the hung sending is given up (here at once, checked every ms), its task
-    revived, instead of waiting out its own bound."""
+    went through, so the hung sending is given up (here 50 ms after the first that went
+    through, checked every ms), its task revived, instead of waiting out its own bound. The
+    other thread goes on committing meanwhile: the wait counts from its first sending that
+    went through, not its latest (which is always recent)."""
     records = [record(0, i, k) for i, k in enumerate("abab")]
     async with eos_rig(tmp_path / "a") as a, eos_rig(tmp_path / "b") as b:
         hung, other = a.thread.committer, b.thread.committer
@@ -676,15 +678,20 @@ async def test_another_threads_offsets_that_went_through_give_up_a_hung_sending(
         await assign(b, ("0_1",))
         await b.thread.process({TopicPartition(SOURCE, 1): [record(1, 0, "c")]})
         try:
-            hung.offsets_after_another_s, hung.offsets_check_s = 0.0, 0.001
+            hung.offsets_after_another_s, hung.offsets_check_s = 0.05, 0.001
             # Only the other thread's sending gives it up (the fake consumer has its
             # coordinator from the start).
             hung.offsets_known_coordinator_s = float("inf")
             waiting = asyncio.ensure_future(hung.commit())
             while not hangs.calls:
                 await asyncio.sleep(0.001)
-            await other.commit()
-            assert other.failures == 0
+            offset = 1
+            while not waiting.done():
+                await b.thread.process({TopicPartition(SOURCE, 1): [record(1, offset, "c")]})
+                await other.commit()
+                offset += 1
+                await asyncio.sleep(0.005)
+            assert other.failures == 0 and offset > 2
             await waiting
             assert hung.failures == 1 and "0_0" in a.thread.registry.restoring
         finally:

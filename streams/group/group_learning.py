@@ -161,14 +161,17 @@ class GroupLearning:
         """The other members silent for longer than a session timeout (but not yet for
         :data:`GONE_AFTER_SESSIONS` of them): gone or frozen, whatever round they were in.
         Every broker should have ended their sessions, so one that still counts them in can
-        be told to remove them. Silence is counted up to the newest record read (this
-        member's own included), not up to ``now_ms``: a process that was frozen itself reads
-        everyone's records late, and would take them all for silent. Starts following the
-        status topic on first use."""
+        be told to remove them. Silence is counted up to ``now_ms`` while the records read
+        are fresh (the newest of them, this member's own included, under
+        :data:`SILENT_AFTER_MS` old), else up to the newest: a process that was frozen itself
+        reads everyone's records late, and would take them all for silent. Starts following
+        the status topic on first use."""
         self._follow()
         if not self._members:
             return []
         newest = min(now_ms, max(learning.updated_ms for learning in self._members.values()))
+        if now_ms - newest < SILENT_AFTER_MS:
+            newest = now_ms
         return sorted(member for member, learning in self._members.items()
                       if member != me and session_timeout_ms < newest - learning.updated_ms
                       <= GONE_AFTER_SESSIONS * session_timeout_ms)

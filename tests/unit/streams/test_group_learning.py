@@ -106,9 +106,13 @@ def test_members_silent_past_a_session_whatever_their_round() -> None:
     group.apply("long-gone-thread-0", record(updated_ms=NOW_MS - 30_001), NOW_MS)
     group.apply("stopped-thread-0", record(updated_ms=NOW_MS - 20_000), NOW_MS)
     group.apply("stopped-thread-0", None, NOW_MS)  # a clean stop: it left the group
-    group.apply("me-thread-0", record(updated_ms=NOW_MS), NOW_MS)
+    group.apply("me-thread-0", record(updated_ms=NOW_MS - 900), NOW_MS)
     assert group.past_session("me-thread-0", NOW_MS, 10_000) == [
         "frozen-thread-0", "older-round-thread-0"]
+    # Counted up to now while the records are fresh: the newest is a publication old.
+    group.apply("paused-thread-0", record(updated_ms=NOW_MS - 10_500), NOW_MS)
+    assert group.past_session("me-thread-0", NOW_MS + 400, 10_000) == [
+        "frozen-thread-0", "older-round-thread-0", "paused-thread-0"]
 
 
 def test_a_member_that_was_frozen_itself_does_not_take_the_others_for_silent() -> None:

@@ -72,6 +72,7 @@ class JoinWatch:
         self._last_stall_request = 0.0
         self._last_departed_check = 0.0
         self._departed_check: asyncio.Task[None] | None = None
+        self._silent_told: list[str] = []
 
     @property
     def stall_s(self) -> float:
@@ -139,8 +140,11 @@ class JoinWatch:
             silent = self.past_session() if self.past_session is not None else []
             if not silent:
                 return False
-            log.info("%s: %s silent for longer than a session timeout: removing them if the "
-                     "broker still keeps them in the group", self.name, ", ".join(silent))
+            if silent != self._silent_told:  # once per silence, not at each look
+                self._silent_told = silent
+                log.info("%s: %s silent for longer than a session timeout: removing them if "
+                         "the broker still keeps them in the group", self.name,
+                         ", ".join(silent))
         self._last_departed_check = now
         self._departed_check = asyncio.create_task(self._look_for_departed())
         return True

@@ -74,6 +74,11 @@ class CooperativeGroupCoordinator(GroupCoordinator):
     #: When (monotonic seconds) the group's coordinator became known, the one known now (None:
     #: none is, aiokafka marked it dead and looks it up again).
     coordinator_known_since: float | None = None
+    #: When (monotonic seconds) the node that is (or was last) the group's coordinator was
+    #: found to be it: a coordinator still loading is marked dead and found again, on the
+    #: same node, many times a second, which does not count as a move.
+    coordinator_found_at: float | None = None
+    _found_node: int | None = None
 
     @property  # type: ignore[override]
     def coordinator_id(self) -> int | None:
@@ -85,6 +90,8 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         # dead: the time tells how long the group has had a coordinator that answers.
         if node != self.__dict__.get("_coordinator_id"):
             self.coordinator_known_since = time.monotonic() if node is not None else None
+        if node is not None and node != self._found_node:
+            self._found_node, self.coordinator_found_at = node, time.monotonic()
         self.__dict__["_coordinator_id"] = node
     #: Joining a round (JoinGroup to join-complete): the broker keeps a member waiting in a
     #: round, which sends no heartbeat meanwhile.

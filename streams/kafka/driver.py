@@ -304,6 +304,11 @@ class GroupConsumer:
         while it has none (the last one was marked dead)."""
         return getattr(self._coordinator, "coordinator_known_since", None)
 
+    def coordinator_found_at(self) -> float | None:
+        """When (monotonic seconds) the group's coordinator was last found on another node
+        (None: never found); marking it dead and finding it on the same node does not count."""
+        return getattr(self._coordinator, "coordinator_found_at", None)
+
     @property
     def round_started(self) -> float | None:
         """When (monotonic seconds) the member entered its latest round, if it did."""

@@ -207,7 +207,8 @@ def build_stream_thread(
                                                     config.application_id).fetch,
             tasks.running, tasks.held, name,
             FailedTransactions(manager, member).task_failed, metrics, label, positions, purger,
-            getattr(consumer, "coordinator_known_since", None), offsets_sent)
+            getattr(consumer, "coordinator_known_since", None), offsets_sent,
+            getattr(consumer, "coordinator_found_at", None))
     else:
         # Records queued before a stop that cost the member its partitions expire unsent.
         timeout_ms = message_timeout_ms(config.session_timeout_ms,

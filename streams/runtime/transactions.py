@@ -73,6 +73,11 @@ OFFSETS_KNOWN_COORDINATOR_S = 5.0
 #: SIGKILL of the group's coordinator, calls started together either returned within 0.5 s
 #: of each other or hung to their bound, 4 s and more later.
 OFFSETS_AFTER_ANOTHER_S = 2.0
+#: How long a sending of offsets started before the group's coordinator was found on a new
+#: node may go on after that: it waits on the old node, the dead broker (calls that were
+#: going through returned within 1.7 s of the find after the coordinator's SIGKILL, while
+#: the consumer's coordinator, still loading, was marked dead and found again for seconds).
+OFFSETS_AFTER_NEW_COORDINATOR_S = 3.0
 OFFSETS_STARTED_TOGETHER_S = 1.0
 #: How often a sending of offsets checks the group's coordinator.
 OFFSETS_CHECK_S = 0.5
@@ -511,8 +516,12 @@ class TransactionalCommitter:
                  positions: TaskPositions | None = None,
                  purger: RepartitionPurger | None = None,
                  coordinator_known_since: Callable[[], float | None] | None = None,
-                 offsets_sent: OffsetsSent | None = None) -> None:
+                 offsets_sent: OffsetsSent | None = None,
+                 coordinator_found_at: Callable[[], float | None] | None = None) -> None:
         self._collector = collector
+        #: When the group's coordinator was last found on a new node (see
+        #: OFFSETS_AFTER_NEW_COORDINATOR_S); None: not known here.
+        self._coordinator_found_at = coordinator_found_at
         #: Since when the group's consumer has had its coordinator (see
         #: OFFSETS_KNOWN_COORDINATOR_S); None: not known here.
         self._coordinator_known_since = coordinator_known_since
@@ -542,6 +551,7 @@ class TransactionalCommitter:
         self.offsets_known_coordinator_s = OFFSETS_KNOWN_COORDINATOR_S
         self.offsets_check_s = OFFSETS_CHECK_S
         self.offsets_after_another_s = OFFSETS_AFTER_ANOTHER_S
+        self.offsets_after_new_coordinator_s = OFFSETS_AFTER_NEW_COORDINATOR_S
         #: The process's latest sending of offsets that went through.
         self.offsets_sent = offsets_sent if offsets_sent is not None else OffsetsSent()
         #: A sending of offsets slower than this gets its producer replaced after the commit.
@@ -663,8 +673,10 @@ class TransactionalCommitter:
         group's consumer has had a coordinator for ``offsets_known_coordinator_s`` while the
         call went on (see :data:`OFFSETS_KNOWN_COORDINATOR_S`), or another task's sending of
         offsets (of any thread of the process), started about as early or later, went
-        through ``offsets_after_another_s`` ago (see
-        :data:`OFFSETS_AFTER_ANOTHER_S`)."""
+        through ``offsets_after_another_s`` ago (see :data:`OFFSETS_AFTER_ANOTHER_S`), or
+        the group's coordinator was found on another node, after the call started,
+        ``offsets_after_new_coordinator_s`` ago (see
+        :data:`OFFSETS_AFTER_NEW_COORDINATOR_S`)."""
         started = time.monotonic()
         call = asyncio.ensure_future(call_within(
             producer.send_offsets_to_transaction, offsets, self._metadata,
@@ -690,6 +702,14 @@ class TransactionalCommitter:
                     if waited >= self.offsets_after_another_s:
                         raise CallHung(f"send_offsets_to_transaction still waiting "
                                        f"{waited:.1f} s after another task's went through")
+                found = (self._coordinator_found_at()
+                         if self._coordinator_found_at is not None else None)
+                if found is not None and found > started:
+                    waited = time.monotonic() - found
+                    if waited >= self.offsets_after_new_coordinator_s:
+                        raise CallHung(f"send_offsets_to_transaction still waiting "
+                                       f"{waited:.1f} s after the group's coordinator was "
+                                       f"found on another node")
                 since = (self._coordinator_known_since()
                          if self._coordinator_known_since is not None else None)
                 if since is None:

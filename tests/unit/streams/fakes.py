@@ -71,9 +71,14 @@ class FakeConsumer:
         #: Since when (monotonic seconds) the group has had its coordinator (from the start);
         #: None: it has none.
         self.coordinator_since: float | None = 0.0
+        #: When its coordinator was found on the node it is on (from the start).
+        self.coordinator_found: float | None = 0.0
 
     def coordinator_known_since(self) -> float | None:
         return self.coordinator_since
+
+    def coordinator_found_at(self) -> float | None:
+        return self.coordinator_found
 
     async def start(self) -> None:
         pass

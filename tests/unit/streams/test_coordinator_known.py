@@ -30,3 +30,25 @@ async def test_the_member_knows_since_when_it_has_its_coordinator() -> None:
     coordinator.coordinator_id = 3
     since = coordinator.coordinator_known_since
     assert since is not None and since >= first
+
+
+async def test_a_coordinator_found_again_on_the_same_node_has_not_moved() -> None:
+    # A new coordinator still loading answers COORDINATOR_LOAD_IN_PROGRESS: aiokafka marks it
+    # dead and finds it again, on the same node, many times a second.
+    coordinator = _coordinator()
+    assert coordinator.coordinator_found_at is None
+    coordinator.coordinator_id = 1
+    coordinator._coordinator_dead_fut = asyncio.get_running_loop().create_future()
+    first = coordinator.coordinator_found_at
+    assert first is not None
+    coordinator.coordinator_dead()
+    coordinator.coordinator_id = 1
+    assert coordinator.coordinator_found_at == first
+    coordinator._coordinator_dead_fut = asyncio.get_running_loop().create_future()
+    coordinator.coordinator_dead()
+    assert coordinator.coordinator_found_at == first  # none now: the last find stays
+    coordinator.coordinator_id = 2  # moved
+    moved = coordinator.coordinator_found_at
+    assert moved is not None and moved >= first
+    coordinator.coordinator_id = 2
+    assert coordinator.coordinator_found_at == moved

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -694,5 +695,34 @@ async def test_another_threads_offsets_that_went_through_give_up_a_hung_sending(
             assert other.failures == 0 and offset > 2
             await waiting
             assert hung.failures == 1 and "0_0" in a.thread.registry.restoring
+        finally:
+            hangs.release.set()
+
+
+async def test_a_sending_of_offsets_started_before_the_coordinator_moved_is_given_up_after_it(
+    tmp_path: Path,
+) -> None:
+    """After the coordinator's SIGKILL, calls started before the group's coordinator was found
+    on a new node returned within 1.7 s of the find, or hung on the dead one; the consumer's
+    own coordinator, still loading, was marked dead and found again on the new node for
+    seconds, so the time it had one never reached the other rule's 5 s. Such a call is given
+    up once the find is ``offsets_after_new_coordinator_s`` old (here at once), its task
+    revived."""
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    async with eos_rig(tmp_path) as r:
+        committer = r.thread.committer
+        assert isinstance(committer, TransactionalCommitter)
+        hangs = await hang_the_next_offsets(r, records)
+        try:
+            committer.offsets_known_coordinator_s = float("inf")  # only the new rule
+            committer.offsets_after_new_coordinator_s, committer.offsets_check_s = 0.0, 0.001
+            waiting = asyncio.ensure_future(committer.commit())
+            while not hangs.calls:
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.01)
+            assert not waiting.done()  # found before the call: it is not given up
+            r.consumer.coordinator_found = time.monotonic()  # found on another node
+            await waiting
+            assert committer.failures == 1 and "0_0" in r.thread.registry.restoring
         finally:
             hangs.release.set()

@@ -12,7 +12,9 @@ held by something only the group can undo, so it acts, each remedy at most every
   silent for longer than a session timeout: a member frozen (SIGSTOP) just after it joined a
   round stays in the rounds that follow, given tasks it never runs, until the broker's next
   look at sessions (seen on Tansu 17 s after the stop, with 10-s sessions), and a frozen
-  leader's follow-up round was never told to the others at all;
+  leader's follow-up round was never told to the others at all; once it removed some, it
+  sounds the round alarm (:mod:`streams.group.round_alarm`), since the broker has begun a
+  round without them;
 - at once, when other members' round reports show that its own SyncGroup answer was lost
   (:func:`streams.quirks.synced_round.sync_answer_lost` for :data:`LOST_SYNC_AFTER_S`), it asks the
   leader to rejoin, once per generation: waiting the stall limit would stop its tasks for
@@ -54,8 +56,13 @@ class JoinWatch:
                  control: RebalanceAsker | None,
                  remove_departed: Callable[[], Awaitable[list[str]]] | None,
                  lost_sync: Callable[[], int | None] | None = None,
-                 past_session: Callable[[], list[str]] | None = None) -> None:
+                 past_session: Callable[[], list[str]] | None = None,
+                 on_removed: Callable[[], None] | None = None) -> None:
         self.name = name
+        #: Told once members were removed: the broker has begun a round without them, and
+        #: the group's members join it at once (the round alarm) rather than at their next
+        #: heartbeat.
+        self.on_removed = on_removed
         #: The other members silent for longer than a session timeout (their status
         #: records); None: never looked at.
         self.past_session = past_session
@@ -157,8 +164,9 @@ class JoinWatch:
             log.info("%s: looking for departed members failed: %s", self.name, exc)
             return
         if removed:
-            log.warning("%s removed departed members holding its join: %s", self.name,
-                        ", ".join(removed))
+            log.warning("%s removed departed members: %s", self.name, ", ".join(removed))
+            if self.on_removed is not None:
+                self.on_removed()
 
     async def close(self) -> None:
         if self._departed_check is not None:

@@ -234,7 +234,9 @@ def build_stream_thread(
                            remover.remove if remover is not None else None,
                            member.lost_sync_generation,
                            past_session_of(group_learning, label, config.session_timeout_ms)
-                           if remover is not None else None)
+                           if remover is not None else None,
+                           (lambda: round_alarm.heard(consumer.generation))
+                           if round_alarm is not None and config.cooperative else None)
     warm_up = (WarmUp(warm_up_gate, index, name, config.warm_up_timeout_ms, manager, updater,
                       reporter, lifecycle, announcer)
                if warm_up_gate is not None else None)

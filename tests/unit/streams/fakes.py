@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from streams.dsl.topology import SubTopology
 from streams.group.group_learning import GroupLearning
 from streams.group.predecessors import MemberFiles
 from streams.group.promotion_asks import PromotionAsks
+from streams.group.round_alarm import RoundAlarm
 from streams.group.warm_up import WarmUpGate
 from streams.quirks.hooks import RoundHooks
 from streams.quirks.static_followers import StaticFollowers
@@ -79,6 +81,10 @@ class FakeConsumer:
 
     def coordinator_found_at(self) -> float | None:
         return self.coordinator_found
+
+    def on_round_heard(self, callback: Callable[[int], None]) -> None:
+        """What a heartbeat answered REBALANCE_IN_PROGRESS tells (the round alarm)."""
+        self.round_heard = callback
 
     async def start(self) -> None:
         pass
@@ -579,7 +585,8 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
         subs: list[SubTopology] | None = None, member_files: MemberFiles | None = None,
         promotion_asks: PromotionAsks | None = None, round_reports: RoundReports | None = None,
         leaving: Leaving | None = None, warm_up_gate: WarmUpGate | None = None,
-        group_learning: GroupLearning | None = None, **settings: Any) -> Rig:
+        group_learning: GroupLearning | None = None, round_alarm: RoundAlarm | None = None,
+        **settings: Any) -> Rig:
     events = events if events is not None else []
     transactions = TransactionLog(events)
     producer = FakeProducer(events)
@@ -594,7 +601,7 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
         instance_id="unit-instance", control=control, process_stores=process_stores,
         hooks=embedded_hooks(static_followers, round_reports), member_files=member_files,
         promotion_asks=promotion_asks, leaving=leaving, warm_up_gate=warm_up_gate,
-        group_learning=group_learning,
+        group_learning=group_learning, round_alarm=round_alarm,
     )
     return Rig(thread, clients.consumer, clients.producer, clients.restorer,  # type: ignore[arg-type]
                clients.follower, control, transactions)

@@ -13,6 +13,7 @@ import pytest
 from streams.group.group_learning import GroupLearning
 from streams.group.join_watch import DEPARTED_CHECK_EVERY_S
 from streams.group.member_id import static_id_of
+from streams.group.round_alarm import RoundAlarm
 from streams.kafka.membership import GroupMember
 from streams.quirks.departed_members import departed_static_members
 from streams.runtime.factory import past_session_of
@@ -99,15 +100,22 @@ async def test_a_member_silent_past_its_session_is_looked_for_without_waiting_to
     watch = r.thread.join_watch
     watch.remove_departed = remove
     watch.past_session = lambda: list(silent)
+    alarms: list[int] = []
+    watch.on_removed = lambda: alarms.append(1)
     r.consumer.rebalancing = False
     now = 1_000.0
     assert not watch.check_departed(now)
     silent.append("w3-thread-0")
     assert watch.check_departed(now + 1)
     await wait_until(lambda: looks == [1], timeout_s=5, message="the look")
+    # Removed: the broker begins a round without it, and the group is told at once.
+    await wait_until(lambda: alarms == [1], timeout_s=5, message="the round alarm")
     assert not watch.check_departed(now + 2)  # not more often than every few seconds
+    silent.clear()  # the broker had removed it already: nothing removed, no alarm
+    watch.past_session = lambda: ["w3-thread-0"]
     assert watch.check_departed(now + 1 + DEPARTED_CHECK_EVERY_S)
     await wait_until(lambda: looks == [1, 1], timeout_s=5, message="the second look")
+    assert alarms == [1]
     watch.past_session = None  # a broker that needs no removal: nothing looks
     assert not watch.check_departed(now + 100)
 
@@ -126,3 +134,19 @@ def test_the_join_watch_asks_the_group_s_status_records_for_silent_members() -> 
     assert asks is not None and asks() == ["w3-thread-0"]
     asks = past_session_of(group, "w1-thread-0", 10_000)
     assert asks is not None and asks() == ["w2-thread-0"]
+
+
+@pytest.mark.asyncio
+async def test_a_removal_sounds_the_round_alarm_for_the_member_s_generation(
+    tmp_path: Path,
+) -> None:
+    """As built, the join watch of a cooperative member sounds the process's round alarm, for
+    the member's generation, once it removed members."""
+    alarm = RoundAlarm()
+    r = rig(tmp_path, round_alarm=alarm)
+    heard: list[int] = []
+    alarm.heard = heard.append  # type: ignore[method-assign]
+    r.consumer.generation = 7
+    assert r.thread.join_watch.on_removed is not None
+    r.thread.join_watch.on_removed()
+    assert heard == [7]

@@ -90,7 +90,7 @@ from streams.runtime.global_tables import GlobalTables
 from streams.runtime.store_handover import ProcessStores
 from streams.runtime.supervision import supervise
 from streams.runtime.thread import FatalThreadError, StreamThread
-from streams.runtime.transactions import OffsetsSent
+from streams.runtime.transactions import OffsetsEvidence
 
 # The deprecated path of an app given no bootstrap servers (an embedded broker of its own).
 from streams.testing.broker import EmbeddedBroker
@@ -445,8 +445,8 @@ class App:
                 StatusFollower(bootstrap, self.config.application_id,
                                group_learning).run(self._stop)))
             process_stores = ProcessStores()
-            # Exactly-once: one thread's offsets that went through tell the others' hung ones.
-            offsets_sent = OffsetsSent()
+            # Exactly-once: what one thread saw tells the others' hung sendings of offsets.
+            offsets_evidence = OffsetsEvidence()
             gate = WarmUpGate(warm_up, self.config.num_threads) if warm_up is not None else None
             self.threads = [
                 build_stream_thread(
@@ -455,7 +455,8 @@ class App:
                     hooks=hooks, control=control, process_stores=process_stores,
                     leaving=self.leaving, metrics=self.metrics, member_files=member_files,
                     promotion_asks=promotion_asks, group_learning=group_learning,
-                    warm_up_gate=gate, round_alarm=round_alarm, offsets_sent=offsets_sent,
+                    warm_up_gate=gate, round_alarm=round_alarm,
+                    offsets_evidence=offsets_evidence,
                 )
                 for i in range(self.config.num_threads)
             ]

@@ -53,7 +53,7 @@ from streams.runtime.tasks import Tasks
 from streams.runtime.thread import StreamThread, ThreadIdentity
 from streams.runtime.thread_status import Leaving, NotLeaving, StatusReporter
 from streams.runtime.transactions import (
-    OffsetsSent,
+    OffsetsEvidence,
     TaskProducers,
     TransactionalCollector,
     TransactionalCommitter,
@@ -105,12 +105,13 @@ def build_stream_thread(
     group_learning: GroupLearning | None = None,
     warm_up_gate: WarmUpGate | None = None,
     round_alarm: RoundAlarm | None = None,
-    offsets_sent: OffsetsSent | None = None,
+    offsets_evidence: OffsetsEvidence | None = None,
 ) -> StreamThread:
     """A thread and its parts. ``hooks``: what the broker's quirks add to its rounds (left
     out: nothing); ``control``: the process's control channel, which a member stuck joining
-    asks the leader through; ``offsets_sent``: the process's latest sending of exactly-once
-    offsets that went through (left out: the thread's own)."""
+    asks the leader through; ``offsets_evidence``: what the process's threads saw of their
+    sendings of exactly-once offsets and of the group's coordinator (left out: the
+    thread's own)."""
     clients = clients or ThreadClients()
     needed = [clients.consumer, clients.producer, clients.restorer, clients.follower]
     if not config.exactly_once:
@@ -207,7 +208,7 @@ def build_stream_thread(
                                                     config.application_id).fetch,
             tasks.running, tasks.held, name,
             FailedTransactions(manager, member).task_failed, metrics, label, positions, purger,
-            getattr(consumer, "coordinator_known_since", None), offsets_sent,
+            getattr(consumer, "coordinator_known_since", None), offsets_evidence,
             getattr(consumer, "coordinator_found_at", None))
     else:
         # Records queued before a stop that cost the member its partitions expire unsent.

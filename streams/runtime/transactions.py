@@ -96,17 +96,29 @@ SLOW_CALL_S = 1.0
 
 
 @dataclass
-class OffsetsSent:
-    """When the latest sending of offsets that went through started and ended. Shared by a
-    process's threads: their tasks' offsets all go to the group's one coordinator, so one
-    thread's that went through says the coordinators answer for every thread's (see
-    :data:`OFFSETS_AFTER_ANOTHER_S`; after the coordinator's SIGKILL, both tasks of one
-    thread hung while another thread's had gone through 3.5 s before)."""
+class OffsetsEvidence:
+    """What a process's threads know that tells a hung sending of offsets: the latest sending
+    that went through (when it started and ended), and when each thread's consumer last
+    found the group's coordinator on another node. Shared by the threads: their tasks'
+    offsets all go to the group's one coordinator, so what one thread saw holds for every
+    thread's (see :data:`OFFSETS_AFTER_ANOTHER_S`: after the coordinator's SIGKILL, both
+    tasks of one thread hung while another thread's had gone through 3.5 s before; and
+    :data:`OFFSETS_AFTER_NEW_COORDINATOR_S`: one thread's consumer found the new
+    coordinator 2.6 s before another's)."""
 
     latest: tuple[float, float] | None = None
+    #: Each thread's consumer's time of its last find on another node (None: none yet).
+    coordinator_finds: list[Callable[[], float | None]] = field(default_factory=list)
 
     def went_through(self, started: float, ended: float) -> None:
         self.latest = (started, ended)
+
+    def found_after(self, moment: float) -> float | None:
+        """The first find of the group's coordinator on another node, by any thread, after
+        ``moment``; None: none since."""
+        finds = [found for found in (find() for find in self.coordinator_finds)
+                 if found is not None and found > moment]
+        return min(finds) if finds else None
 
 
 def transactional_id(application_id: str, task_id: str) -> str:
@@ -516,12 +528,9 @@ class TransactionalCommitter:
                  positions: TaskPositions | None = None,
                  purger: RepartitionPurger | None = None,
                  coordinator_known_since: Callable[[], float | None] | None = None,
-                 offsets_sent: OffsetsSent | None = None,
+                 evidence: OffsetsEvidence | None = None,
                  coordinator_found_at: Callable[[], float | None] | None = None) -> None:
         self._collector = collector
-        #: When the group's coordinator was last found on a new node (see
-        #: OFFSETS_AFTER_NEW_COORDINATOR_S); None: not known here.
-        self._coordinator_found_at = coordinator_found_at
         #: Since when the group's consumer has had its coordinator (see
         #: OFFSETS_KNOWN_COORDINATOR_S); None: not known here.
         self._coordinator_known_since = coordinator_known_since
@@ -552,8 +561,10 @@ class TransactionalCommitter:
         self.offsets_check_s = OFFSETS_CHECK_S
         self.offsets_after_another_s = OFFSETS_AFTER_ANOTHER_S
         self.offsets_after_new_coordinator_s = OFFSETS_AFTER_NEW_COORDINATOR_S
-        #: The process's latest sending of offsets that went through.
-        self.offsets_sent = offsets_sent if offsets_sent is not None else OffsetsSent()
+        #: What the process's threads saw of their sendings and the group's coordinator.
+        self.evidence = evidence if evidence is not None else OffsetsEvidence()
+        if coordinator_found_at is not None:
+            self.evidence.coordinator_finds.append(coordinator_found_at)
         #: A sending of offsets slower than this gets its producer replaced after the commit.
         self.renew_after_offsets_s = RENEW_AFTER_OFFSETS_S
         self.renew_timeout_s = RENEW_TIMEOUT_S
@@ -690,9 +701,9 @@ class TransactionalCommitter:
                 done, _ = await asyncio.wait({call}, timeout=self.offsets_check_s)
                 if done:
                     result = call.result()
-                    self.offsets_sent.went_through(started, time.monotonic())
+                    self.evidence.went_through(started, time.monotonic())
                     return result
-                other = self.offsets_sent.latest
+                other = self.evidence.latest
                 if (evidence is None and other is not None
                         and other[0] >= started - OFFSETS_STARTED_TOGETHER_S
                         and other[1] >= started):
@@ -702,9 +713,8 @@ class TransactionalCommitter:
                     if waited >= self.offsets_after_another_s:
                         raise CallHung(f"send_offsets_to_transaction still waiting "
                                        f"{waited:.1f} s after another task's went through")
-                found = (self._coordinator_found_at()
-                         if self._coordinator_found_at is not None else None)
-                if found is not None and found > started:
+                found = self.evidence.found_after(started)
+                if found is not None:
                     waited = time.monotonic() - found
                     if waited >= self.offsets_after_new_coordinator_s:
                         raise CallHung(f"send_offsets_to_transaction still waiting "

@@ -37,6 +37,7 @@ from streams.runtime.factory import ThreadClients, build_stream_thread
 from streams.runtime.store_handover import ProcessStores
 from streams.runtime.thread import StreamThread
 from streams.runtime.thread_status import Leaving
+from streams.runtime.transactions import OffsetsEvidence
 
 SOURCE, SINK = "in", "out"
 
@@ -586,7 +587,7 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
         promotion_asks: PromotionAsks | None = None, round_reports: RoundReports | None = None,
         leaving: Leaving | None = None, warm_up_gate: WarmUpGate | None = None,
         group_learning: GroupLearning | None = None, round_alarm: RoundAlarm | None = None,
-        **settings: Any) -> Rig:
+        offsets_evidence: OffsetsEvidence | None = None, **settings: Any) -> Rig:
     events = events if events is not None else []
     transactions = TransactionLog(events)
     producer = FakeProducer(events)
@@ -602,6 +603,7 @@ def rig(state_dir: Path, *, index: int = 0, events: list[str] | None = None,
         hooks=embedded_hooks(static_followers, round_reports), member_files=member_files,
         promotion_asks=promotion_asks, leaving=leaving, warm_up_gate=warm_up_gate,
         group_learning=group_learning, round_alarm=round_alarm,
+        offsets_evidence=offsets_evidence,
     )
     return Rig(thread, clients.consumer, clients.producer, clients.restorer,  # type: ignore[arg-type]
                clients.follower, control, transactions)

@@ -26,6 +26,7 @@ from streams.config import AppConfig, ConfigError
 from streams.dsl.topology import SubTopology
 from streams.runtime.transaction_errors import fenced, retriable, revivable
 from streams.runtime.transactions import (
+    OffsetsEvidence,
     TransactionalCollector,
     TransactionalCommitter,
     TransactionFailed,
@@ -37,7 +38,7 @@ TP0 = TopicPartition(SOURCE, 0)
 
 
 @contextlib.asynccontextmanager
-async def eos_rig(tmp_path: Path, **settings: object):
+async def eos_rig(tmp_path: Path, **settings: Any):
     r = rig(tmp_path, processing_guarantee="exactly_once", **settings)
     # The group's offsets are those the committed transactions carried, and a restoration
     # replays the committed changelog, as on a broker.
@@ -674,7 +675,7 @@ async def test_another_threads_offsets_that_went_through_give_up_a_hung_sending(
         hung, other = a.thread.committer, b.thread.committer
         assert isinstance(hung, TransactionalCommitter)
         assert isinstance(other, TransactionalCommitter)
-        other.offsets_sent = hung.offsets_sent  # as build_stream_thread shares it
+        other.evidence = hung.evidence  # as build_stream_thread shares it
         hangs = await hang_the_next_offsets(a, records)
         await assign(b, ("0_1",))
         await b.thread.process({TopicPartition(SOURCE, 1): [record(1, 0, "c")]})
@@ -724,5 +725,33 @@ async def test_a_sending_of_offsets_started_before_the_coordinator_moved_is_give
             r.consumer.coordinator_found = time.monotonic()  # found on another node
             await waiting
             assert committer.failures == 1 and "0_0" in r.thread.registry.restoring
+        finally:
+            hangs.release.set()
+
+
+async def test_another_threads_find_of_the_new_coordinator_gives_up_a_hung_sending(
+    tmp_path: Path,
+) -> None:
+    """One thread's consumer found the group's new coordinator 2.6 s before another's (run P):
+    the first find, by any thread of the process, counts for every thread's hung call."""
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    evidence = OffsetsEvidence()  # the process's, as the app builds its threads
+    async with eos_rig(tmp_path / "a", offsets_evidence=evidence) as a, \
+            eos_rig(tmp_path / "b", offsets_evidence=evidence) as b:
+        hung, other = a.thread.committer, b.thread.committer
+        assert isinstance(hung, TransactionalCommitter)
+        assert isinstance(other, TransactionalCommitter)
+        assert hung.evidence is other.evidence is evidence
+        hangs = await hang_the_next_offsets(a, records)
+        try:
+            hung.offsets_known_coordinator_s = float("inf")  # only the find counts
+            hung.offsets_after_new_coordinator_s, hung.offsets_check_s = 0.0, 0.001
+            waiting = asyncio.ensure_future(hung.commit())
+            while not hangs.calls:
+                await asyncio.sleep(0.001)
+            b.consumer.coordinator_found = time.monotonic()  # the other thread's consumer
+            await waiting
+            assert hung.failures == 1 and "0_0" in a.thread.registry.restoring
+            assert a.consumer.coordinator_found == 0.0  # its own consumer found nothing new
         finally:
             hangs.release.set()

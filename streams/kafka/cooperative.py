@@ -79,6 +79,9 @@ class CooperativeGroupCoordinator(GroupCoordinator):
     #: same node, many times a second, which does not count as a move.
     coordinator_found_at: float | None = None
     _found_node: int | None = None
+    #: When (monotonic seconds) aiokafka last marked the group's coordinator dead (None:
+    #: never).
+    coordinator_lost_at: float | None = None
 
     @property  # type: ignore[override]
     def coordinator_id(self) -> int | None:
@@ -92,6 +95,8 @@ class CooperativeGroupCoordinator(GroupCoordinator):
             self.coordinator_known_since = time.monotonic() if node is not None else None
         if node is not None and node != self._found_node:
             self._found_node, self.coordinator_found_at = node, time.monotonic()
+        if node is None and self.__dict__.get("_coordinator_id") is not None:
+            self.coordinator_lost_at = time.monotonic()
         self.__dict__["_coordinator_id"] = node
     #: Joining a round (JoinGroup to join-complete): the broker keeps a member waiting in a
     #: round, which sends no heartbeat meanwhile.

@@ -309,6 +309,11 @@ class GroupConsumer:
         (None: never found); marking it dead and finding it on the same node does not count."""
         return getattr(self._coordinator, "coordinator_found_at", None)
 
+    def coordinator_lost_at(self) -> float | None:
+        """When (monotonic seconds) the group's coordinator was last marked dead (None:
+        never)."""
+        return getattr(self._coordinator, "coordinator_lost_at", None)
+
     @property
     def round_started(self) -> float | None:
         """When (monotonic seconds) the member entered its latest round, if it did."""

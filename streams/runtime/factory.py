@@ -209,7 +209,7 @@ def build_stream_thread(
             tasks.running, tasks.held, name,
             FailedTransactions(manager, member).task_failed, metrics, label, positions, purger,
             getattr(consumer, "coordinator_known_since", None), offsets_evidence,
-            getattr(consumer, "coordinator_found_at", None))
+            consumer if hasattr(consumer, "coordinator_lost_at") else None)
     else:
         # Records queued before a stop that cost the member its partitions expire unsent.
         timeout_ms = message_timeout_ms(config.session_timeout_ms,

@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiokafka.structs import TopicPartition
 
@@ -95,20 +95,32 @@ INIT_ATTEMPTS = 3
 SLOW_CALL_S = 1.0
 
 
+class CoordinatorView(Protocol):
+    """What a thread's group consumer knows of the group's coordinator (monotonic seconds)."""
+
+    def coordinator_found_at(self) -> float | None:
+        """When it last found the coordinator on another node (None: never)."""
+        ...
+
+    def coordinator_lost_at(self) -> float | None:
+        """When it last marked the coordinator dead (None: never)."""
+        ...
+
+
 @dataclass
 class OffsetsEvidence:
     """What a process's threads know that tells a hung sending of offsets: the latest sending
-    that went through (when it started and ended), and when each thread's consumer last
-    found the group's coordinator on another node. Shared by the threads: their tasks'
-    offsets all go to the group's one coordinator, so what one thread saw holds for every
-    thread's (see :data:`OFFSETS_AFTER_ANOTHER_S`: after the coordinator's SIGKILL, both
-    tasks of one thread hung while another thread's had gone through 3.5 s before; and
+    that went through (when it started and ended), and what each thread's consumer saw of
+    the group's coordinator. Shared by the threads: their tasks' offsets all go to the
+    group's one coordinator, so what one thread saw holds for every thread's (see
+    :data:`OFFSETS_AFTER_ANOTHER_S`: after the coordinator's SIGKILL, both tasks of one
+    thread hung while another thread's had gone through 3.5 s before; and
     :data:`OFFSETS_AFTER_NEW_COORDINATOR_S`: one thread's consumer found the new
     coordinator 2.6 s before another's)."""
 
     latest: tuple[float, float] | None = None
-    #: Each thread's consumer's time of its last find on another node (None: none yet).
-    coordinator_finds: list[Callable[[], float | None]] = field(default_factory=list)
+    #: Each thread's consumer.
+    coordinators: list[CoordinatorView] = field(default_factory=list)
 
     def went_through(self, started: float, ended: float) -> None:
         self.latest = (started, ended)
@@ -116,9 +128,15 @@ class OffsetsEvidence:
     def found_after(self, moment: float) -> float | None:
         """The first find of the group's coordinator on another node, by any thread, after
         ``moment``; None: none since."""
-        finds = [found for found in (find() for find in self.coordinator_finds)
+        finds = [found for found in (c.coordinator_found_at() for c in self.coordinators)
                  if found is not None and found > moment]
         return min(finds) if finds else None
+
+    def lost_since(self, moment: float) -> bool:
+        """Whether any thread's consumer marked the group's coordinator dead after
+        ``moment``."""
+        return any(lost is not None and lost > moment
+                   for lost in (c.coordinator_lost_at() for c in self.coordinators))
 
 
 def transactional_id(application_id: str, task_id: str) -> str:
@@ -529,7 +547,7 @@ class TransactionalCommitter:
                  purger: RepartitionPurger | None = None,
                  coordinator_known_since: Callable[[], float | None] | None = None,
                  evidence: OffsetsEvidence | None = None,
-                 coordinator_found_at: Callable[[], float | None] | None = None) -> None:
+                 coordinator: CoordinatorView | None = None) -> None:
         self._collector = collector
         #: Since when the group's consumer has had its coordinator (see
         #: OFFSETS_KNOWN_COORDINATOR_S); None: not known here.
@@ -563,8 +581,8 @@ class TransactionalCommitter:
         self.offsets_after_new_coordinator_s = OFFSETS_AFTER_NEW_COORDINATOR_S
         #: What the process's threads saw of their sendings and the group's coordinator.
         self.evidence = evidence if evidence is not None else OffsetsEvidence()
-        if coordinator_found_at is not None:
-            self.evidence.coordinator_finds.append(coordinator_found_at)
+        if coordinator is not None:
+            self.evidence.coordinators.append(coordinator)
         #: A sending of offsets slower than this gets its producer replaced after the commit.
         self.renew_after_offsets_s = RENEW_AFTER_OFFSETS_S
         self.renew_timeout_s = RENEW_TIMEOUT_S
@@ -708,7 +726,12 @@ class TransactionalCommitter:
                         and other[0] >= started - OFFSETS_STARTED_TOGETHER_S
                         and other[1] >= started):
                     evidence = other[1]
-                if evidence is not None:
+                if evidence is not None and not self.evidence.lost_since(started):
+                    # Another's went through while the coordinator stayed put. Once it was
+                    # lost meanwhile, what went through may have gone to coordinators still
+                    # alive while this call's is dead, and a call given up before the move
+                    # revives into a fencing that waits for it (17 s in run Q): the new
+                    # coordinator's find counts instead (below).
                     waited = time.monotonic() - evidence
                     if waited >= self.offsets_after_another_s:
                         raise CallHung(f"send_offsets_to_transaction still waiting "

@@ -76,12 +76,17 @@ class FakeConsumer:
         self.coordinator_since: float | None = 0.0
         #: When its coordinator was found on the node it is on (from the start).
         self.coordinator_found: float | None = 0.0
+        #: When its coordinator was last marked dead (never).
+        self.coordinator_lost: float | None = None
 
     def coordinator_known_since(self) -> float | None:
         return self.coordinator_since
 
     def coordinator_found_at(self) -> float | None:
         return self.coordinator_found
+
+    def coordinator_lost_at(self) -> float | None:
+        return self.coordinator_lost
 
     def on_round_heard(self, callback: Callable[[int], None]) -> None:
         """What a heartbeat answered REBALANCE_IN_PROGRESS tells (the round alarm)."""

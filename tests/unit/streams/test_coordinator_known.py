@@ -52,3 +52,17 @@ async def test_a_coordinator_found_again_on_the_same_node_has_not_moved() -> Non
     assert moved is not None and moved >= first
     coordinator.coordinator_id = 2
     assert coordinator.coordinator_found_at == moved
+
+
+async def test_the_member_knows_when_it_last_lost_its_coordinator() -> None:
+    coordinator = _coordinator()
+    assert coordinator.coordinator_lost_at is None
+    coordinator.coordinator_id = None  # none known yet: nothing was lost
+    assert coordinator.coordinator_lost_at is None
+    coordinator.coordinator_id = 1
+    coordinator._coordinator_dead_fut = asyncio.get_running_loop().create_future()
+    coordinator.coordinator_dead()
+    lost = coordinator.coordinator_lost_at
+    assert lost is not None
+    coordinator.coordinator_id = 1  # found again: the loss stays on record
+    assert coordinator.coordinator_lost_at == lost

@@ -755,3 +755,41 @@ async def test_another_threads_find_of_the_new_coordinator_gives_up_a_hung_sendi
             assert a.consumer.coordinator_found == 0.0  # its own consumer found nothing new
         finally:
             hangs.release.set()
+
+
+async def test_offsets_that_went_through_say_nothing_once_the_coordinator_was_lost(
+    tmp_path: Path,
+) -> None:
+    """Right after the coordinator's SIGKILL, calls whose transaction coordinators were alive
+    went through while one hung on the dead broker; given up then, its task revived into a
+    fencing that waited 17 s for the coordinators' move (run Q). While the group's
+    coordinator was lost during the call, another's going through does not give it up: the
+    new coordinator's find does."""
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    evidence = OffsetsEvidence()
+    async with eos_rig(tmp_path / "a", offsets_evidence=evidence) as a, \
+            eos_rig(tmp_path / "b", offsets_evidence=evidence) as b:
+        hung, other = a.thread.committer, b.thread.committer
+        assert isinstance(hung, TransactionalCommitter)
+        assert isinstance(other, TransactionalCommitter)
+        hangs = await hang_the_next_offsets(a, records)
+        await assign(b, ("0_1",))
+        await b.thread.process({TopicPartition(SOURCE, 1): [record(1, 0, "c")]})
+        try:
+            hung.offsets_known_coordinator_s = float("inf")
+            hung.offsets_after_another_s, hung.offsets_check_s = 0.0, 0.001
+            hung.offsets_after_new_coordinator_s = 0.0
+            waiting = asyncio.ensure_future(hung.commit())
+            while not hangs.calls:
+                await asyncio.sleep(0.001)
+            a.consumer.coordinator_lost = time.monotonic()  # marked dead during the call
+            await other.commit()
+            assert other.failures == 0
+            for _ in range(10):  # ten turns of its checks, every ms
+                await asyncio.sleep(0.002)
+            assert not waiting.done()  # the other's went through: not evidence now
+            b.consumer.coordinator_found = time.monotonic()  # the new coordinator
+            await waiting
+            assert hung.failures == 1 and "0_0" in a.thread.registry.restoring
+        finally:
+            hangs.release.set()

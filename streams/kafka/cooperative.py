@@ -317,6 +317,9 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         self._check_silence()
         if self._silent_loss is not None:
             await self._silent_loss
+        if self.generation == OffsetCommitRequest.DEFAULT_GENERATION_ID:
+            await self._drop_stale_assignment()
+            return
         lost, self._lost_since_round = self._lost_since_round, False
         # Joined again: a member id lost before is no longer this member's to check.
         self._lost_member_id = None
@@ -364,6 +367,25 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         if listener is not None:
             await self._call(listener.on_partitions_assigned, new_partitions,
                              "on_partitions_assigned")
+
+    async def _drop_stale_assignment(self) -> None:
+        """The membership ended while this member waited for its round's answers (it was
+        stopped past its session, or the broker said it no longer knew it): the answer that
+        came is the round's of before, whose partitions have most likely gone to others
+        since. Taking it up would run tasks beside their new owners (seen after a 25-s
+        SIGSTOP on Tansu: a frozen leader's SyncGroup answer, read as it resumed, started
+        three tasks another member ran). It holds nothing, and rejoins."""
+        log.warning("group %s: this member's membership ended while it waited for its "
+                    "round's answer: that answer's assignment is out of date and is not "
+                    "taken up; rejoining", self.group_id)
+        previous = self._subscription.subscription
+        held = previous.assignment if previous is not None else None
+        if held is not None and held.tps and not self._lost_since_round:
+            await self._lose(set(held.tps))  # ended by the broker, not by a silence
+        self.rebalancing = False
+        self.rebalancing_since = None
+        self._subscription.assign_from_subscribed(set())
+        self.request_rejoin()
 
     async def _call(self, callback: Any, partitions: set[TopicPartition], name: str) -> None:
         """Run a listener callback. A failure is not swallowed: the member rejoins, so that

@@ -255,3 +255,40 @@ async def test_a_static_member_that_rejoined_after_a_loss_is_not_fenced_by_itsel
     else:
         await coordinator._check_not_replaced()
         await coordinator._check_not_replaced()  # checked once per loss, then nothing
+
+
+class _Subscription(SimpleNamespace):
+    def assign_from_subscribed(self, partitions: set[TopicPartition]) -> None:
+        self.subscription = SimpleNamespace(assignment=SimpleNamespace(tps=set(partitions)))
+
+
+class _Assigned(_Listener):
+    def __init__(self) -> None:
+        super().__init__()
+        self.assigned: list[set[TopicPartition]] = []
+
+    async def on_partitions_assigned(self, partitions: set[TopicPartition]) -> None:
+        self.assigned.append(set(partitions))
+
+
+@pytest.mark.parametrize("ended_by", ["its own silence", "the broker"])
+async def test_a_round_s_answer_read_after_the_membership_ended_is_not_taken_up(
+    ended_by: str,
+) -> None:
+    """A leader stopped (SIGSTOP) for 25 s as it waited for its SyncGroup answer read that
+    answer as it resumed, and took up its assignment: three tasks another member had run
+    since started beside their owner. The membership ended during the round, so the answer
+    is the round's of before: the member loses what it held, takes nothing up, rejoins."""
+    listener = _Assigned()
+    member = _Coordinator(7, listener)
+    member._subscription = _Subscription(
+        listener=listener, subscription=SimpleNamespace(assignment=SimpleNamespace(tps={TP})))
+    member.rebalancing = True
+    if ended_by == "its own silence":
+        _stopped_for(member, 25.0)
+    else:
+        member.generation = -1  # a heartbeat answered UNKNOWN_MEMBER_ID meanwhile
+    await member._on_join_complete(7, "member-1", "relay", b"")
+    assert listener.lost == [{TP}] and listener.assigned == [] and listener.revoked == []
+    assert member._subscription.subscription.assignment.tps == set()
+    assert member.rejoin_requested and not member.rebalancing

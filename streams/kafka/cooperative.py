@@ -66,6 +66,8 @@ class CooperativeGroupCoordinator(GroupCoordinator):
     #: When (monotonic seconds) the member entered its latest round; kept after it ends, so
     #: that the round's duration can be measured once its assignment is applied.
     round_started: float | None = None
+    #: When (monotonic seconds) this member last found itself silent past its session.
+    _silenced_at: float | None = None
 
     #: When (monotonic seconds) this member last sent a heartbeat or a SyncGroup that the
     #: broker answered without error (None: not yet). The sending counts, not the answer: an
@@ -169,6 +171,7 @@ class CooperativeGroupCoordinator(GroupCoordinator):
                     "(%.1f s): its membership ended", self.group_id, gap_s,
                     self._session_timeout_ms / 1000)
         self.generation = OffsetCommitRequest.DEFAULT_GENERATION_ID
+        self._silenced_at = time.monotonic()
         if self._silent_loss is None or self._silent_loss.done():
             self._silent_loss = asyncio.ensure_future(self._lose_held())
         self.request_rejoin()
@@ -317,7 +320,11 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         self._check_silence()
         if self._silent_loss is not None:
             await self._silent_loss
-        if self.generation == OffsetCommitRequest.DEFAULT_GENERATION_ID:
+        # Ended during the round: by the broker (the generation reset), or by this member's
+        # own silence, which a JoinGroup answer read as it resumed sets a generation over.
+        silenced_in_round = (self._silenced_at is not None and self.round_started is not None
+                             and self._silenced_at >= self.round_started)
+        if self.generation == OffsetCommitRequest.DEFAULT_GENERATION_ID or silenced_in_round:
             await self._drop_stale_assignment()
             return
         lost, self._lost_since_round = self._lost_since_round, False
@@ -374,7 +381,8 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         came is the round's of before, whose partitions have most likely gone to others
         since. Taking it up would run tasks beside their new owners (seen after a 25-s
         SIGSTOP on Tansu: a frozen leader's SyncGroup answer, read as it resumed, started
-        three tasks another member ran). It holds nothing, and rejoins."""
+        three tasks another member ran; and a JoinGroup answer read as it resumed led to a
+        SyncGroup whose answer started four). It holds nothing, and rejoins."""
         log.warning("group %s: this member's membership ended while it waited for its "
                     "round's answer: that answer's assignment is out of date and is not "
                     "taken up; rejoining", self.group_id)
@@ -384,6 +392,8 @@ class CooperativeGroupCoordinator(GroupCoordinator):
             await self._lose(set(held.tps))  # ended by the broker, not by a silence
         self.rebalancing = False
         self.rebalancing_since = None
+        self._silenced_at = None
+        self.generation = OffsetCommitRequest.DEFAULT_GENERATION_ID
         self._subscription.assign_from_subscribed(set())
         self.request_rejoin()
 

@@ -271,7 +271,8 @@ class _Assigned(_Listener):
         self.assigned.append(set(partitions))
 
 
-@pytest.mark.parametrize("ended_by", ["its own silence", "the broker"])
+@pytest.mark.parametrize("ended_by", ["its own silence", "the broker",
+                                      "its silence, then a JoinGroup answer"])
 async def test_a_round_s_answer_read_after_the_membership_ended_is_not_taken_up(
     ended_by: str,
 ) -> None:
@@ -284,11 +285,19 @@ async def test_a_round_s_answer_read_after_the_membership_ended_is_not_taken_up(
     member._subscription = _Subscription(
         listener=listener, subscription=SimpleNamespace(assignment=SimpleNamespace(tps={TP})))
     member.rebalancing = True
+    member.round_started = time.monotonic() - 30.0  # its JoinGroup was sent before the stop
     if ended_by == "its own silence":
         _stopped_for(member, 25.0)
-    else:
+    elif ended_by == "the broker":
         member.generation = -1  # a heartbeat answered UNKNOWN_MEMBER_ID meanwhile
-    await member._on_join_complete(7, "member-1", "relay", b"")
+    else:
+        # The watch found the silence as the process resumed; the JoinGroup answer, read
+        # next, set a generation again (Tansu answered the round it had kept it in).
+        member._silenced(25.0)
+        assert member._silent_loss is not None
+        await member._silent_loss
+        member.generation = 8
+    await member._on_join_complete(member.generation, "member-1", "relay", b"")
     assert listener.lost == [{TP}] and listener.assigned == [] and listener.revoked == []
     assert member._subscription.subscription.assignment.tps == set()
-    assert member.rejoin_requested and not member.rebalancing
+    assert member.rejoin_requested and not member.rebalancing and member.generation == -1

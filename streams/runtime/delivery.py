@@ -43,13 +43,14 @@ whose outputs or changelog records the broker refused.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from statestore.store import KeyValueStore
-from streams.runtime.delivery_errors import judge
+from streams.runtime.delivery_errors import judge, producer_lost
 
 log = logging.getLogger(__name__)
 
@@ -190,9 +191,15 @@ class StoreDeliveries:
 class Deliveries:
     """The records a thread handed its data producer, until the broker acknowledged them."""
 
-    def __init__(self, producer: Any, flush_timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+    def __init__(self, producer: Any, flush_timeout_s: float = FLUSH_TIMEOUT_S,
+                 new_producer: Callable[[], Any] | None = None) -> None:
         self.producer = producer
         self.flush_timeout_s = flush_timeout_s
+        #: Makes the producer that replaces one that can send nothing more (None: such a
+        #: producer's errors are refusals, fatal to the thread).
+        self.new_producer = new_producer
+        #: Producers replaced so far.
+        self.replaced = 0
         #: The failed deliveries of outputs and dead letters, with their task's id.
         self._errors: list[tuple[str, Any]] = []
         self._callbacks: dict[str, Callable[[Any, Any], None]] = {}
@@ -270,9 +277,15 @@ class Deliveries:
         errors = [*self._errors,
                   *((s.task_id, e) for s in self._stores.values() for e in s.errors)]
         verdict = judge(errors, running)
+        if verdict.producer_lost and self.new_producer is None:
+            lost = next(err for _, err in errors if producer_lost(err))
+            self._failure = DeliveryError(f"the producer can send nothing more: {lost}")
+            raise self._failure
         if verdict.refusal is not None:
             self._failure = DeliveryError(f"the broker refused a record: {verdict.refusal}")
             raise self._failure
+        if verdict.producer_lost:
+            self._replace_producer(errors)
         if errors:
             log.warning("%d records of tasks %s were not delivered (%s): their input since "
                         "the last commit is processed again", len(errors),
@@ -300,6 +313,21 @@ class Deliveries:
             raise DeliveryError(f"{remaining} records not acknowledged after "
                                 f"{self.flush_timeout_s:.0f}s")
         return verdict.replay
+
+    def _replace_producer(self, errors: list[tuple[str, Any]]) -> None:
+        """The producer can send nothing more: drop what it still holds (its records are
+        reported not delivered, and their tasks run again) and send with a new one, with a
+        new producer id, from here on."""
+        assert self.new_producer is not None
+        lost = next(err for _, err in errors if producer_lost(err))
+        old, self.producer = self.producer, self.new_producer()
+        self.replaced += 1
+        purge = getattr(old, "purge", None)
+        if purge is not None:
+            with contextlib.suppress(Exception):
+                purge(in_queue=True, in_flight=True, blocking=False)
+        log.warning("the data producer can send nothing more (%s): replaced by a new one; "
+                    "the tasks whose records it held run again from their last commit", lost)
 
     def discard_queued(self) -> None:
         """Drop the records still queued, not yet in a request: their tasks were stopped

@@ -9,9 +9,14 @@ tell it, and what becomes of the tasks whose records they were.
   and its input is sought back to the position they reflect
   (:meth:`streams.runtime.task_manager.TaskManager.replay`). Its outputs since repeat, which
   at-least-once allows; nothing is lost. A broker failover longer than the timeout ends here.
-- **Refused** (anything else: a record too large, an authorization error, a fatal producer):
-  sending it again would be refused again. It stays sticky and fatal to the thread, so that
-  no commit ever passes input whose outputs or changelog records the broker refused.
+- **The producer lost** (the broker fenced its idempotent producer id, or librdkafka made
+  the producer fatal: seen on Tansu after a SIGSTOP past the session, once records had timed
+  out): the producer can send nothing more, but the records are not refused as such. They
+  count as not delivered, and the thread replaces its producer (a new producer id) before
+  its tasks run again.
+- **Refused** (anything else: a record too large, an authorization error): sending it again
+  would be refused again. It stays sticky and fatal to the thread, so that no commit ever
+  passes input whose outputs or changelog records the broker refused.
 
 Errors of tasks the thread no longer runs (lost to the group, a zombie's queued records
 expired) need no revival: their input is another member's now.
@@ -30,6 +35,19 @@ from typing import Any
 NOT_DELIVERED_CODES = frozenset({-192, -185, 7, -152, -151})
 
 
+#: Codes of a producer that can send nothing more: ``PRODUCER_FENCED`` (90),
+#: ``INVALID_PRODUCER_EPOCH`` (47), ``UNKNOWN_PRODUCER_ID`` (59), ``_FATAL`` (-150, what
+#: librdkafka reports for every record once the producer is fatal).
+PRODUCER_LOST_CODES = frozenset({90, 47, 59, -150})
+
+
+def producer_lost(err: Any) -> bool:
+    """The record of this report was not delivered because its producer can send nothing
+    more: a new producer sends it again."""
+    code = getattr(err, "code", None)
+    return callable(code) and code() in PRODUCER_LOST_CODES
+
+
 def not_delivered(err: Any) -> bool:
     """The record of this delivery report was not delivered and is not being sent again: its
     input must be processed again. Anything without a Kafka error code counts as refused."""
@@ -45,6 +63,8 @@ class DeliveryVerdict:
     replay: frozenset[str]
     #: The first refusal: fatal to the thread (None: none).
     refusal: Any = None
+    #: The producer can send nothing more: the thread replaces it.
+    producer_lost: bool = False
 
 
 def judge(errors: Iterable[tuple[str, Any]], running: Iterable[str]) -> DeliveryVerdict:
@@ -52,9 +72,12 @@ def judge(errors: Iterable[tuple[str, Any]], running: Iterable[str]) -> Delivery
     ``running``."""
     held = set(running)
     replay: set[str] = set()
+    lost = False
     for task_id, err in errors:
-        if not not_delivered(err):
+        if producer_lost(err):
+            lost = True
+        elif not not_delivered(err):
             return DeliveryVerdict(frozenset(), err)
         if task_id in held:
             replay.add(task_id)
-    return DeliveryVerdict(frozenset(replay))
+    return DeliveryVerdict(frozenset(replay), producer_lost=lost)

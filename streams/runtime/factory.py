@@ -214,11 +214,14 @@ def build_stream_thread(
         # Records queued before a stop that cost the member its partitions expire unsent.
         timeout_ms = message_timeout_ms(config.session_timeout_ms,
                                         config.heartbeat_interval_ms)
-        data_producer = (clients.data_producer if clients.data_producer is not None
-                         else new_data_producer(bootstrap_servers or "", f"{label}-data",
-                                                timeout_ms))
-        collector = RecordCollector(data_producer, config.dead_letters, metrics, label,
-                                    config.changelog_buffer_bytes, flush_timeout_s(timeout_ms))
+        def data_producer() -> Any:
+            return new_data_producer(bootstrap_servers or "", f"{label}-data", timeout_ms)
+
+        given = clients.data_producer
+        collector = RecordCollector(given if given is not None else data_producer(),
+                                    config.dead_letters, metrics, label,
+                                    config.changelog_buffer_bytes, flush_timeout_s(timeout_ms),
+                                    data_producer if given is None else None)
         committer = Committer(collector, consumer, tasks.running, name, metrics, label, purger,
                               manager.replay)
     handover = LearnerHandover(promotion_asks, config.cooperative, subs, tasks, lock,

@@ -13,7 +13,7 @@ store), so the final commit ships them instead of dropping them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from statestore.record_size import truncated_payload
@@ -37,14 +37,20 @@ def changelogs_due(tasks: Iterable[StreamTask], buffer_bytes: int) -> bool:
 class RecordCollector:
     def __init__(self, producer: Any, dead_letter_topic: str, metrics: Metrics | None = None,
                  metrics_label: str = "", changelog_buffer_bytes: int = 0,
-                 flush_timeout_s: float = FLUSH_TIMEOUT_S) -> None:
-        self.producer = producer
+                 flush_timeout_s: float = FLUSH_TIMEOUT_S,
+                 new_producer: Callable[[], Any] | None = None) -> None:
         self.changelog_buffer_bytes = changelog_buffer_bytes
-        self.deliveries = Deliveries(producer, flush_timeout_s)
+        #: ``new_producer`` makes the producer that replaces one that can send nothing more.
+        self.deliveries = Deliveries(producer, flush_timeout_s, new_producer)
         self._metrics = metrics
         self._label = metrics_label
         self._dead_letter_topic = dead_letter_topic
         self.dead_lettered = 0
+
+    @property
+    def producer(self) -> Any:
+        """The data producer now (a new one replaces one that can send nothing more)."""
+        return self.deliveries.producer
 
     async def ship_outputs(self, tasks: Iterable[StreamTask]) -> None:
         """After a batch: hand the queued outputs of ``tasks`` to the producer, and their

@@ -20,8 +20,17 @@ from streams.runtime.delivery import (
     flush_timeout_s,
     message_timeout_ms,
 )
-from streams.runtime.delivery_errors import DeliveryVerdict, judge, not_delivered
-from tests.unit.streams.fakes import SINK, SOURCE, Committed, Rig, assign, record, rig
+from streams.runtime.delivery_errors import DeliveryVerdict, judge, not_delivered, producer_lost
+from tests.unit.streams.fakes import (
+    SINK,
+    SOURCE,
+    Committed,
+    FakeProducer,
+    Rig,
+    assign,
+    record,
+    rig,
+)
 
 CHANGELOG = "unit-counts-changelog"
 TP0 = TopicPartition(SOURCE, 0)
@@ -225,5 +234,59 @@ async def test_records_of_tasks_lost_with_the_membership_are_dropped_from_the_qu
         await r.thread.committer.commit()
         assert r.consumer.committed_offsets == {tp1: 1}
         assert sorted(r.thread.registry.active) == ["0_1"] and not r.thread.registry.restoring
+    finally:
+        r.thread.task_manager.close_all()
+
+
+def test_a_fenced_or_fatal_producer_is_lost_not_refused() -> None:
+    for code in (KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+                 KafkaError.UNKNOWN_PRODUCER_ID, KafkaError._FATAL):
+        assert producer_lost(KafkaError(code))
+    assert not producer_lost(timed_out())
+    assert not producer_lost(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+    fenced = KafkaError(KafkaError.PRODUCER_FENCED)
+    assert judge([("0_0", fenced), ("0_1", timed_out())], ["0_0", "0_1"]) == DeliveryVerdict(
+        frozenset({"0_0", "0_1"}), producer_lost=True)
+
+
+async def test_a_task_whose_producer_was_fenced_runs_again_with_a_new_producer(
+    tmp_path: Path,
+) -> None:
+    """A worker resumed from a SIGSTOP past its session on the embedded broker had its
+    idempotent data producer fenced (PRODUCER_FENCED) and its thread failed, the process
+    exiting. The thread now replaces its producer and runs the task again from its last
+    commit."""
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    r = rig(tmp_path)
+    replacement = FakeProducer()
+    deliveries = r.thread.collector.deliveries
+    deliveries.new_producer = lambda: replacement
+    try:
+        await assign(r, ("0_0",))
+        await process(r, records[0])
+        await r.thread.committer.commit()
+        r.producer.refusing[SINK] = KafkaError(KafkaError.PRODUCER_FENCED)
+        await process(r, *records[1:3])
+        await r.thread.committer.commit()  # not fatal
+        assert deliveries.replaced == 1 and r.thread.collector.producer is replacement
+        assert r.consumer.committed_offsets == {TP0: 1}
+        assert r.thread.tasks["0_0"].processed[TP0] == 1  # rolled back to its last commit
+        await process(r, *records[1:])
+        await r.thread.committer.commit()
+        assert r.consumer.committed_offsets == {TP0: 4}
+        assert [msgpack.unpackb(s.value) for s in replacement.to(SINK)] == [1, 2, 2]
+    finally:
+        r.thread.task_manager.close_all()
+
+
+async def test_a_lost_producer_with_nothing_to_replace_it_stays_fatal(tmp_path: Path) -> None:
+    r = rig(tmp_path)
+    try:
+        await assign(r, ("0_0",))
+        r.producer.refusing[SINK] = KafkaError(KafkaError.PRODUCER_FENCED)
+        await process(r, record(0, 0, "a"))
+        with pytest.raises(DeliveryError, match="can send nothing more"):
+            await r.thread.committer.commit()
+        assert r.consumer.committed_offsets == {}
     finally:
         r.thread.task_manager.close_all()

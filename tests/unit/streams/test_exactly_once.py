@@ -284,6 +284,18 @@ class _Hangs:
         self._producer.send_offsets_to_transaction(*args)
 
 
+async def commit_until_hung(committer: Any, hangs: _Hangs) -> asyncio.Future[None]:
+    """Start ``committer``'s commit and return it once its sending of offsets hangs. Its
+    rules are checked every ms; the one of a coordinator known for a while is off (the fake
+    consumer has had one from the start), so only the rule a test sets gives the call up."""
+    committer.offsets_known_coordinator_s = float("inf")
+    committer.offsets_check_s = 0.001
+    waiting = asyncio.ensure_future(committer.commit())
+    while not hangs.calls:
+        await asyncio.sleep(0.001)
+    return waiting
+
+
 async def hang_the_next_offsets(r: Any, records: list[Any]) -> _Hangs:
     """Task 0_0 commits its first record; then its producer's sending of offsets hangs, and
     the next two records are processed (the commit to come sends their offsets)."""
@@ -684,9 +696,7 @@ async def test_another_threads_offsets_that_went_through_give_up_a_hung_sending(
             # Only the other thread's sending gives it up (the fake consumer has its
             # coordinator from the start).
             hung.offsets_known_coordinator_s = float("inf")
-            waiting = asyncio.ensure_future(hung.commit())
-            while not hangs.calls:
-                await asyncio.sleep(0.001)
+            waiting = await commit_until_hung(hung, hangs)
             offset = 1
             while not waiting.done():
                 await b.thread.process({TopicPartition(SOURCE, 1): [record(1, offset, "c")]})
@@ -718,9 +728,7 @@ async def test_a_sending_of_offsets_started_before_the_coordinator_moved_is_give
         try:
             committer.offsets_known_coordinator_s = float("inf")  # only the new rule
             committer.offsets_after_new_coordinator_s, committer.offsets_check_s = 0.0, 0.001
-            waiting = asyncio.ensure_future(committer.commit())
-            while not hangs.calls:
-                await asyncio.sleep(0.001)
+            waiting = await commit_until_hung(committer, hangs)
             await asyncio.sleep(0.01)
             assert not waiting.done()  # found before the call: it is not given up
             r.consumer.coordinator_found = time.monotonic()  # found on another node
@@ -747,9 +755,7 @@ async def test_another_threads_find_of_the_new_coordinator_gives_up_a_hung_sendi
         try:
             hung.offsets_known_coordinator_s = float("inf")  # only the find counts
             hung.offsets_after_new_coordinator_s, hung.offsets_check_s = 0.0, 0.001
-            waiting = asyncio.ensure_future(hung.commit())
-            while not hangs.calls:
-                await asyncio.sleep(0.001)
+            waiting = await commit_until_hung(hung, hangs)
             b.consumer.coordinator_found = time.monotonic()  # the other thread's consumer
             await waiting
             assert hung.failures == 1 and "0_0" in a.thread.registry.restoring
@@ -780,9 +786,7 @@ async def test_offsets_that_went_through_say_nothing_once_the_coordinator_was_lo
             hung.offsets_known_coordinator_s = float("inf")
             hung.offsets_after_another_s, hung.offsets_check_s = 0.0, 0.001
             hung.offsets_after_new_coordinator_s = 0.0
-            waiting = asyncio.ensure_future(hung.commit())
-            while not hangs.calls:
-                await asyncio.sleep(0.001)
+            waiting = await commit_until_hung(hung, hangs)
             a.consumer.coordinator_lost = time.monotonic()  # marked dead during the call
             await other.commit()
             assert other.failures == 0

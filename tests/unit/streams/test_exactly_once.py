@@ -692,10 +692,7 @@ async def test_another_threads_offsets_that_went_through_give_up_a_hung_sending(
         await assign(b, ("0_1",))
         await b.thread.process({TopicPartition(SOURCE, 1): [record(1, 0, "c")]})
         try:
-            hung.offsets_after_another_s, hung.offsets_check_s = 0.05, 0.001
-            # Only the other thread's sending gives it up (the fake consumer has its
-            # coordinator from the start).
-            hung.offsets_known_coordinator_s = float("inf")
+            hung.offsets_after_another_s = 0.05  # only the other thread's sending counts
             waiting = await commit_until_hung(hung, hangs)
             offset = 1
             while not waiting.done():
@@ -726,8 +723,7 @@ async def test_a_sending_of_offsets_started_before_the_coordinator_moved_is_give
         assert isinstance(committer, TransactionalCommitter)
         hangs = await hang_the_next_offsets(r, records)
         try:
-            committer.offsets_known_coordinator_s = float("inf")  # only the new rule
-            committer.offsets_after_new_coordinator_s, committer.offsets_check_s = 0.0, 0.001
+            committer.offsets_after_new_coordinator_s = 0.0
             waiting = await commit_until_hung(committer, hangs)
             await asyncio.sleep(0.01)
             assert not waiting.done()  # found before the call: it is not given up
@@ -753,8 +749,7 @@ async def test_another_threads_find_of_the_new_coordinator_gives_up_a_hung_sendi
         assert hung.evidence is other.evidence is evidence
         hangs = await hang_the_next_offsets(a, records)
         try:
-            hung.offsets_known_coordinator_s = float("inf")  # only the find counts
-            hung.offsets_after_new_coordinator_s, hung.offsets_check_s = 0.0, 0.001
+            hung.offsets_after_new_coordinator_s = 0.0
             waiting = await commit_until_hung(hung, hangs)
             b.consumer.coordinator_found = time.monotonic()  # the other thread's consumer
             await waiting
@@ -783,8 +778,7 @@ async def test_offsets_that_went_through_say_nothing_once_the_coordinator_was_lo
         await assign(b, ("0_1",))
         await b.thread.process({TopicPartition(SOURCE, 1): [record(1, 0, "c")]})
         try:
-            hung.offsets_known_coordinator_s = float("inf")
-            hung.offsets_after_another_s, hung.offsets_check_s = 0.0, 0.001
+            hung.offsets_after_another_s = 0.0
             hung.offsets_after_new_coordinator_s = 0.0
             waiting = await commit_until_hung(hung, hangs)
             a.consumer.coordinator_lost = time.monotonic()  # marked dead during the call

@@ -28,3 +28,10 @@ def spark_session(master: str = "local[*]", app_name: str = "relay-pipeline",
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return register(spark)
+
+
+def active_spark_session() -> SparkSession | None:
+    """The Spark session this thread of the process already runs, with the ``relay-kafka``
+    data source registered; None when there is none."""
+    running = SparkSession.getActiveSession()
+    return register(running) if running is not None else None

@@ -50,7 +50,9 @@ def snapshot() -> None:
 @click.option("--bootstrap", envvar="RELAY_BOOTSTRAP_SERVERS", default=None,
               help="Broker address host:port (or RELAY_BOOTSTRAP_SERVERS); for --source "
                    "changelog.")
-@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@click.option("--master", default="local[*]", show_default=True,
+              help="Spark master (a session the calling process already runs is used as it "
+                   "is).")
 @click.option("--subtopology", type=click.IntRange(min=0), default=0, show_default=True,
               help="The sub-topology whose tasks own the store.")
 @click.option("--partitions", type=click.IntRange(min=1), default=None,
@@ -97,7 +99,7 @@ def build(app: str, store: str, path: Path | None, source: str, out_dir: Path,
             build_from_changelog,
             build_from_dataframe,
         )
-        from pipeline.spark import spark_session
+        from pipeline.spark import active_spark_session, spark_session
         from statestore.serdes import serde_from_name
     except ImportError as exc:
         raise SnapshotToolError(f"snapshot builds need Spark: pip install "
@@ -115,7 +117,10 @@ def build(app: str, store: str, path: Path | None, source: str, out_dir: Path,
             # Before Spark starts: a wrong address or name fails in a moment.
             run_sync(partition_count(bootstrap, target.changelog))
         with console.status(f"starting Spark ({master}) …") as status:
-            spark = spark_session(master, f"relay-snapshot-{app}-{store}")
+            # A session this process already runs (a notebook's, an embedding program's) is
+            # used as it is, --master aside, and left running.
+            running = active_spark_session()
+            spark = running or spark_session(master, f"relay-snapshot-{app}-{store}")
             try:
                 status.update(f"building snapshots of {app}/{store} from {source} …")
                 if source == "changelog":
@@ -127,7 +132,8 @@ def build(app: str, store: str, path: Path | None, source: str, out_dir: Path,
                                                      order_column=order_column,
                                                      input_offsets=input_positions)
             finally:
-                spark.stop()
+                if running is None:
+                    spark.stop()
     except BrokerUnreachableError as exc:
         raise SnapshotToolError(str(exc), ExitCode.UNREACHABLE) from exc
     except UnknownTopicError as exc:

@@ -1,5 +1,10 @@
-"""``relay snapshot build`` and ``relay snapshot list`` as a person runs them: from the
-changelog and from Parquet, the summary tables, and bad arguments with their exit codes."""
+"""``relay snapshot build`` and ``relay snapshot list``: from the changelog and from Parquet,
+the summary tables, and bad arguments with their exit codes as a person sees them (the
+command in a process of its own).
+
+The builds run in this process, through the command's Click entry point, on the tests' shared
+Spark session (a JVM start per build would cost more than the builds): the command uses a
+session its process already runs and leaves it running."""
 
 from __future__ import annotations
 
@@ -9,13 +14,19 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 
 from statestore.snapshot import MANIFEST_FILE, read_manifest
 from tests.broker.pipeline.conftest import create_changelog, open_store, write_history
+from tools.cli import cli
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.broker
 ROOT = Path(__file__).resolve().parents[3]
@@ -30,8 +41,14 @@ def relay(*args: str) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
+def relay_here(*args: str) -> tuple[int, str]:
+    """``relay`` in this process (its Spark session is the tests' own)."""
+    done = CliRunner().invoke(cli, list(args), env={"COLUMNS": "200"})
+    return done.exit_code, done.output
+
+
 def test_build_from_changelog_and_list(
-    bootstrap: str, tmp_path: Path, unique: Callable[[str], str]
+    spark: SparkSession, bootstrap: str, tmp_path: Path, unique: Callable[[str], str]
 ) -> None:
     app = unique("cli")
     create_changelog(bootstrap, app, 2)
@@ -41,8 +58,8 @@ def test_build_from_changelog_and_list(
     store.close()
 
     out = tmp_path / "snapshots"
-    code, text = relay("snapshot", "build", app, "counts", "--out", str(out), "--bootstrap",
-                       bootstrap, "--master", "local[1]")
+    code, text = relay_here("snapshot", "build", app, "counts", "--out", str(out),
+                            "--bootstrap", bootstrap)
     assert code == 0, text
     assert "2 snapshots" in text and "0_0" in text and "0_1" in text
     manifest = read_manifest(out / app / "counts" / "0_1")
@@ -50,26 +67,26 @@ def test_build_from_changelog_and_list(
     assert (manifest.offset, manifest.records, manifest.source) == (position, keys + 1,
                                                                    "changelog")
 
-    code, text = relay("snapshot", "list", str(out))
+    code, text = relay_here("snapshot", "list", str(out))
     assert code == 0, text
     assert app in text and f"{position:,}" in text and manifest.sha256[:12] in text
 
     (out / app / "counts" / "0_0" / MANIFEST_FILE).write_text("{")
-    code, text = relay("snapshot", "list", str(out))
+    code, text = relay_here("snapshot", "list", str(out))
     assert code == 1 and "corrupt snapshot manifest" in text and app in text
 
 
-def test_build_from_parquet(tmp_path: Path) -> None:
-    # Written without Spark: the test runs apart from the shared Spark session's tests.
+def test_build_from_parquet(spark: SparkSession, tmp_path: Path) -> None:
     history = tmp_path / "history.parquet"
     pq.write_table(pa.table({"key": [f"user-{i % 5}" for i in range(20)],
                              "value": pa.array(range(20), pa.int64()),
                              "offset": pa.array(range(20), pa.int64())}), str(history))
     out = tmp_path / "snapshots"
-    code, text = relay("snapshot", "build", "clicks", "counts", "--source", "parquet",
-                       str(history), "--partitions", "3", "--out", str(out), "--master",
-                       "local[1]", "--input-offsets", '{"clicks": {"0": 4, "2": 6}}')
+    code, text = relay_here("snapshot", "build", "clicks", "counts", "--source", "parquet",
+                            str(history), "--partitions", "3", "--out", str(out),
+                            "--input-offsets", '{"clicks": {"0": 4, "2": 6}}')
     assert code == 0, text
+    assert spark.range(3).count() == 3  # the session the command found runs on
     manifests = [json.loads(p.read_text()) for p in sorted(out.rglob(MANIFEST_FILE))]
     assert [m["task"] for m in manifests] == ["0_0", "0_1", "0_2"]
     assert sum(m["records"] for m in manifests) == 5 + 2  # keys, and two input positions

@@ -23,6 +23,7 @@ from click.testing import CliRunner
 
 from statestore.snapshot import MANIFEST_FILE, read_manifest
 from tests.broker.pipeline.conftest import create_changelog, open_store, write_history
+from tools import snapshot as snapshot_tool
 from tools.cli import cli
 
 if TYPE_CHECKING:
@@ -41,14 +42,22 @@ def relay(*args: str) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
-def relay_here(*args: str) -> tuple[int, str]:
-    """``relay`` in this process (its Spark session is the tests' own)."""
-    done = CliRunner().invoke(cli, list(args), env={"COLUMNS": "200"})
-    return done.exit_code, done.output
+@pytest.fixture
+def relay_here(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[int, str]]:
+    """``relay`` in this process (its Spark session is the tests' own), printing tables as
+    wide as a terminal of 200 columns would."""
+    monkeypatch.setattr(snapshot_tool.console, "width", 200)
+
+    def run(*args: str) -> tuple[int, str]:
+        done = CliRunner().invoke(cli, list(args))
+        return done.exit_code, done.output
+
+    return run
 
 
 def test_build_from_changelog_and_list(
-    spark: SparkSession, bootstrap: str, tmp_path: Path, unique: Callable[[str], str]
+    spark: SparkSession, relay_here: Callable[..., tuple[int, str]], bootstrap: str,
+    tmp_path: Path, unique: Callable[[str], str]
 ) -> None:
     app = unique("cli")
     create_changelog(bootstrap, app, 2)
@@ -76,7 +85,9 @@ def test_build_from_changelog_and_list(
     assert code == 1 and "corrupt snapshot manifest" in text and app in text
 
 
-def test_build_from_parquet(spark: SparkSession, tmp_path: Path) -> None:
+def test_build_from_parquet(
+    spark: SparkSession, relay_here: Callable[..., tuple[int, str]], tmp_path: Path
+) -> None:
     history = tmp_path / "history.parquet"
     pq.write_table(pa.table({"key": [f"user-{i % 5}" for i in range(20)],
                              "value": pa.array(range(20), pa.int64()),

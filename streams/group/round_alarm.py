@@ -82,6 +82,17 @@ class RoundAlarm:
         if self.announce is not None:
             self.announce(generation)
 
+    def began(self, generation: int) -> None:
+        """A member of this process began a round itself (it removed members from the group),
+        its group being in ``generation``: announced even when a round after that generation
+        was announced before, since a broker may keep the generation over rounds (Tansu
+        does, when only the leader rejoins), and such a round would go untold until the
+        members' heartbeats."""
+        if generation < 0:
+            return
+        self._announced.discard(generation)
+        self.heard(generation)
+
     def wake(self, generation: int) -> int:
         """Make this process's members of ``generation`` join its round; how many did."""
         woken = sum(1 for member in self.members if member.join_begun_round(generation))

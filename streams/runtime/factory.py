@@ -239,7 +239,7 @@ def build_stream_thread(
                            member.lost_sync_generation,
                            past_session_of(group_learning, label, config.session_timeout_ms)
                            if remover is not None else None,
-                           (lambda: round_alarm.heard(consumer.generation))
+                           (lambda: round_alarm.began(consumer.generation))
                            if round_alarm is not None and config.cooperative else None)
     warm_up = (WarmUp(warm_up_gate, index, name, config.warm_up_timeout_ms, manager, updater,
                       reporter, lifecycle, announcer)

@@ -57,6 +57,23 @@ def test_the_first_to_hear_wakes_its_process_and_announces_once_per_round() -> N
     assert announced == [4, 5]
 
 
+def test_a_round_the_process_began_is_announced_even_after_one_of_the_same_generation(
+) -> None:
+    """A broker that keeps the generation over rounds (Tansu) would have a removal's round go
+    untold: its generation's round was announced before."""
+    announced: list[int] = []
+    alarm = RoundAlarm(announce=announced.append)
+    member = Member(4)
+    alarm.register(member)
+    alarm.heard(4)
+    member.rebalancing = False  # that round ended, in generation 4 again
+    alarm.began(4)
+    assert announced == [4, 4] and member.rejoins == 2
+    alarm.heard(4)  # the others' heartbeats tell of the round the process began
+    alarm.began(-1)  # not a member
+    assert announced == [4, 4]
+
+
 def test_news_from_another_instance_wakes_without_announcing_again() -> None:
     announced: list[int] = []
     alarm = RoundAlarm(announce=announced.append)

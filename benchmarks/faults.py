@@ -99,9 +99,9 @@ from benchmarks.faults_broker import (
 )
 from benchmarks.faults_check import (
     Exactness,
+    applied_faults,
     compare_latest,
     compare_occurrences,
-    fault_limit_s,
     gaps,
     longest_stalls,
     rebalances,
@@ -830,6 +830,7 @@ class Bench:
     async def fault_broker_kill(self, entry: dict[str, Any]) -> None:
         cluster = require_cluster(self.cluster)
         roles = await self.broker_roles()
+        entry["struck_s"] = self.now()  # the kill is kill_leader's first step
         entry["detail"] = await kill_leader(cluster, self.bootstrap, roles,
                                             self.rng.uniform(10, 20))
 
@@ -1215,9 +1216,7 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
     every_gap = [dataclasses.replace(g, from_s=round(g.from_s + offset, 1),
                                      to_s=round(g.to_s + offset, 1), gap_s=round(g.gap_s, 1))
                  for g in gaps(times, start, end, at_least_s=GAP_REPORTED_S)]
-    applied = [(e["at_s"], f"{e['fault']} {e.get('worker', '')}".strip(),
-                fault_limit_s(e["fault"], e.get("seconds"), session_s, join_round_s))
-               for e in bench.timeline if e.get("fault") and e.get("status") == "applied"]
+    applied = applied_faults(bench.timeline, session_s, join_round_s)
     result = {
         "app_id": run.app_id,
         "sinks": {kind: topic for topic, kind in run.outputs.kind.items()},
@@ -1301,7 +1300,9 @@ def timeline_text(report: dict[str, Any]) -> str:
         what = e.get("fault") or e.get("event")
         status = f" [{e['status']}]" if e.get("status") and e["status"] != "applied" else ""
         worker = f" {e['worker']}" if e.get("worker") else ""
-        lines.append(f"  {e['at_s']:7.1f}s {what}{worker}{status}: {e.get('detail', '')}")
+        struck = f" (struck at {e['struck_s']:.1f}s)" if "struck_s" in e else ""
+        lines.append(f"  {e['at_s']:7.1f}s {what}{worker}{status}{struck}: "
+                     f"{e.get('detail', '')}")
     return "\n".join(lines)
 
 

@@ -155,6 +155,16 @@ def fault_limit_s(kind: str, seconds: float | None, session_s: float,
     return session_s + join_round_s + (seconds if within and seconds is not None else 0.0)
 
 
+def applied_faults(timeline: Iterable[dict], session_s: float,
+                   join_round_s: float) -> list[tuple[float, str, float]]:
+    """The faults of a run's timeline that were applied, as ``(at_s, label, limit_s)``: at
+    the moment each struck (``struck_s``, where a fault first looks around: a broker kill
+    asks who leads what, a second and more under load) or began (``at_s``)."""
+    return [(e.get("struck_s", e["at_s"]), f"{e['fault']} {e.get('worker', '')}".strip(),
+             fault_limit_s(e["fault"], e.get("seconds"), session_s, join_round_s))
+            for e in timeline if e.get("fault") and e.get("status") == "applied"]
+
+
 def stalls_per_fault(stalls: Iterable[Stall], faults: list[tuple[float, str, float]],
                      end_s: float) -> list[FaultStall]:
     """Per fault ``(at_s, label, limit_s)``, in time order: the longest of ``stalls`` (spans

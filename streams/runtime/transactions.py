@@ -611,6 +611,7 @@ class TransactionalCommitter:
                 outcome = self._on_failed(task.task_id, exc)
                 if outcome is not None:
                     await outcome
+        await self._renew_from_before_the_move(tasks)
         # Restoring tasks keep the producer that fenced their previous owner.
         await self._collector.producers.retain(self._held())
         if self.purger is not None:
@@ -686,6 +687,46 @@ class TransactionalCommitter:
             except Exception as exc:
                 raise ProducerNotRenewed(f"committed, but its new producer could not start: "
                                          f"{type(exc).__name__}: {exc}") from exc
+
+    async def _renew_from_before_the_move(self, tasks: list[StreamTask]) -> None:
+        """Replace, between transactions, the producers made before the group's coordinator
+        was found on another node. A commit through the move replaces its task's producer
+        (``_commit_task``), but a task that committed before the SIGKILL, while its thread
+        then waited on another task's hung call, kept its old producer, and its next sending
+        of offsets hung on the dead broker (run S: given up 2.1 s after another task's went
+        through, then a revival). The replacements run together: one ``init_transactions``
+        for the thread (1.1 to 1.6 s); a task whose replacement fails is revived."""
+        transactions = self._collector.producers.transactions
+        stale = [task.task_id for task in tasks
+                 if (transaction := transactions.get(task.task_id)) is not None
+                 and not transaction.open and self._moved_since(transaction.since)]
+        if not stale:
+            return
+        outcomes = await asyncio.gather(
+            *(self._collector.producers.renew(task_id, self.renew_timeout_s)
+              for task_id in stale), return_exceptions=True)
+        for task_id, exc in zip(stale, outcomes, strict=True):
+            if isinstance(exc, BaseException) and not isinstance(exc, Exception):
+                raise exc
+            if exc is None:
+                continue
+            self.failures += 1
+            log.warning("%s: the producer of task %s, made before the group's coordinator "
+                        "moved, could not be replaced; the task is revived: %s: %s",
+                        self._name, task_id, type(exc).__name__, exc)
+            await self._collector.producers.drop(task_id, failed=True)
+            outcome = self._on_failed(task_id, ProducerNotRenewed(
+                f"its producer from before the coordinator's move could not be replaced: "
+                f"{type(exc).__name__}: {exc}"))
+            if outcome is not None:
+                await outcome
+
+    def _moved_since(self, since: float) -> bool:
+        """Whether, after ``since``, a thread of the process lost the group's coordinator and
+        one found it on another node: a move (a thread's first find of it, at its start, is
+        not one, nor is a coordinator still loading found again on the same node)."""
+        return (self.evidence.lost_since(since)
+                and self.evidence.found_after(since) is not None)
 
     def _coordinator_moved_since(self, since: float) -> bool:
         """The group's consumer found its coordinator after ``since``, or has none now (it

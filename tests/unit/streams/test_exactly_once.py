@@ -458,6 +458,77 @@ async def test_a_producer_that_waited_out_the_coordinators_move_is_replaced_afte
         assert committer.commits == 3 and log.aborted == 0
 
 
+@pytest.mark.parametrize("history", ["moved", "found first", "lost, found on its node",
+                                     "moved before it"])
+async def test_a_producer_from_before_the_coordinators_move_is_replaced_without_a_commit(
+    tmp_path: Path, history: str,
+) -> None:
+    """Run S: a task committed just before the SIGKILL of the group's coordinator, its thread
+    then waited on another task's hung call, and its next sending of offsets, on the producer
+    from before the move, hung too. Once the coordinator was lost and found on another node
+    after the producer was made, the producer is replaced between transactions at the end of
+    a commit, whether or not the task committed in it; not for a thread's first find of
+    the coordinator, a coordinator found again on the same node, or a move the producer
+    came after."""
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    async with eos_rig(tmp_path) as r:
+        log = log_of(r)
+        committer = r.thread.committer
+        assert isinstance(committer, TransactionalCommitter)
+        await assign(r, ("0_0",))
+        await process(r, *records[:2])
+        await committer.commit()
+        old = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
+        if history in ("moved", "lost, found on its node"):
+            r.consumer.coordinator_lost = time.monotonic()
+        if history in ("moved", "found first"):
+            r.consumer.coordinator_found = time.monotonic()
+        if history == "moved before it":
+            r.consumer.coordinator_lost = r.consumer.coordinator_found = old.since - 1.0
+        await committer.commit()  # nothing to commit: the task's transaction is not open
+        renewed = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
+        assert (renewed is not old) == (history == "moved")
+        assert committer.failures == 0 and "0_0" in r.thread.tasks
+        await committer.commit()  # replaced once
+        assert r.thread.collector.producers.transactions["0_0"] is renewed  # type: ignore[union-attr]
+        await run_to_end(r, records, 2)
+        assert counts_out(log) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+        assert log.offsets == {(SOURCE, 0): 4} and r.consumer.rejoins == 0
+        assert log.aborted == 0
+
+
+async def test_a_producer_from_before_the_move_that_cannot_be_replaced_revives_its_task(
+    tmp_path: Path,
+) -> None:
+    records = [record(0, i, k) for i, k in enumerate("abab")]
+    async with eos_rig(tmp_path) as r:
+        log = log_of(r)
+        committer = r.thread.committer
+        assert isinstance(committer, TransactionalCommitter)
+        producers = r.thread.collector.producers  # type: ignore[union-attr]
+        await assign(r, ("0_0",))
+        await process(r, *records[:2])
+        await committer.commit()
+        new_producer = producers._new_producer
+        failing: list[_Failing] = []
+
+        def failing_once(tid: str) -> Any:
+            if failing:
+                return new_producer(tid)
+            failing.append(_Failing(new_producer(tid), "init_transactions", timed_out))
+            return failing[0]
+
+        producers._new_producer = failing_once
+        r.consumer.coordinator_lost = r.consumer.coordinator_found = time.monotonic()
+        await committer.commit()
+        assert failing and failing[0].left == 0
+        assert committer.failures == 1 and "0_0" in r.thread.registry.restoring
+        await r.thread.state_updater.restore_pending()
+        await run_to_end(r, records, 2)
+        assert counts_out(log) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+        assert log.offsets == {(SOURCE, 0): 4} and r.consumer.rejoins == 0
+
+
 async def test_a_producer_that_cannot_be_replaced_revives_its_task_from_what_it_committed(
     tmp_path: Path,
 ) -> None:

@@ -388,7 +388,8 @@ class TaskProducers:
                  task_id, tid)
         return transaction
 
-    async def renew(self, task_id: str, timeout_s: float = RENEW_TIMEOUT_S) -> None:
+    async def renew(self, task_id: str, timeout_s: float = RENEW_TIMEOUT_S,
+                    why: str = "after the coordinator's move") -> None:
         """Replace the producer of ``task_id``, between two of its transactions, with a new
         one that looks the coordinators up afresh. After the SIGKILL of the group's
         coordinator, a producer whose sending of offsets waited out the move sends the next
@@ -408,8 +409,8 @@ class TaskProducers:
             await _close_producer(producer)
             raise
         self.transactions[task_id] = TaskTransaction(task_id, producer)
-        log.info("task %s: producer replaced after the coordinator's move in %.1f s",
-                 task_id, time.monotonic() - started)
+        log.info("task %s: producer replaced %s in %.1f s", task_id, why,
+                 time.monotonic() - started)
 
     async def drop(self, task_id: str, failed: bool = False) -> None:
         """Close the task's producer; an open transaction is aborted. A producer whose
@@ -703,7 +704,9 @@ class TransactionalCommitter:
         if not stale:
             return
         outcomes = await asyncio.gather(
-            *(self._collector.producers.renew(task_id, self.renew_timeout_s)
+            *(self._collector.producers.renew(
+                task_id, self.renew_timeout_s,
+                "made before the coordinator's move, its task idle through it")
               for task_id in stale), return_exceptions=True)
         for task_id, exc in zip(stale, outcomes, strict=True):
             if isinstance(exc, BaseException) and not isinstance(exc, Exception):

@@ -409,7 +409,7 @@ class TaskProducers:
             await _close_producer(producer)
             raise
         self.transactions[task_id] = TaskTransaction(task_id, producer)
-        log.info("task %s: producer replaced %s in %.1f s", task_id, why,
+        log.info("task %s: producer replaced (%s) in %.1f s", task_id, why,
                  time.monotonic() - started)
 
     async def drop(self, task_id: str, failed: bool = False) -> None:
@@ -706,7 +706,7 @@ class TransactionalCommitter:
         outcomes = await asyncio.gather(
             *(self._collector.producers.renew(
                 task_id, self.renew_timeout_s,
-                "made before the coordinator's move, its task idle through it")
+                "made before the coordinator's move; its task was idle through it")
               for task_id in stale), return_exceptions=True)
         for task_id, exc in zip(stale, outcomes, strict=True):
             if isinstance(exc, BaseException) and not isinstance(exc, Exception):

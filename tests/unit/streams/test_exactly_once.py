@@ -191,6 +191,22 @@ class _Failing:
         return call
 
 
+def fail_the_next_init(producers: Any) -> list[_Failing]:
+    """Make the next producer that ``producers`` start fail its ``init_transactions`` once
+    (timed out); the list gets that producer."""
+    new_producer = producers._new_producer
+    failing: list[_Failing] = []
+
+    def failing_once(tid: str) -> Any:
+        if failing:
+            return new_producer(tid)
+        failing.append(_Failing(new_producer(tid), "init_transactions", timed_out))
+        return failing[0]
+
+    producers._new_producer = failing_once
+    return failing
+
+
 def inject(r: Rig, task_id: str, call: str, error: Any, **kind: Any) -> _Failing:
     transaction = r.thread.collector.producers.transactions[task_id]  # type: ignore[union-attr]
     failing = _Failing(transaction.producer, call, error, **kind)
@@ -509,16 +525,7 @@ async def test_a_producer_from_before_the_move_that_cannot_be_replaced_revives_i
         await assign(r, ("0_0",))
         await process(r, *records[:2])
         await committer.commit()
-        new_producer = producers._new_producer
-        failing: list[_Failing] = []
-
-        def failing_once(tid: str) -> Any:
-            if failing:
-                return new_producer(tid)
-            failing.append(_Failing(new_producer(tid), "init_transactions", timed_out))
-            return failing[0]
-
-        producers._new_producer = failing_once
+        failing = fail_the_next_init(producers)
         r.consumer.coordinator_lost = r.consumer.coordinator_found = time.monotonic()
         await committer.commit()
         assert failing and failing[0].left == 0
@@ -544,16 +551,7 @@ async def test_a_producer_that_cannot_be_replaced_revives_its_task_from_what_it_
         await assign(r, ("0_0",))
         await process(r, *records[:1])
         await committer.commit()
-        new_producer = producers._new_producer
-        failing: list[_Failing] = []
-
-        def failing_once(tid: str) -> Any:
-            if failing:
-                return new_producer(tid)
-            failing.append(_Failing(new_producer(tid), "init_transactions", timed_out))
-            return failing[0]
-
-        producers._new_producer = failing_once
+        failing = fail_the_next_init(producers)
         r.consumer.coordinator_since = None  # the group's coordinator is moving
         await process(r, *records[1:3])
         await committer.commit()

@@ -513,55 +513,39 @@ async def test_a_producer_from_before_the_coordinators_move_is_replaced_without_
         assert log.aborted == 0
 
 
-async def test_a_producer_from_before_the_move_that_cannot_be_replaced_revives_its_task(
-    tmp_path: Path,
-) -> None:
-    records = [record(0, i, k) for i, k in enumerate("abab")]
-    async with eos_rig(tmp_path) as r:
-        log = log_of(r)
-        committer = r.thread.committer
-        assert isinstance(committer, TransactionalCommitter)
-        producers = r.thread.collector.producers  # type: ignore[union-attr]
-        await assign(r, ("0_0",))
-        await process(r, *records[:2])
-        await committer.commit()
-        failing = fail_the_next_init(producers)
-        r.consumer.coordinator_lost = r.consumer.coordinator_found = time.monotonic()
-        await committer.commit()
-        assert failing and failing[0].left == 0
-        assert committer.failures == 1 and "0_0" in r.thread.registry.restoring
-        await r.thread.state_updater.restore_pending()
-        await run_to_end(r, records, 2)
-        assert counts_out(log) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
-        assert log.offsets == {(SOURCE, 0): 4} and r.consumer.rejoins == 0
-
-
+@pytest.mark.parametrize("through_the_move", ["a commit", "nothing to commit"])
 async def test_a_producer_that_cannot_be_replaced_revives_its_task_from_what_it_committed(
-    tmp_path: Path,
+    tmp_path: Path, through_the_move: str,
 ) -> None:
     """The replacement of a producer is one attempt, made while the thread's lock is held: if
     its ``init_transactions`` fails, the task, its transaction committed, is revived (its next
-    producer is started off the lock, with retries), neither closed nor rebalanced."""
+    producer is started off the lock, with retries), neither closed nor rebalanced; so it is
+    for a producer from before the coordinator's move whose task had nothing to commit
+    through it."""
     records = [record(0, i, k) for i, k in enumerate("abab")]
+    committed = 3 if through_the_move == "a commit" else 2
     async with eos_rig(tmp_path) as r:
         log = log_of(r)
         committer = r.thread.committer
         assert isinstance(committer, TransactionalCommitter)
         producers = r.thread.collector.producers  # type: ignore[union-attr]
         await assign(r, ("0_0",))
-        await process(r, *records[:1])
+        await process(r, *records[:1 if through_the_move == "a commit" else 2])
         await committer.commit()
         failing = fail_the_next_init(producers)
-        r.consumer.coordinator_since = None  # the group's coordinator is moving
-        await process(r, *records[1:3])
+        if through_the_move == "a commit":
+            r.consumer.coordinator_since = None  # the group's coordinator is moving
+            await process(r, *records[1:3])
+        else:
+            r.consumer.coordinator_lost = r.consumer.coordinator_found = time.monotonic()
         await committer.commit()
         r.consumer.coordinator_since = 0.0
         assert failing and failing[0].left == 0
-        assert committer.commits == 2 and committer.failures == 1
+        assert committer.commits == committed - 1 and committer.failures == 1
         assert "0_0" in r.thread.registry.restoring and r.consumer.rejoins == 0
         await r.thread.state_updater.restore_pending()
-        assert r.consumer.seeks[TP0] == 3
-        await run_to_end(r, records, 3)
+        assert r.consumer.seeks[TP0] == committed
+        await run_to_end(r, records, committed)
         assert counts_out(log) == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
         assert log.offsets == {(SOURCE, 0): 4} and log.aborted == 0
 

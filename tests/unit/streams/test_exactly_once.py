@@ -191,6 +191,17 @@ class _Failing:
         return call
 
 
+async def committed_on_0_0(r: Rig, records: list[Any]) -> tuple[TransactionalCommitter, Any]:
+    """Task 0_0 assigned, ``records`` processed and committed: the committer, and the task's
+    transaction (its producer) as it stands."""
+    committer = r.thread.committer
+    assert isinstance(committer, TransactionalCommitter)
+    await assign(r, ("0_0",))
+    await process(r, *records)
+    await committer.commit()
+    return committer, r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
+
+
 def fail_the_next_init(producers: Any) -> list[_Failing]:
     """Make the next producer that ``producers`` start fail its ``init_transactions`` once
     (timed out); the list gets that producer."""
@@ -450,12 +461,7 @@ async def test_a_producer_that_waited_out_the_coordinators_move_is_replaced_afte
     records = [record(0, i, k) for i, k in enumerate("abab")]
     async with eos_rig(tmp_path) as r:
         log = log_of(r)
-        committer = r.thread.committer
-        assert isinstance(committer, TransactionalCommitter)
-        await assign(r, ("0_0",))
-        await process(r, *records[:1])
-        await committer.commit()
-        old = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
+        committer, old = await committed_on_0_0(r, records[:1])
         if cause == "the coordinator moved":
             r.consumer.coordinator_since = old.since + 1.0  # found after the producer's start
         elif cause == "the coordinator is moving":
@@ -489,12 +495,7 @@ async def test_a_producer_from_before_the_coordinators_move_is_replaced_without_
     records = [record(0, i, k) for i, k in enumerate("abab")]
     async with eos_rig(tmp_path) as r:
         log = log_of(r)
-        committer = r.thread.committer
-        assert isinstance(committer, TransactionalCommitter)
-        await assign(r, ("0_0",))
-        await process(r, *records[:2])
-        await committer.commit()
-        old = r.thread.collector.producers.transactions["0_0"]  # type: ignore[union-attr]
+        committer, old = await committed_on_0_0(r, records[:2])
         if history in ("moved", "lost, found on its node"):
             r.consumer.coordinator_lost = time.monotonic()
         if history in ("moved", "found first"):

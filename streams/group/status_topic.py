@@ -13,8 +13,9 @@ import logging
 from typing import Any
 
 import msgpack
-from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
+
+from streams.kafka.started_consumer import started_consumer
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,7 @@ async def read_status(bootstrap: str, application_id: str,
     with their default partition count, which the app would refuse). ``departures``, if
     given, gets the time (ms) of each member's tombstone that is its latest record: when it
     stopped."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
+    consumer = await started_consumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     latest: dict[str, dict[str, Any]] = {}
     try:
         topic = status_topic_name(application_id)

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgpack
-from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from streams.group.status_topic import status_topic_name
+from streams.kafka.started_consumer import started_consumer
 from streams.queries.store_layout import StoreLayout
 
 log = logging.getLogger(__name__)
@@ -155,8 +155,8 @@ class StatusFollower:
                     await asyncio.wait_for(stop.wait(), RETRY_S)
 
     async def _follow(self, stop: asyncio.Event) -> None:
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
-        await consumer.start()
+        consumer = await started_consumer(bootstrap_servers=self.bootstrap,
+                                          enable_auto_commit=False)
         try:
             tp = TopicPartition(self.topic, 0)
             consumer.assign([tp])

@@ -17,6 +17,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from streams.group.control import CONTROL_MESSAGE_KEYS, control_topic_name, decode_mark
 from streams.group.status_topic import status_topic_name
 from streams.group.topology_record import TOPOLOGY_KEY, decode_topology_record
+from streams.kafka.started_consumer import started_consumer
 from streams.queries.routing import RoutingTable, now_ms
 from tools.web.model import (
     STALE_AFTER_MS,
@@ -97,8 +98,8 @@ class GroupFollower:
                     await asyncio.wait_for(stop.wait(), RETRY_S)
 
     async def _follow(self, stop: asyncio.Event) -> None:
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
-        await consumer.start()
+        consumer = await started_consumer(bootstrap_servers=self.bootstrap,
+                                          enable_auto_commit=False)
         try:
             # Only topics that exist: asking for a missing one has some brokers create it
             # with their default partition count.

@@ -199,13 +199,20 @@ async def test_a_task_whose_changelog_timed_out_runs_again_and_the_others_commit
         r.thread.task_manager.close_all()
 
 
-async def test_a_refused_record_stays_fatal(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("error", "message"), [
+    (KafkaError.MSG_SIZE_TOO_LARGE, "refused"),
+    # A fenced producer, with nothing given to replace it.
+    (KafkaError.PRODUCER_FENCED, "can send nothing more"),
+])
+async def test_a_refused_record_or_a_lost_producer_with_nothing_to_replace_it_stays_fatal(
+    tmp_path: Path, error: int, message: str,
+) -> None:
     r = rig(tmp_path)
     try:
         await assign(r, ("0_0",))
-        r.producer.refusing[SINK] = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+        r.producer.refusing[SINK] = KafkaError(error)
         await process(r, record(0, 0, "a"))
-        with pytest.raises(DeliveryError, match="refused"):
+        with pytest.raises(DeliveryError, match=message):
             await r.thread.committer.commit()
         assert r.consumer.committed_offsets == {}
         assert "0_0" in r.thread.registry.active
@@ -275,18 +282,5 @@ async def test_a_task_whose_producer_was_fenced_runs_again_with_a_new_producer(
         await r.thread.committer.commit()
         assert r.consumer.committed_offsets == {TP0: 4}
         assert [msgpack.unpackb(s.value) for s in replacement.to(SINK)] == [1, 2, 2]
-    finally:
-        r.thread.task_manager.close_all()
-
-
-async def test_a_lost_producer_with_nothing_to_replace_it_stays_fatal(tmp_path: Path) -> None:
-    r = rig(tmp_path)
-    try:
-        await assign(r, ("0_0",))
-        r.producer.refusing[SINK] = KafkaError(KafkaError.PRODUCER_FENCED)
-        await process(r, record(0, 0, "a"))
-        with pytest.raises(DeliveryError, match="can send nothing more"):
-            await r.thread.committer.commit()
-        assert r.consumer.committed_offsets == {}
     finally:
         r.thread.task_manager.close_all()

@@ -601,17 +601,8 @@ class TransactionalCommitter:
         # commits, round trips to the broker, overlap.
         outcomes = await asyncio.gather(*(self._commit_task(task) for task in tasks),
                                         return_exceptions=True)
-        for task, exc in zip(tasks, outcomes, strict=True):
-            if isinstance(exc, BaseException) and not isinstance(exc, Exception):
-                raise exc
-            if exc is not None:
-                self.failures += 1
-                log.warning("%s: transaction of task %s failed, its writes are discarded: "
-                            "%s: %s", self._name, task.task_id, type(exc).__name__, exc)
-                await self._collector.producers.drop(task.task_id, failed=True)
-                outcome = self._on_failed(task.task_id, exc)
-                if outcome is not None:
-                    await outcome
+        await self._fail_where_raised([task.task_id for task in tasks], outcomes,
+                                      "its transaction failed, its writes are discarded")
         await self._renew_from_before_the_move(tasks)
         # Restoring tasks keep the producer that fenced their previous owner.
         await self._collector.producers.retain(self._held())
@@ -708,19 +699,27 @@ class TransactionalCommitter:
                 task_id, self.renew_timeout_s,
                 "made before the coordinator's move; its task was idle through it")
               for task_id in stale), return_exceptions=True)
-        for task_id, exc in zip(stale, outcomes, strict=True):
+        await self._fail_where_raised(
+            stale, [ProducerNotRenewed(f"its producer from before the coordinator's move "
+                                       f"could not be replaced: {type(exc).__name__}: {exc}")
+                    if isinstance(exc, Exception) else exc for exc in outcomes],
+            "its producer from before the coordinator's move could not be replaced")
+
+    async def _fail_where_raised(self, task_ids: list[str], outcomes: list[Any],
+                                 what: str) -> None:
+        """Each task whose outcome is an exception is failed: counted, its producer dropped
+        (an open transaction aborted) and handed to ``on_failed``; anything else than an
+        Exception (a cancellation) propagates."""
+        for task_id, exc in zip(task_ids, outcomes, strict=True):
             if isinstance(exc, BaseException) and not isinstance(exc, Exception):
                 raise exc
             if exc is None:
                 continue
             self.failures += 1
-            log.warning("%s: the producer of task %s, made before the group's coordinator "
-                        "moved, could not be replaced; the task is revived: %s: %s",
-                        self._name, task_id, type(exc).__name__, exc)
+            log.warning("%s: task %s: %s: %s: %s", self._name, task_id, what,
+                        type(exc).__name__, exc)
             await self._collector.producers.drop(task_id, failed=True)
-            outcome = self._on_failed(task_id, ProducerNotRenewed(
-                f"its producer from before the coordinator's move could not be replaced: "
-                f"{type(exc).__name__}: {exc}"))
+            outcome = self._on_failed(task_id, exc)
             if outcome is not None:
                 await outcome
 

@@ -196,8 +196,10 @@ async def test_a_thread_joins_when_its_copies_will_catch_up_during_the_round(
     """The restore and the round overlap: the copies read 1,000 records per 20 ms poll, so
     with 150,000 left and a 3 s round the thread joins well before they are caught up, and
     its first subscription says it expects them ready by the assignment. The 20 ms pass on
-    the state updater's clock, not for real."""
-    clock = [1_000.0]
+    the state updater's clock, not for real. That clock starts at the real one: the warm-up's
+    deadline is read from the real clock, which on a machine up for less than a quarter of an
+    hour was already behind a fixed start and ended the warm-up at once."""
+    clock = [time.monotonic()]
     monkeypatch.setattr(state_updater, "time",
                         SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
     r = rig(tmp_path, promotion_asks=PromotionAsks(), acceptable_lag=100,

@@ -274,6 +274,8 @@ class Traffic:
             await asyncio.sleep(0.05)
 
     def start(self) -> None:
+        """Start producing in the background (again, after :meth:`stop`)."""
+        self._stop.clear()
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:

@@ -16,12 +16,13 @@ every member's learners: fewer fresh records of its round than the round had mem
 member that has not published since the round, a crashed one, one too old to publish
 ``learning``).
 
-The same records tell which members have been silent for longer than a session timeout
-(:meth:`GroupLearning.past_session`): a broker that keeps such a member in its rounds is told
-to remove it (:mod:`streams.group.join_watch`).
+The same records tell how long each member has been silent (:meth:`GroupLearning.silences`):
+a member whose session is about to end is watched for the round its end begins
+(:mod:`streams.group.expiry_probe`), and a broker that keeps a member silent for longer than
+a session timeout in its rounds is told to remove it (:mod:`streams.group.join_watch`).
 
-The app follows the status topic only once a member first asks, so that a group that never
-holds ready learners, on a broker that needs no removal, reads nothing.
+The app follows the status topic only once a member first asks: a cooperative member's
+expiry probe asks as its thread starts.
 """
 
 from __future__ import annotations
@@ -161,20 +162,25 @@ class GroupLearning:
         """The other members silent for longer than a session timeout (but not yet for
         :data:`GONE_AFTER_SESSIONS` of them): gone or frozen, whatever round they were in.
         Every broker should have ended their sessions, so one that still counts them in can
-        be told to remove them. Silence is counted up to ``now_ms`` while the records read
-        are fresh (the newest of them, this member's own included, under
-        :data:`SILENT_AFTER_MS` old), else up to the newest: a process that was frozen itself
-        reads everyone's records late, and would take them all for silent. Starts following
-        the status topic on first use."""
+        be told to remove them. Silence as :meth:`silences` counts it."""
+        return sorted(member for member, silent_for in self.silences(me, now_ms).items()
+                      if session_timeout_ms < silent_for
+                      <= GONE_AFTER_SESSIONS * session_timeout_ms)
+
+    def silences(self, me: str, now_ms: int) -> dict[str, int]:
+        """The other members -> how long each has published nothing (ms). Counted up to
+        ``now_ms`` while the records read are fresh (the newest of them, this member's own
+        included, under :data:`SILENT_AFTER_MS` old), else up to the newest: a process that
+        was frozen itself reads everyone's records late, and would take them all for
+        silent. Starts following the status topic on first use."""
         self._follow()
         if not self._members:
-            return []
+            return {}
         newest = min(now_ms, max(learning.updated_ms for learning in self._members.values()))
         if now_ms - newest < SILENT_AFTER_MS:
             newest = now_ms
-        return sorted(member for member, learning in self._members.items()
-                      if member != me and session_timeout_ms < newest - learning.updated_ms
-                      <= GONE_AFTER_SESSIONS * session_timeout_ms)
+        return {member: newest - learning.updated_ms
+                for member, learning in self._members.items() if member != me}
 
     def _follow(self) -> None:
         if not self._following:

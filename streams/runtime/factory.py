@@ -23,6 +23,7 @@ from statestore.store import KeyValueStore
 from streams.config import AppConfig
 from streams.dsl.topology import SubTopology
 from streams.group.control import control_topic_name
+from streams.group.expiry_probe import ExpiryProbe
 from streams.group.group_learning import GroupLearning
 from streams.group.join_watch import JoinWatch, RebalanceAsker
 from streams.group.learner_handover import LearnerHandover, PromotionAnnouncer
@@ -241,6 +242,18 @@ def build_stream_thread(
                            if remover is not None else None,
                            (lambda: round_alarm.began(consumer.generation))
                            if round_alarm is not None and config.cooperative else None)
+    probe: ExpiryProbe | None = None
+    if (group_learning is not None and round_alarm is not None and config.cooperative
+            and clients.producer is None):
+        alarm = round_alarm
+
+        def heard_by_probe(generation: int) -> None:
+            alarm.heard(generation)
+            member.join_begun_round(generation)  # even if the alarm had told this round
+
+        probe = ExpiryProbe(name, consumer, silences_of(group_learning, label),
+                            config.session_timeout_ms, config.heartbeat_interval_ms,
+                            heard_by_probe)
     warm_up = (WarmUp(warm_up_gate, index, name, config.warm_up_timeout_ms, manager, updater,
                       reporter, lifecycle, announcer)
                if warm_up_gate is not None else None)
@@ -250,7 +263,7 @@ def build_stream_thread(
         producer=producer, tasks=tasks, task_manager=manager, state_updater=updater,
         collector=collector, committer=committer, member=member, listener=listener,
         reporter=reporter, join_watch=join_watch, hooks=hooks, metrics=metrics,
-        member_files=member_files, warm_up=warm_up,
+        member_files=member_files, warm_up=warm_up, expiry_probe=probe,
     )
 
 
@@ -262,6 +275,12 @@ def past_session_of(group_learning: GroupLearning | None, label: str,
         return None
     return lambda: group_learning.past_session(label, int(time.time() * 1000),
                                                session_timeout_ms)
+
+
+def silences_of(group_learning: GroupLearning, label: str) -> Callable[[], dict[str, int]]:
+    """What the expiry probe asks of the group's status records: the other members -> how
+    long each has been silent (ms)."""
+    return lambda: group_learning.silences(label, int(time.time() * 1000))
 
 
 def repartition_purger(config: AppConfig, subs: list[SubTopology], hooks: RoundHooks,

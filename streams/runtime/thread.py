@@ -28,6 +28,7 @@ from typing import Any
 from aiokafka.structs import TopicPartition
 
 from streams.config import AppConfig
+from streams.group.expiry_probe import ExpiryProbe
 from streams.group.join_watch import JoinWatch
 from streams.group.listener import RebalanceListener
 from streams.group.member import GroupMember
@@ -83,6 +84,7 @@ class StreamThread:
         metrics: Metrics,
         member_files: MemberFiles | None = None,
         warm_up: WarmUp | None = None,
+        expiry_probe: ExpiryProbe | None = None,
     ) -> None:
         self.config = config
         self.identity = identity
@@ -107,6 +109,8 @@ class StreamThread:
         self.reporter = reporter
         #: What this member does when stuck joining (see :mod:`streams.group.join_watch`).
         self.join_watch = join_watch
+        #: Hears a silent peer's session end (see :mod:`streams.group.expiry_probe`).
+        self.expiry_probe = expiry_probe
         self.hooks = hooks
         self.metrics = metrics
         #: Where this thread keeps its member id for a restart after a crash to remove
@@ -285,7 +289,7 @@ class StreamThread:
                                 name=f"restore-{self.index}"),
             asyncio.create_task(self.state_updater.follow_loop(stopped, self.reporter.update),
                                 name=f"follow-{self.index}"),
-            asyncio.create_task(self.reporter.housekeeping(self.join_watch),
+            asyncio.create_task(self.reporter.housekeeping(self.join_watch, self.expiry_probe),
                                 name=f"status-{self.index}"),
         ]
         stopper = asyncio.create_task(stopped.wait())
@@ -322,6 +326,8 @@ class StreamThread:
     async def _close(self) -> None:
         self.member.close()
         await self.join_watch.close()
+        if self.expiry_probe is not None:
+            await self.expiry_probe.close()
         try:
             async with self._lock:
                 if self.registry.active and self.lifecycle.failure is None:

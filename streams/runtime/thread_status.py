@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import msgpack
 
 from streams.config import AppConfig
+from streams.group.expiry_probe import ExpiryProbe
 from streams.group.join_watch import JoinWatch
 from streams.group.partition_assignor import RelayAssignor, TaskLayout
 from streams.group.status_topic import status_topic_name
@@ -272,12 +273,16 @@ class StatusReporter:
         with contextlib.suppress(Exception):
             await self.producer.send_and_wait(self.topic, key=self.key, value=None)
 
-    async def housekeeping(self, join_watch: JoinWatch) -> None:
-        """Publish the status every second and soon after a change its readers act on, and
-        check the member is not stuck joining."""
+    async def housekeeping(self, join_watch: JoinWatch,
+                           expiry_probe: ExpiryProbe | None = None) -> None:
+        """Publish the status every second and soon after a change its readers act on, check
+        the member is not stuck joining, and probe the group while a silent peer's session
+        may end."""
         stopped = self.lifecycle.stopped
         while not stopped.is_set():
             join_watch.check()
+            if expiry_probe is not None:
+                expiry_probe.check()
             # A leaving mark arrives between rounds.
             self.metrics.set_scale_down_deadline(self.identity.label,
                                                  self.leaving_deadline_ms())

@@ -139,3 +139,16 @@ def test_looking_for_silent_members_starts_following_the_status_topic() -> None:
     assert group.past_session("a-thread-0", NOW_MS, 10_000) == []
     assert group.past_session("a-thread-0", NOW_MS, 10_000) == []
     assert started == [1]
+
+
+def test_how_long_each_other_member_has_been_silent() -> None:
+    group = GroupLearning(clock=lambda: 0.0)
+    assert group.silences("me-thread-0", NOW_MS) == {}
+    group.apply("killed-thread-0", record(updated_ms=NOW_MS - 9_200), NOW_MS)
+    group.apply("running-thread-0", record(updated_ms=NOW_MS - 300), NOW_MS)
+    group.apply("me-thread-0", record(updated_ms=NOW_MS - 100), NOW_MS)
+    assert group.silences("me-thread-0", NOW_MS) == {"killed-thread-0": 9_200,
+                                                     "running-thread-0": 300}
+    # Its own view stale (it was frozen): counted up to the newest record, not to now.
+    assert group.silences("me-thread-0", NOW_MS + 20_000) == {"killed-thread-0": 9_100,
+                                                              "running-thread-0": 200}

@@ -25,6 +25,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
+from aiokafka.errors import RebalanceInProgressError
+
 log = logging.getLogger(__name__)
 
 #: How often a member sends its heartbeat while a silent peer's session may end.
@@ -34,8 +36,9 @@ STATUS_EVERY_MS = 1_000
 #: How late after its due time a broker may still end a session (its timers run late under
 #: load); the member's own heartbeats take over after that.
 LATE_EXPIRY_MS = 1_500
-#: A broker's answer to a heartbeat when its group has begun a round.
-ROUND_BEGUN = "REBALANCE_IN_PROGRESS"
+#: A broker's answer to a heartbeat when its group has begun a round (``REBALANCE_IN_PROGRESS``),
+#: as the driver names it.
+ROUND_BEGUN = RebalanceInProgressError.__name__
 
 
 def session_may_end(silent_for_ms: int, session_timeout_ms: int,
@@ -111,25 +114,33 @@ class ExpiryProbe:
         peers = self.ending()
         if not peers:
             return False
-        log.debug("%s: the session of %s may end now: probing the group", self.name,
-                  ", ".join(peers))
+        log.info("%s: the session of %s may end now: probing the group", self.name,
+                 ", ".join(peers))
         self._probing = asyncio.create_task(self.probe(), name=f"expiry-probe-{self.name}")
         return True
 
     async def probe(self) -> None:
         """Heartbeat every :attr:`every_s` until the round is heard, the member joins one, or
         no peer's session may end any more."""
+        probes = 0
+        answers: set[str] = set()
         while self._should_probe() and self.ending():
             generation = self.member.generation
             started = time.monotonic()
             answer = await self.member.heartbeat()
+            probes += 1
             if answer == ROUND_BEGUN and self.member.generation == generation:
                 self.rounds_heard += 1
                 log.info("%s: its group began a round after generation %d (a silent "
-                         "member's session ended), heard by a probe", self.name, generation)
+                         "member's session ended), heard by probe %d", self.name, generation,
+                         probes)
                 self.round_heard(generation)
                 return
+            answers.add(answer or "none")
             await self._sleep(max(0.0, self.every_s - (time.monotonic() - started)))
+        log.info("%s: probing ended after %d heartbeat(s) (answers: %s; %s)", self.name, probes,
+                 ", ".join(sorted(answers)) or "none",
+                 "joining a round" if self.member.rebalancing else "no session ending now")
 
     async def close(self) -> None:
         if self._probing is not None:

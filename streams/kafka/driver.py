@@ -340,8 +340,9 @@ class GroupConsumer:
             coordinator.on_round_heard = listener
 
     async def heartbeat(self) -> str | None:
-        """Send one Heartbeat of this member's own and return the broker's error name (None
-        when answered without error, "NOT_A_MEMBER" when the member has no member id).
+        """Send one Heartbeat of this member's own and return the broker's error, named by
+        aiokafka's error class (``RebalanceInProgressError``); None when answered without
+        error, "NOT_A_MEMBER" when the member has no member id.
 
         Broker quirk (Tansu 0.6, the leader wedge): in a forming group LeaveGroup removes the
         member but keeps it as the group's leader, so a leader leaving mid-round wedges the

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from aiokafka.errors import for_code
 
 from streams.group.expiry_probe import (
     LATE_EXPIRY_MS,
@@ -35,6 +36,11 @@ def test_when_a_silent_peer_s_session_may_end(silent_for_ms: int, may_end: bool)
 def test_only_the_peers_whose_sessions_may_end_now() -> None:
     silences = {"w3-thread-0": 9_500, "w2-thread-0": 300, "w4-thread-0": 60_000}
     assert ending_sessions(silences, SESSION_MS, HEARTBEAT_MS) == ["w3-thread-0"]
+
+
+def test_the_round_answer_is_named_as_the_driver_names_a_heartbeat_s_error() -> None:
+    # The driver's heartbeat names an error by its class; REBALANCE_IN_PROGRESS is code 27.
+    assert for_code(27).__name__ == ROUND_BEGUN
 
 
 class FakeMember:

@@ -94,12 +94,22 @@ class ExpiryProbe:
         self._sleep = sleep
         self.every_s = every_s
         self._probing: asyncio.Task[None] | None = None
+        #: The peers whose sessions may end now -> the member's generation when they came to
+        #: that point.
+        self._since: dict[str, int] = {}
         #: Rounds the probe heard of first (a metric for tests and logs).
         self.rounds_heard = 0
 
     def ending(self) -> list[str]:
-        return ending_sessions(self.silences(), self.session_timeout_ms,
-                               self.heartbeat_interval_ms)
+        """The peers whose sessions may end now, but for those the group has had a round
+        since they came to that point: a round that began after a peer went silent ends
+        only once the peer rejoined or the broker removed it, so its end is heard already
+        (probing again would only repeat its heartbeats until the window passed)."""
+        peers = ending_sessions(self.silences(), self.session_timeout_ms,
+                                self.heartbeat_interval_ms)
+        generation = self.member.generation
+        self._since = {peer: self._since.get(peer, generation) for peer in peers}
+        return [peer for peer in peers if self._since[peer] >= generation]
 
     def _should_probe(self) -> bool:
         return self.member.generation >= 0 and not self.member.rebalancing

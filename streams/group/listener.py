@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener
@@ -40,6 +42,28 @@ log = logging.getLogger(__name__)
 
 #: Rebalance callbacks that may fail in a row before the thread gives up.
 MAX_REBALANCE_FAILURES = 3
+#: An assignment, or a restored task's start, that took this long or longer logs where the
+#: time went.
+SLOW_TAKE_UP_S = 0.05
+
+
+@dataclass
+class AssignmentTiming:
+    """Where the time went between a round's assignment and its tasks taken up (monotonic
+    seconds): the moved tasks wait on all of it."""
+
+    received_at: float
+    locked_at: float = 0.0
+    opened_at: float = 0.0
+
+    def report(self, name: str, applied_at: float) -> None:
+        """Log the parts when the whole took :data:`SLOW_TAKE_UP_S` or more."""
+        if applied_at - self.received_at < SLOW_TAKE_UP_S:
+            return
+        log.info("%s: assignment applied %.2fs after it came (%.2fs waiting for the thread's "
+                 "lock, %.2fs opening stores, %.2fs taking the tasks up)", name,
+                 applied_at - self.received_at, self.locked_at - self.received_at,
+                 self.opened_at - self.locked_at, applied_at - self.opened_at)
 
 
 class RebalanceListener(ConsumerRebalanceListener):
@@ -141,7 +165,9 @@ class RebalanceListener(ConsumerRebalanceListener):
     async def _assigned(self) -> None:
         assignment = self.member.take_assignment()
         status = self.reporter.status
+        timing = AssignmentTiming(time.monotonic())
         async with self.lock:
+            timing.locked_at = time.monotonic()
             self.awaiting_assignment = False
             status.rebalances += 1
             if self.member_files is not None and self.consumer.member_id != status.member_id:
@@ -163,7 +189,9 @@ class RebalanceListener(ConsumerRebalanceListener):
                 self._round_applied(tell_followers=False)
                 return
             await self.task_manager.open_ahead(assignment)
+            timing.opened_at = time.monotonic()
             self._apply(assignment)
+            timing.report(self.name, time.monotonic())
             # A leaving static leader tells its followers once it has left (see the thread's
             # close).
             self._round_applied(tell_followers=not self.leaves_explicitly)
@@ -236,12 +264,20 @@ class RebalanceListener(ConsumerRebalanceListener):
     async def start_restored(self, task_id: str, stores: dict[str, KeyValueStore]) -> None:
         """The state updater's news: a new active's state is restored, so it may run. Its
         offsets are read first, without the lock: the thread's other tasks go on meanwhile."""
+        began = time.monotonic()
         offsets = await self.task_manager.start_offsets(task_id, stores)
         if offsets is None:
             return
+        read = time.monotonic()
         async with self.lock:
+            locked = time.monotonic()
             if await self.task_manager.start_restored(task_id, stores, offsets):
                 self.reporter.update()
+                started = time.monotonic()
+                if started - began >= SLOW_TAKE_UP_S:
+                    log.info("%s: task %s started %.2fs after its restoration (%.2fs reading "
+                             "its start offsets, %.2fs waiting for the thread's lock)",
+                             self.name, task_id, started - began, read - began, locked - read)
 
 
 class FailedTransactions:

@@ -145,3 +145,26 @@ async def test_a_round_answer_for_a_generation_the_member_left_is_not_told() -> 
     probe._sleep = stop
     await asyncio.wait_for(probe._probing, 1)  # type: ignore[arg-type]
     assert heard == []
+
+
+async def test_a_peer_whose_end_a_round_followed_is_not_probed_for_again() -> None:
+    # After the round its session's end began, the peer is still silent for a while within
+    # the window: probing again would only repeat heartbeats.
+    silences = {"w2-thread-0": 9_300}
+    member = FakeMember([ROUND_BEGUN])
+    heard: list[int] = []
+    probe = probe_of(member, silences, heard)
+    assert probe.check()
+    await asyncio.wait_for(probe._probing, 1)  # type: ignore[arg-type]
+    assert heard == [4]
+    member.generation = 6  # the round, and its follow-up
+    silences["w2-thread-0"] = 10_400
+    assert not probe.check()
+    # Silent since before a round only once: back, then silent again, it is probed for.
+    silences["w2-thread-0"] = 200
+    assert not probe.check()
+    silences["w2-thread-0"] = 9_100
+    member.answers = [ROUND_BEGUN]
+    assert probe.check()
+    await asyncio.wait_for(probe._probing, 1)  # type: ignore[arg-type]
+    assert heard == [4, 6]

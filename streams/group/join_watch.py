@@ -12,8 +12,9 @@ held by something only the group can undo, so it acts, each remedy at most every
   silent for longer than a session timeout: a member frozen (SIGSTOP) just after it joined a
   round stays in the rounds that follow, given tasks it never runs, until the broker's next
   look at sessions (seen on Tansu 17 s after the stop, with 10-s sessions), and a frozen
-  leader's follow-up round was never told to the others at all; once it removed some, it
-  sounds the round alarm (:mod:`streams.group.round_alarm`), since the broker has begun a
+  leader's follow-up round was never told to the others at all. It looks as that silence
+  passes the session timeout, not at its next tick, since the round waits on the look;
+  once it removed some, it sounds the round alarm (:mod:`streams.group.round_alarm`), since the broker has begun a
   round without them;
 - at once, when other members' round reports show that its own SyncGroup answer was lost
   (:func:`streams.quirks.synced_round.sync_answer_lost` for :data:`LOST_SYNC_AFTER_S`), it asks the
@@ -34,6 +35,11 @@ log = logging.getLogger(__name__)
 
 #: How often a member stuck joining looks for departed members.
 DEPARTED_CHECK_EVERY_S = 5.0
+#: How far ahead a member looks for another's silence passing a session timeout: the
+#: thread's housekeeping tick.
+LOOK_AHEAD_MS = 1_000
+#: How long after the silence passes the session the look comes (it must be past it).
+PAST_SESSION_MARGIN_MS = 20
 #: How long a member waits with the evidence of a lost SyncGroup answer before it acts:
 #: followers' answers come within about a second of each other, and a report takes a
 #: moment to arrive.
@@ -57,8 +63,12 @@ class JoinWatch:
                  remove_departed: Callable[[], Awaitable[list[str]]] | None,
                  lost_sync: Callable[[], int | None] | None = None,
                  past_session: Callable[[], list[str]] | None = None,
-                 on_removed: Callable[[], None] | None = None) -> None:
+                 on_removed: Callable[[], None] | None = None,
+                 silences: Callable[[], dict[str, int]] | None = None) -> None:
         self.name = name
+        #: The other members -> how long each has been silent (ms), to look for departed
+        #: members as soon as one passes a session timeout; None: at the thread's ticks.
+        self.silences = silences
         #: Told once members were removed: the broker has begun a round without them, and
         #: the group's members join it at once (the round alarm) rather than at their next
         #: heartbeat.
@@ -91,6 +101,17 @@ class JoinWatch:
         """About one join round: a member joining longer than that looks for departed
         members that hold the round."""
         return self.session_timeout_ms / 2000 + 6
+
+    def next_look_in_s(self) -> float | None:
+        """Seconds until another member's silence passes a session timeout, if that comes
+        within a tick (a second): the thread looks for departed members then rather than at
+        its next tick, since the round their removal begins waits on that look. None: no
+        such member, or nothing to remove them with."""
+        if self.remove_departed is None or self.silences is None:
+            return None
+        left = [self.session_timeout_ms - silent for silent in self.silences().values()
+                if 0 <= self.session_timeout_ms - silent < LOOK_AHEAD_MS]
+        return (min(left) + PAST_SESSION_MARGIN_MS) / 1000 if left else None
 
     def check(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

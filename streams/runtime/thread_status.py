@@ -287,14 +287,18 @@ class StatusReporter:
             self.metrics.set_scale_down_deadline(self.identity.label,
                                                  self.leaving_deadline_ms())
             await self.publish()
-            await self._until_next(stopped)
+            await self._until_next(stopped, join_watch.next_look_in_s())
 
-    async def _until_next(self, stopped: asyncio.Event) -> None:
-        """Until the next record is due (see :func:`publish_delay`) or the thread stops."""
+    async def _until_next(self, stopped: asyncio.Event, look_in_s: float | None = None) -> None:
+        """Until the next record is due (see :func:`publish_delay`), the join watch's next
+        look (``look_in_s``, seconds from now) or the thread stops."""
+        look_at = None if look_in_s is None else time.monotonic() + look_in_s
         while not stopped.is_set():
             changed = self._changed.is_set()
-            delay = publish_delay(time.monotonic(), self._published_at, changed,
-                                  min_gap_s=self.min_gap_s)
+            now = time.monotonic()
+            delay = publish_delay(now, self._published_at, changed, min_gap_s=self.min_gap_s)
+            if look_at is not None:
+                delay = min(delay, look_at - now)
             if delay <= 0:
                 return
             waits = [asyncio.ensure_future(stopped.wait())]

@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from streams.group import join_watch
 from streams.group.group_learning import GroupLearning
-from streams.group.join_watch import DEPARTED_CHECK_EVERY_S
+from streams.group.join_watch import DEPARTED_CHECK_EVERY_S, JoinWatch
 from streams.group.member_id import static_id_of
 from streams.group.round_alarm import RoundAlarm
 from streams.kafka.membership import GroupMember
@@ -151,3 +153,55 @@ async def test_a_removal_sounds_the_round_alarm_for_the_member_s_generation(
     assert r.thread.join_watch.on_removed is not None
     r.thread.join_watch.on_removed()
     assert announced == [7, 7]
+
+
+def test_a_look_is_due_when_a_silence_passes_the_session_within_a_tick() -> None:
+    silences = {"w2-thread-0": 300, "w3-thread-0": 9_400}
+
+    async def remove() -> list[str]:
+        return []
+
+    watch = JoinWatch("w1", 10_000, SimpleNamespace(rebalancing_for_s=lambda now: 0.0),
+                      None, remove, silences=lambda: dict(silences))
+    assert watch.next_look_in_s() == pytest.approx(0.62)
+    silences["w3-thread-0"] = 8_900  # more than a tick away: the tick looks
+    assert watch.next_look_in_s() is None
+    silences["w3-thread-0"] = 10_400  # past it already: the tick looks
+    assert watch.next_look_in_s() is None
+    silences["w3-thread-0"] = 9_990
+    watch.remove_departed = None  # a broker that needs no removal
+    assert watch.next_look_in_s() is None
+
+
+@pytest.mark.asyncio
+async def test_the_housekeeping_looks_for_departed_members_as_a_silence_passes_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Looked for at the next tick, the member would wait up to a second more, and the round
+    # its removal begins with it. (No margin past the session here: this tier allows no
+    # wait of 10 ms.)
+    monkeypatch.setattr(join_watch, "PAST_SESSION_MARGIN_MS", 0)
+    r = rig(tmp_path)
+    watch = r.thread.join_watch
+    session_ms = watch.session_timeout_ms
+    passes_at = time.monotonic() + 0.004
+    looked = asyncio.Event()
+
+    async def remove() -> list[str]:
+        looked.set()
+        return []
+
+    def silent_for() -> int:
+        return session_ms - int((passes_at - time.monotonic()) * 1000)
+
+    watch.remove_departed = remove
+    watch.silences = lambda: {"w3-thread-0": silent_for()}
+    watch.past_session = lambda: ["w3-thread-0"] if time.monotonic() >= passes_at else []
+    housekeeping = asyncio.create_task(r.thread.reporter.housekeeping(watch))
+    try:
+        await asyncio.wait_for(looked.wait(), 0.5)
+        assert time.monotonic() >= passes_at
+    finally:
+        r.thread.lifecycle.stopped.set()
+        await housekeeping
+        r.thread.task_manager.close_all()

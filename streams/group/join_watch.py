@@ -14,8 +14,8 @@ held by something only the group can undo, so it acts, each remedy at most every
   look at sessions (seen on Tansu 17 s after the stop, with 10-s sessions), and a frozen
   leader's follow-up round was never told to the others at all. It looks as that silence
   passes the session timeout, not at its next tick, since the round waits on the look;
-  once it removed some, it sounds the round alarm (:mod:`streams.group.round_alarm`), since the broker has begun a
-  round without them;
+  once it removed some, it sounds the round alarm (:mod:`streams.group.round_alarm`), since
+  the broker has begun a round without them;
 - at once, when other members' round reports show that its own SyncGroup answer was lost
   (:func:`streams.quirks.synced_round.sync_answer_lost` for :data:`LOST_SYNC_AFTER_S`), it asks the
   leader to rejoin, once per generation: waiting the stall limit would stop its tasks for

@@ -115,3 +115,18 @@ def memory_from_notes(members: Sequence[Member]) -> LeaderMemory:
         moving=moving,
         noted_at_ms=max(newest.values(), default=None),
     )
+
+
+def owners_noted_at(members: Sequence[Member]) -> dict[str, int]:
+    """task -> the stamp of the newest notes that name a member running it, about to
+    receive it, or it held for: the round a memory rebuilt from the notes has its owner
+    from."""
+    noted: dict[str, int] = {}
+    for member in members:
+        notes = member.notes
+        if notes is None:
+            continue
+        for record in notes.members.values():
+            for task in (*record.owned, *record.incoming, *record.held):
+                noted[task] = max(noted.get(task, notes.round_ms), notes.round_ms)
+    return noted

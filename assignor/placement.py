@@ -37,7 +37,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from assignor.model import (
@@ -49,7 +49,7 @@ from assignor.model import (
     Task,
     task_sort_key,
 )
-from assignor.notes import build_notes, memory_from_notes
+from assignor.notes import build_notes, memory_from_notes, owners_noted_at
 
 
 @dataclass
@@ -255,8 +255,8 @@ def assign(
     formed_at = memory.formed_at_ms if memory.formed_at_ms is not None else now_ms
 
     owner, conflicts = _current_owners(valid, stateful, memory)
-    if not rebuilt:
-        _revoke_stale_claims(owner, conflicts, instances, by_key, memory, config, now_ms)
+    _revoke_stale_claims(owner, conflicts, instances, by_key, memory, config, now_ms,
+                         owners_noted_at(valid) if rebuilt else None)
     if config.initial_delay_ms and not owner and now_ms - formed_at < config.initial_delay_ms:
         wait = formed_at + config.initial_delay_ms - now_ms
         notes = build_notes(formed_at, formed_at, valid, {}, {}, {})
@@ -402,16 +402,26 @@ def _revoke_stale_claims(
     memory: LeaderMemory,
     config: AssignorConfig,
     now_ms: int,
+    noted: Mapping[str, int] | None = None,
 ) -> None:
     """A task the leader remembers on a vanished member, held for it, that another member
     claims: the claimant is back from a pause (SIGSTOP past its session) and runs what it
     ran before the task moved on. Its claim is revoked and the task held, as it would be had
-    the claimant stayed away. (A memory rebuilt from the notes is not trusted that far.)"""
+    the claimant stayed away.
+
+    ``noted``: the memory was rebuilt from the notes, which give, per task, the round its
+    owner is noted from (:func:`owners_noted_at`). A claim is then revoked only where the
+    claimant's own notes are older than that: it last heard from the group before the task
+    went on to its owner (a claimant given the task since holds notes of that round or a
+    later one)."""
     if not config.lost_task_delay_ms:
         return
     for task, key in memory.owners.items():
         claimant = owner.get(task)
         if claimant is None or claimant.key == key or key in by_key:
+            continue
+        if noted is not None and (claimant.notes is None or task not in noted
+                                  or claimant.notes.round_ms >= noted[task]):
             continue
         inst = instances.get(key[0])
         if inst is not None and inst.leaving:

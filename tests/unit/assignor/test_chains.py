@@ -60,6 +60,20 @@ def setups(draw: st.DrawFn) -> Setup:
                  spread_ms=draw(st.sampled_from([0, 25_000, 70_000])), names=tuple(names))
 
 
+#: Three instances of one thread, one stateful task. The leader's instance crashes with the
+#: task, which its hold keeps until the next leader gets it; that leader crashes too, and the
+#: first comes back from its pause still claiming the task. The third member, leading from
+#: the notes, took the stale claim: the hold for the second ended early. A claimant whose own
+#: notes are older than those naming the task's owner is now taken for back from a pause.
+LEADERS_GONE_HOLDER_BACK = Setup(
+    threads=(1, 1, 1), tasks=(Task("0_0"),),
+    config=AssignorConfig(num_standbys=0, acceptable_lag=0, max_learners=1,
+                          lost_task_delay_ms=7_000, scale_down_timeout_ms=90_000),
+    lag_seed=0, slowest_ms=0, spread_ms=0,
+    names=("a", "-", "b", "c", "q", "aa", "a-", "ab", "-a", "aaa", "aaaa", "aaaaa"),
+)
+
+
 #: Instance a (4 threads) crashes and one of its threads comes back within the delay: when
 #: the holds of the three others end, their tasks are the instance's again but not given back
 #: to anyone, so balance must spread them (stateless ones at once) over the threads there are.
@@ -88,6 +102,8 @@ BACK_TO_A_BIGGER_GROUP = Setup(
 
 @settings(max_examples=examples(120), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
+@example(setup=LEADERS_GONE_HOLDER_BACK, chain=[
+    Change("crash", 0, 1, None), Change("crash", 0, 1, None), Change("return", 0, 2, 0)], seed=1)
 @example(setup=ONE_THREAD_BACK, chain=[Change("crash", 0, 1, None), Change("return", 0, 1, 0)],
          seed=0)
 @example(setup=BACK_TO_A_BIGGER_GROUP, chain=[Change("crash", 0, 1, None),

@@ -365,8 +365,17 @@ async def test_a_second_owner_fences_the_first_whose_late_transaction_never_show
             await asyncio.to_thread(zombie.producer.commit_transaction, 10)
         assert "FENCED" in fenced.value.args[0].name()
         await zombie_side.drop("0_0", failed=True)
-        committed = [value for _, value in await read_committed(bootstrap, topic, 1)]
-        assert committed == ["before the move", "new owner"]
+        # A committed read stops at the last stable offset, which passes the owner's record
+        # only once its commit marker is written, a moment after commit_transaction returns.
+        expected = ["before the move", "new owner"]
+        committed: list[Any] = []
+
+        async def stable() -> bool:
+            committed[:] = [value for _, value in await read_committed(bootstrap, topic, 1)]
+            return committed == expected or len(committed) > len(expected)
+
+        await wait_until(stable, timeout_s=20, message="the owner's commit marker written")
+        assert committed == expected
         written = [value for _, value in await read_all(bootstrap, topic, 1)]
         assert "late, open at the move" in written  # in the log, aborted
     finally:

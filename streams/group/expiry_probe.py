@@ -131,7 +131,15 @@ class ExpiryProbe:
 
     async def probe(self) -> None:
         """Heartbeat every :attr:`every_s` until the round is heard, the member joins one, or
-        no peer's session may end any more."""
+        no peer's session may end any more. A failure ends the probing (the member's own
+        heartbeats go on): it is logged, never raised."""
+        try:
+            await self._probe()
+        except Exception as exc:
+            log.warning("%s: probing the group failed (%s: %s); its heartbeats tell the "
+                        "round", self.name, type(exc).__name__, exc)
+
+    async def _probe(self) -> None:
         probes = 0
         answers: set[str] = set()
         while self._should_probe() and self.ending():

@@ -168,3 +168,18 @@ async def test_a_peer_whose_end_a_round_followed_is_not_probed_for_again() -> No
     assert probe.check()
     await asyncio.wait_for(probe._probing, 1)  # type: ignore[arg-type]
     assert heard == [4, 6]
+
+
+async def test_a_probe_that_fails_ends_without_raising() -> None:
+    member = FakeMember([])
+
+    async def broken() -> str | None:
+        raise RuntimeError("no connection object")
+
+    member.heartbeat = broken  # type: ignore[method-assign]
+    heard: list[int] = []
+    probe = probe_of(member, {"w3-thread-0": 9_500}, heard)
+    assert probe.check()
+    await asyncio.wait_for(probe._probing, 1)  # type: ignore[arg-type]
+    assert probe._probing.exception() is None  # type: ignore[union-attr]
+    assert heard == []

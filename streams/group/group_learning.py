@@ -19,7 +19,8 @@ member that has not published since the round, a crashed one, one too old to pub
 The same records tell how long each member has been silent (:meth:`GroupLearning.silences`):
 a member whose session is about to end is watched for the round its end begins
 (:mod:`streams.group.expiry_probe`), and a broker that keeps a member silent for longer than
-a session timeout in its rounds is told to remove it (:mod:`streams.group.join_watch`).
+a session timeout (:func:`past_session`) in its rounds is told to remove it
+(:mod:`streams.group.join_watch`).
 
 The app follows the status topic only once a member first asks: a cooperative member's
 expiry probe asks as its thread starts.
@@ -76,6 +77,16 @@ def learning_from_status(value: Mapping[str, Any]) -> MemberLearning | None:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def past_session(silences: Mapping[str, int], session_timeout_ms: int) -> list[str]:
+    """The members (of ``silences``: member -> how long it has been silent, ms, see
+    :meth:`GroupLearning.silences`) silent for longer than a session timeout, but not yet for
+    :data:`GONE_AFTER_SESSIONS` of them: gone or frozen, whatever round they were in. Every
+    broker should have ended their sessions, so one that still counts them in can be told to
+    remove them."""
+    return sorted(member for member, silent_for in silences.items()
+                  if session_timeout_ms < silent_for <= GONE_AFTER_SESSIONS * session_timeout_ms)
 
 
 class LagLows:
@@ -157,15 +168,6 @@ class GroupLearning:
                       if member != me and learning.generation == generation
                       and SILENT_AFTER_MS <= now_ms - learning.updated_ms
                       <= session_timeout_ms + 1_000)
-
-    def past_session(self, me: str, now_ms: int, session_timeout_ms: int) -> list[str]:
-        """The other members silent for longer than a session timeout (but not yet for
-        :data:`GONE_AFTER_SESSIONS` of them): gone or frozen, whatever round they were in.
-        Every broker should have ended their sessions, so one that still counts them in can
-        be told to remove them. Silence as :meth:`silences` counts it."""
-        return sorted(member for member, silent_for in self.silences(me, now_ms).items()
-                      if session_timeout_ms < silent_for
-                      <= GONE_AFTER_SESSIONS * session_timeout_ms)
 
     def silences(self, me: str, now_ms: int) -> dict[str, int]:
         """The other members -> how long each has published nothing (ms). Counted up to

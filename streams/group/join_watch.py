@@ -31,6 +31,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from streams.group.group_learning import past_session
+
 log = logging.getLogger(__name__)
 
 #: How often a member stuck joining looks for departed members.
@@ -62,20 +64,17 @@ class JoinWatch:
                  control: RebalanceAsker | None,
                  remove_departed: Callable[[], Awaitable[list[str]]] | None,
                  lost_sync: Callable[[], int | None] | None = None,
-                 past_session: Callable[[], list[str]] | None = None,
-                 on_removed: Callable[[], None] | None = None,
-                 silences: Callable[[], dict[str, int]] | None = None) -> None:
+                 silences: Callable[[], dict[str, int]] | None = None,
+                 on_removed: Callable[[], None] | None = None) -> None:
         self.name = name
-        #: The other members -> how long each has been silent (ms), to look for departed
-        #: members as soon as one passes a session timeout; None: at the thread's ticks.
+        #: The other members -> how long each has been silent (ms; their status records):
+        #: one silent for longer than a session timeout is looked for, as soon as its silence
+        #: passes it; None: never looked at.
         self.silences = silences
         #: Told once members were removed: the broker has begun a round without them, and
         #: the group's members join it at once (the round alarm) rather than at their next
         #: heartbeat.
         self.on_removed = on_removed
-        #: The other members silent for longer than a session timeout (their status
-        #: records); None: never looked at.
-        self.past_session = past_session
         #: The generation whose SyncGroup answer the member's round reports show was lost
         #: (None: not lost); None: never looked at.
         self.lost_sync = lost_sync
@@ -165,7 +164,8 @@ class JoinWatch:
                 or (self._departed_check is not None and not self._departed_check.done())):
             return False
         if self.consumer.rebalancing_for_s(now) < self.departed_after_s:
-            silent = self.past_session() if self.past_session is not None else []
+            silent = (past_session(self.silences(), self.session_timeout_ms)
+                      if self.silences is not None else [])
             if not silent:
                 return False
             if silent != self._silent_told:  # once per silence, not at each look

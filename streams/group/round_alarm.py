@@ -83,11 +83,12 @@ class RoundAlarm:
             self.announce(generation)
 
     def began(self, generation: int) -> None:
-        """A member of this process began a round itself (it removed members from the group),
-        its group being in ``generation``: announced even when a round after that generation
-        was announced before, since a broker may keep the generation over rounds (Tansu
-        does, when only the leader rejoins), and such a round would go untold until the
-        members' heartbeats."""
+        """A member of this process knows first-hand that its group, in ``generation``, began
+        a round: it began it (it removed members from the group), or its probe's heartbeat
+        was answered so (:mod:`streams.group.expiry_probe`). Announced even when a round
+        after that generation was announced before, since a broker may keep the generation
+        over rounds (Tansu does, when only the leader rejoins), and such a round would go
+        untold until the members' heartbeats."""
         if generation < 0:
             return
         self._announced.discard(generation)

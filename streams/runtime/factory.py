@@ -238,24 +238,16 @@ def build_stream_thread(
     join_watch = JoinWatch(name, config.session_timeout_ms, consumer, control,
                            remover.remove if remover is not None else None,
                            member.lost_sync_generation,
-                           past_session_of(group_learning, label, config.session_timeout_ms)
-                           if remover is not None else None,
-                           (lambda: round_alarm.began(consumer.generation))
-                           if round_alarm is not None and config.cooperative else None,
                            silences_of(group_learning, label)
-                           if remover is not None and group_learning is not None else None)
+                           if remover is not None and group_learning is not None else None,
+                           (lambda: round_alarm.began(consumer.generation))
+                           if round_alarm is not None and config.cooperative else None)
     probe: ExpiryProbe | None = None
     if (group_learning is not None and round_alarm is not None and config.cooperative
             and clients.producer is None):
-        alarm = round_alarm
-
-        def heard_by_probe(generation: int) -> None:
-            alarm.heard(generation)
-            member.join_begun_round(generation)  # even if the alarm had told this round
-
         probe = ExpiryProbe(name, consumer, silences_of(group_learning, label),
                             config.session_timeout_ms, config.heartbeat_interval_ms,
-                            heard_by_probe)
+                            round_alarm.began)
     warm_up = (WarmUp(warm_up_gate, index, name, config.warm_up_timeout_ms, manager, updater,
                       reporter, lifecycle, announcer)
                if warm_up_gate is not None else None)
@@ -269,19 +261,9 @@ def build_stream_thread(
     )
 
 
-def past_session_of(group_learning: GroupLearning | None, label: str,
-                    session_timeout_ms: int) -> Callable[[], list[str]] | None:
-    """What the join watch asks of the group's status records: the other members silent for
-    longer than a session timeout (None: no records followed)."""
-    if group_learning is None:
-        return None
-    return lambda: group_learning.past_session(label, int(time.time() * 1000),
-                                               session_timeout_ms)
-
-
 def silences_of(group_learning: GroupLearning, label: str) -> Callable[[], dict[str, int]]:
-    """What the expiry probe asks of the group's status records: the other members -> how
-    long each has been silent (ms)."""
+    """What the expiry probe and the join watch ask of the group's status records: the other
+    members -> how long each has been silent (ms)."""
     return lambda: group_learning.silences(label, int(time.time() * 1000))
 
 

@@ -12,13 +12,13 @@ from types import SimpleNamespace
 import pytest
 
 from streams.group import join_watch
-from streams.group.group_learning import GroupLearning
+from streams.group.group_learning import GroupLearning, past_session
 from streams.group.join_watch import DEPARTED_CHECK_EVERY_S, JoinWatch
 from streams.group.member_id import static_id_of
 from streams.group.round_alarm import RoundAlarm
 from streams.kafka.membership import GroupMember
 from streams.quirks.departed_members import departed_static_members
-from streams.runtime.factory import past_session_of
+from streams.runtime.factory import silences_of
 from tests.conftest import wait_until
 from tests.unit.streams.fakes import rig
 
@@ -101,7 +101,7 @@ async def test_a_member_silent_past_its_session_is_looked_for_without_waiting_to
 
     watch = r.thread.join_watch
     watch.remove_departed = remove
-    watch.past_session = lambda: list(silent)
+    watch.silences = lambda: dict.fromkeys(silent, 11_000)
     alarms: list[int] = []
     watch.on_removed = lambda: alarms.append(1)
     r.consumer.rebalancing = False
@@ -114,11 +114,11 @@ async def test_a_member_silent_past_its_session_is_looked_for_without_waiting_to
     await wait_until(lambda: alarms == [1], timeout_s=5, message="the round alarm")
     assert not watch.check_departed(now + 2)  # not more often than every few seconds
     silent.clear()  # the broker had removed it already: nothing removed, no alarm
-    watch.past_session = lambda: ["w3-thread-0"]
+    watch.silences = lambda: {"w3-thread-0": 11_000}
     assert watch.check_departed(now + 1 + DEPARTED_CHECK_EVERY_S)
     await wait_until(lambda: looks == [1, 1], timeout_s=5, message="the second look")
     assert alarms == [1]
-    watch.past_session = None  # a broker that needs no removal: nothing looks
+    watch.silences = None  # a broker that needs no removal: nothing looks
     assert not watch.check_departed(now + 100)
 
 
@@ -131,11 +131,9 @@ def test_the_join_watch_asks_the_group_s_status_records_for_silent_members() -> 
                                 "acceptable_lag": 10, "learning": {}}, now_ms)
     group.apply("w1-thread-0", {"generation": 3, "updated_ms": now_ms,
                                 "acceptable_lag": 10, "learning": {}}, now_ms)
-    assert past_session_of(None, "w1-thread-0", 10_000) is None
-    asks = past_session_of(group, "w1-thread-0", 30_000)
-    assert asks is not None and asks() == ["w3-thread-0"]
-    asks = past_session_of(group, "w1-thread-0", 10_000)
-    assert asks is not None and asks() == ["w2-thread-0"]
+    asks = silences_of(group, "w1-thread-0")
+    assert past_session(asks(), 30_000) == ["w3-thread-0"]
+    assert past_session(asks(), 10_000) == ["w2-thread-0"]
 
 
 @pytest.mark.asyncio
@@ -178,9 +176,9 @@ async def test_the_housekeeping_looks_for_departed_members_as_a_silence_passes_t
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Looked for at the next tick, the member would wait up to a second more, and the round
-    # its removal begins with it. (No margin past the session here: this tier allows no
-    # wait of 10 ms.)
-    monkeypatch.setattr(join_watch, "PAST_SESSION_MARGIN_MS", 0)
+    # its removal begins with it. (A margin past the session of 2 ms here: this tier allows
+    # no wait of 10 ms.)
+    monkeypatch.setattr(join_watch, "PAST_SESSION_MARGIN_MS", 2)
     r = rig(tmp_path)
     watch = r.thread.join_watch
     session_ms = watch.session_timeout_ms
@@ -192,11 +190,10 @@ async def test_the_housekeeping_looks_for_departed_members_as_a_silence_passes_t
         return []
 
     def silent_for() -> int:
-        return session_ms - int((passes_at - time.monotonic()) * 1000)
+        return session_ms + int((time.monotonic() - passes_at) * 1000)
 
     watch.remove_departed = remove
     watch.silences = lambda: {"w3-thread-0": silent_for()}
-    watch.past_session = lambda: ["w3-thread-0"] if time.monotonic() >= passes_at else []
     housekeeping = asyncio.create_task(r.thread.reporter.housekeeping(watch))
     try:
         await asyncio.wait_for(looked.wait(), 0.5)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from streams.group.group_learning import FRESH_WITHIN_MS, GroupLearning
+from streams.group.group_learning import FRESH_WITHIN_MS, GroupLearning, past_session
 
 NOW_MS = 1_000_000
 
@@ -107,11 +107,11 @@ def test_members_silent_past_a_session_whatever_their_round() -> None:
     group.apply("stopped-thread-0", record(updated_ms=NOW_MS - 20_000), NOW_MS)
     group.apply("stopped-thread-0", None, NOW_MS)  # a clean stop: it left the group
     group.apply("me-thread-0", record(updated_ms=NOW_MS - 900), NOW_MS)
-    assert group.past_session("me-thread-0", NOW_MS, 10_000) == [
+    assert past_session(group.silences("me-thread-0", NOW_MS), 10_000) == [
         "frozen-thread-0", "older-round-thread-0"]
     # Counted up to now while the records are fresh: the newest is a publication old.
     group.apply("paused-thread-0", record(updated_ms=NOW_MS - 10_500), NOW_MS)
-    assert group.past_session("me-thread-0", NOW_MS + 400, 10_000) == [
+    assert past_session(group.silences("me-thread-0", NOW_MS + 400), 10_000) == [
         "frozen-thread-0", "older-round-thread-0", "paused-thread-0"]
 
 
@@ -123,21 +123,21 @@ def test_a_member_that_was_frozen_itself_does_not_take_the_others_for_silent() -
     group.apply("w1-thread-0", record(updated_ms=stopped_at - 400), NOW_MS)
     group.apply("w2-thread-0", record(updated_ms=stopped_at - 700), NOW_MS)
     group.apply("w3-thread-0", record(updated_ms=stopped_at), NOW_MS)
-    assert group.past_session("w3-thread-0", NOW_MS, 10_000) == []
+    assert past_session(group.silences("w3-thread-0", NOW_MS), 10_000) == []
     # Caught up (a follower reads the records in the order they were written).
     group.apply("w1-thread-0", record(updated_ms=NOW_MS - 200), NOW_MS)
     group.apply("w2-thread-0", record(updated_ms=NOW_MS - 500), NOW_MS)
-    assert group.past_session("w3-thread-0", NOW_MS, 10_000) == []
+    assert past_session(group.silences("w3-thread-0", NOW_MS), 10_000) == []
     # The others, meanwhile, saw w3 silent.
-    assert group.past_session("w1-thread-0", NOW_MS, 10_000) == ["w3-thread-0"]
+    assert past_session(group.silences("w1-thread-0", NOW_MS), 10_000) == ["w3-thread-0"]
 
 
 def test_looking_for_silent_members_starts_following_the_status_topic() -> None:
     group = GroupLearning(clock=lambda: 0.0)
     started: list[int] = []
     group.start_following = lambda: started.append(1)
-    assert group.past_session("a-thread-0", NOW_MS, 10_000) == []
-    assert group.past_session("a-thread-0", NOW_MS, 10_000) == []
+    assert past_session(group.silences("a-thread-0", NOW_MS), 10_000) == []
+    assert past_session(group.silences("a-thread-0", NOW_MS), 10_000) == []
     assert started == [1]
 
 

@@ -6,7 +6,8 @@ Beyond aiokafka's two callbacks, the cooperative coordinator calls ``before_join
 member joins a round and ``on_partitions_lost`` when the broker ended its membership
 (:mod:`streams.kafka.cooperative`), and the state updater calls
 ``start_restored`` when a new active's state is restored. Every change to the tasks happens
-under the thread's lock, between two of its processing passes.
+under the thread's lock, between two of its processing passes. Copies a round adds beside
+actives it starts open once those run (:mod:`streams.runtime.copy_opening`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from streams.group.predecessors import MemberFiles
 from streams.kafka.driver import GroupConsumer
 from streams.quirks.hooks import RoundHooks
 from streams.runtime.commit import Committer
+from streams.runtime.copy_opening import CopyOpener
 from streams.runtime.lifecycle import FatalThreadError, Lifecycle, ThreadState
 from streams.runtime.record_collector import RecordCollector
 from streams.runtime.state_updater import StateUpdater
@@ -99,6 +101,8 @@ class RebalanceListener(ConsumerRebalanceListener):
         self.awaiting_assignment = False
         self._failures = 0
         self._reporting: set[asyncio.Task[None]] = set()
+        self.copy_opener = CopyOpener(self.name, lock, lifecycle, registry, task_manager,
+                                      self.failed)
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         try:
@@ -192,6 +196,7 @@ class RebalanceListener(ConsumerRebalanceListener):
             timing.opened_at = time.monotonic()
             self._apply(assignment)
             timing.report(self.name, time.monotonic())
+            self.copy_opener.schedule()
             # A leaving static leader tells its followers once it has left (see the thread's
             # close).
             self._round_applied(tell_followers=not self.leaves_explicitly)
@@ -242,8 +247,15 @@ class RebalanceListener(ConsumerRebalanceListener):
         log.info(
             "%s: active=%s restoring=%s copies=%s revoked=%s", self.name,
             sorted(self.registry.active), sorted(self.registry.restoring),
-            {t: r.value for t, r in self.registry.copy_roles.items()}, list(assignment.revoked),
+            {t: r.value for t, r in self.registry.copy_roles.items()}
+            | {t: f"{r.value} (opens once the actives run)"
+               for t, r in self.registry.deferred.items()},
+            list(assignment.revoked),
         )
+
+    async def close(self) -> None:
+        """The thread closes: deferred copies are not opened any more."""
+        await self.copy_opener.close()
 
     def failed(self, callback: str, error: BaseException) -> None:
         """A rebalance callback failed: never swallowed. The thread drops every task and
@@ -272,6 +284,7 @@ class RebalanceListener(ConsumerRebalanceListener):
         async with self.lock:
             locked = time.monotonic()
             if await self.task_manager.start_restored(task_id, stores, offsets):
+                self.copy_opener.restoring_changed()
                 self.reporter.update()
                 started = time.monotonic()
                 if started - began >= SLOW_TAKE_UP_S:

@@ -153,8 +153,12 @@ class StateUpdater:
             self.restorer.unregister(store)
 
     def copy_lag(self, task_id: str) -> int:
-        """The largest lag of the copy's stores (unknown counts as very large)."""
-        lags = [self.follower.lag(store) for store in self._tasks.copies.get(task_id, {}).values()]
+        """The largest lag of the copy's stores (unknown counts as very large, as does a
+        deferred copy's, whose stores are not open yet)."""
+        stores = self._tasks.copies.get(task_id)
+        if stores is None:
+            return UNKNOWN_LAG
+        lags = [self.follower.lag(store) for store in stores.values()]
         if any(lag is None for lag in lags):
             return UNKNOWN_LAG
         return max((lag for lag in lags if lag is not None), default=0)

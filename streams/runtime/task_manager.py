@@ -3,7 +3,8 @@ an assignment arrives, and owns the lifecycle of a thread's tasks and copies.
 
 - close what the member no longer has (state stays on disk);
 - demote actives that become standby or learner copies (their stores stay open);
-- open new copies, and hand them to the state updater to follow;
+- open new copies, and hand them to the state updater to follow: in a round that also starts
+  actives, once those run (copies deferred, :mod:`streams.runtime.copy_opening`);
 - start new actives: restoring first (from a copy this member held, if any), running once
   restored, at the input position their state reflects. Their committed offsets are asked
   for as soon as they are assigned: asked for later, while the member joins the next round,
@@ -108,8 +109,8 @@ class TaskManager:
         if not self._open_off_loop:
             return
         plan = plan_transitions(self.tasks.roles(), assignment)
-        new = [*(task_id for task_id, _role in plan.add_copies),
-               *(task_id for task_id in plan.start if task_id not in plan.promote)]
+        copies = [] if _defers_copies(plan) else [task_id for task_id, _role in plan.add_copies]
+        new = [*copies, *(task_id for task_id in plan.start if task_id not in plan.promote)]
         try:
             for task_id in new:
                 if (task_id in self._opened_ahead or task_id in self.tasks.roles()
@@ -148,6 +149,9 @@ class TaskManager:
 
     def _apply(self, assignment: MemberAssignment) -> Plan:
         plan = plan_transitions(self.tasks.roles(), assignment)
+        # Copies deferred by the last assignment are decided anew by this one.
+        self.tasks.deferred.clear()
+        defers = _defers_copies(plan)
         for task_id in plan.close:
             self.close_task(task_id)
         for task_id, role in plan.demote:
@@ -161,6 +165,9 @@ class TaskManager:
                 # nothing, and its store is locked. Not held, so not reported either.
                 log.warning("%s: not keeping a %s copy of %s, which another thread of this "
                             "process runs", self._name, role.value, task_id)
+                continue
+            if stores is None and defers and task_id not in self._opened_ahead:
+                self.tasks.deferred[task_id] = role
                 continue
             self._add_copy(task_id, role, self._open(task_id) if stores is None else stores)
         for task_id in plan.start:
@@ -185,6 +192,37 @@ class TaskManager:
                 self._read_ahead_of(task_id, future)
         self._updater.assignment_changed()
         return plan
+
+    async def open_deferred_copy(self) -> bool:
+        """Open the stores of one deferred copy (in a worker thread with ``open_off_loop``)
+        and hand it to the state updater. False once none is left."""
+        if not self.tasks.deferred:
+            return False
+        task_id = next(iter(self.tasks.deferred))
+        role = self.tasks.deferred[task_id]
+        stores = self._process_stores.take_over(task_id, self)
+        if stores is None:
+            if self._process_stores.held_by_another(task_id, self):
+                del self.tasks.deferred[task_id]
+                log.warning("%s: not keeping a %s copy of %s, which another thread of this "
+                            "process runs", self._name, role.value, task_id)
+                return True
+            if self._open_off_loop:
+                stores = await self._open_in_worker(task_id)
+            else:
+                stores = self._open_stores(task_id)
+            if (self.tasks.deferred.get(task_id) is not role
+                    or self._process_stores.held_by_another(task_id, self)):
+                # Decided anew, or taken by another thread of this process, while its stores
+                # opened in a worker thread.
+                for store in stores.values():
+                    store.close()
+                return True
+            self._process_stores.hold(task_id, self)
+        del self.tasks.deferred[task_id]
+        self._add_copy(task_id, role, stores)
+        self._updater.assignment_changed()
+        return True
 
     def partitions_of(self, task_id: str) -> list[TopicPartition]:
         return [TopicPartition(t, p) for t, p in self._layout.partitions_of(task_id)]
@@ -411,6 +449,7 @@ class TaskManager:
 
     def give_up(self, task_id: str) -> dict[str, KeyValueStore] | None:
         """Another thread of this process takes this copy over (see ProcessStores)."""
+        self.tasks.deferred.pop(task_id, None)
         if task_id not in self.tasks.copies:
             return None
         log.info("%s: hands its %s copy of %s to another thread of this process",
@@ -418,6 +457,8 @@ class TaskManager:
         return self._remove_copy(task_id)
 
     def close_task(self, task_id: str) -> None:
+        if self.tasks.deferred.pop(task_id, None) is not None:
+            return  # nothing opened yet
         self._forget_committed(task_id)
         self._replaying.discard(task_id)
         if task_id in self.tasks.active or task_id in self.tasks.restoring:
@@ -507,6 +548,13 @@ class TaskManager:
                 self.close_task(task_id)
             except Exception:
                 log.exception("%s: closing %s failed", self._name, task_id)
+
+
+def _defers_copies(plan: Plan) -> bool:
+    """Whether the plan's new copies open after its started actives run: opening a copy's
+    stores takes tens of milliseconds per task on the event loop, and a moved active would
+    wait for all of them."""
+    return bool(plan.start)
 
 
 def _close_opened(future: asyncio.Future[dict[str, KeyValueStore]]) -> None:

@@ -1,5 +1,7 @@
 """The registry of a thread's tasks: running actives, actives restoring their state, and
-standby and learner copies, by task id and (for running actives) by input partition.
+standby and learner copies, by task id and (for running actives) by input partition; and
+deferred copies, assigned but with their stores not opened yet (see
+:mod:`streams.runtime.copy_opening`).
 
 Plain bookkeeping: opening, closing and restoring stores is the task manager's and the state
 updater's job.
@@ -23,6 +25,9 @@ class Tasks:
         #: Standby and learner copies: their stores and their role.
         self.copies: dict[str, dict[str, KeyValueStore]] = {}
         self.copy_roles: dict[str, Role] = {}
+        #: Copies the last assignment added whose stores open once its moved actives run.
+        #: Not among :meth:`roles`: the next assignment decides them anew.
+        self.deferred: dict[str, Role] = {}
         self._by_partition: dict[TopicPartition, StreamTask] = {}
 
     def roles(self) -> dict[str, Role]:
@@ -33,7 +38,7 @@ class Tasks:
         return current
 
     def ids(self) -> list[str]:
-        return list(self.active) + list(self.restoring) + list(self.copies)
+        return list(self.active) + list(self.restoring) + list(self.copies) + list(self.deferred)
 
     def running(self) -> list[StreamTask]:
         """The running actives: what a commit commits."""
@@ -48,7 +53,9 @@ class Tasks:
         return tuple(sorted(set(self.active) | set(self.restoring)))
 
     def copies_with(self, role: Role) -> list[str]:
-        return sorted(t for t, r in self.copy_roles.items() if r is role)
+        """The copies with this role, deferred ones included."""
+        return sorted({*(t for t, r in self.copy_roles.items() if r is role),
+                       *(t for t, r in self.deferred.items() if r is role)})
 
     def task_for(self, tp: TopicPartition) -> StreamTask | None:
         return self._by_partition.get(tp)

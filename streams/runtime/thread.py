@@ -325,6 +325,7 @@ class StreamThread:
 
     async def _close(self) -> None:
         self.member.close()
+        await self.listener.close()
         await self.join_watch.close()
         if self.expiry_probe is not None:
             await self.expiry_probe.close()

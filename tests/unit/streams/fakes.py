@@ -630,7 +630,7 @@ def partitions_of(*task_ids: str) -> set[TopicPartition]:
 async def assign(rig: Rig, active: tuple[str, ...] = (), *, standbys: tuple[str, ...] = (),
                  learners: tuple[str, ...] = (), restore: bool = True, **extra: Any) -> None:
     """Deliver an assignment the way the coordinator does (the assignor first, then the
-    listener), and let the restored actives start."""
+    listener), and let the restored actives start, and then the copies it added open."""
     assignment = MemberAssignment(active=active, standbys=standbys, learners=learners, **extra)
     rig.consumer.assigned = partitions_of(*active)
     by_topic = sorted({(SOURCE, tuple(sorted(tp.partition for tp in rig.consumer.assigned)))})
@@ -639,6 +639,7 @@ async def assign(rig: Rig, active: tuple[str, ...] = (), *, standbys: tuple[str,
     await rig.thread.listener.on_partitions_assigned(rig.consumer.assigned)
     if restore:
         await rig.thread.state_updater.restore_pending()
+        await rig.thread.listener.copy_opener.settled()
 
 
 def record(partition: int, offset: int, key: str, value: Any = 1,

@@ -18,8 +18,10 @@ from statestore.errors import StoreLockedError
 from statestore.record_size import TRUNCATED_BYTES
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from streams.group.listener import MAX_REBALANCE_FAILURES
+from streams.runtime.state_updater import UNKNOWN_LAG
 from streams.runtime.store_handover import ProcessStores
 from streams.runtime.thread import FatalThreadError, ThreadState
+from streams.runtime.transitions import Role
 from tests.conftest import wait_until
 from tests.unit.streams.fakes import SINK, SOURCE, Rig, assign, record, rig
 
@@ -56,13 +58,18 @@ async def test_an_assignment_starts_demotes_and_closes_tasks(tmp_path: Path) -> 
         await assign(r, ("0_1", "0_2"), learners=("0_3",), restore=False)
         assert sorted(r.thread.tasks) == ["0_1"] and r.thread.restoring == ["0_2"]
         assert r.thread.registry.restoring["0_2"] == standby_stores  # promoted, not reopened
-        assert r.thread.learners == {"0_3": 0} and r.thread.standbys == {}
+        # The new learner's stores open once the moved active runs: reported meanwhile,
+        # with an unknown lag.
+        assert r.thread.registry.deferred == {"0_3": Role.LEARNER}
+        assert r.thread.learners == {"0_3": UNKNOWN_LAG} and r.thread.standbys == {}
         assert r.consumer.seeks[TopicPartition(SOURCE, 1)] == 7  # kept: where it stopped
         assert TopicPartition(SOURCE, 2) in r.consumer.paused  # restoring: paused
         assert not any(store.is_open for store in closed.values())  # 0_0: closed
         await r.thread.listener.start_restored("0_2", r.thread.registry.restoring["0_2"])
         assert sorted(r.thread.tasks) == ["0_1", "0_2"]
         assert TopicPartition(SOURCE, 2) not in r.consumer.paused
+        await r.thread.listener.copy_opener.settled()
+        assert r.thread.learners == {"0_3": 0} and not r.thread.registry.deferred
 
         # 0_1 becomes a standby here: its stores stay open and are followed.
         kept = r.thread.tasks["0_1"].stores

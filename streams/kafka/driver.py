@@ -241,14 +241,20 @@ class GroupConsumer:
     def lagging(self, tp: TopicPartition) -> bool:
         """Whether the broker holds more of ``tp`` than the consumer has handed out: its
         position is before the partition's end from the last fetch (the last stable offset
-        for a ``read_committed`` reader), or no fetch has told the end yet. Unassigned or
-        paused partitions, and those still looking for their position, do not lag."""
+        for a ``read_committed`` reader), no fetch has told the end yet, or its position is
+        still being looked up (a task with nothing committed asks for the earliest offset
+        without waiting: :meth:`seek_to_beginning`). Unassigned or paused partitions do not
+        lag."""
         subscription = self._consumer._subscription  # aiokafka's private state, read only
         if not subscription.is_assigned(tp) or tp in self._consumer.paused():
             return False
         state = subscription.subscription.assignment.state_value(tp)
-        if state is None or not state.has_valid_position:
+        if state is None:
             return False
+        if not state.has_valid_position:
+            # A table partition looking up its earliest offset while its stream partition
+            # already has records: the stream waits, or it joins rows not read yet.
+            return True
         end = state.highwater
         if self._consumer._isolation_level == "read_committed" and state.lso is not None:
             end = state.lso

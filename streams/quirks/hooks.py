@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from streams.group.control import ROUND_KEY, control_topic_name, encode_round_report
 from streams.kafka.driver import GroupConsumer, producer_client
-from streams.quirks.departed_members import remove_departed_members
+from streams.quirks.departed_members import removable_after_ms, remove_departed_members
 from streams.quirks.formed_group import wait_for_formed_group
 from streams.quirks.static_followers import ControlSender, StaticFollowers, StaticMember
 from streams.quirks.switch import BrokerQuirks, Quirk
@@ -264,6 +264,11 @@ class DepartedRemover:
     application_id: str
     session_timeout_ms: int
     own: str | None
+
+    @property
+    def removable_after_ms(self) -> int:
+        """How long a member must have been silent before it is removed."""
+        return removable_after_ms(self.session_timeout_ms)
 
     async def remove(self) -> list[str]:
         client = producer_client(self.producer)

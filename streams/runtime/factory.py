@@ -241,7 +241,8 @@ def build_stream_thread(
                            silences_of(group_learning, label)
                            if remover is not None and group_learning is not None else None,
                            (lambda: round_alarm.began(consumer.generation))
-                           if round_alarm is not None and config.cooperative else None)
+                           if round_alarm is not None and config.cooperative else None,
+                           remover.removable_after_ms if remover is not None else None)
     probe: ExpiryProbe | None = None
     if (group_learning is not None and round_alarm is not None and config.cooperative
             and clients.producer is None):

@@ -55,6 +55,8 @@ class MemberLearning:
     acceptable_lag: int
     #: Learners it is still learning (not the ones its last round promoted) -> lag.
     lags: Mapping[str, int]
+    #: Whether it led the group's last round it took part in.
+    leader: bool = False
 
 
 def learning_from_status(value: Mapping[str, Any]) -> MemberLearning | None:
@@ -72,7 +74,8 @@ def learning_from_status(value: Mapping[str, Any]) -> MemberLearning | None:
                         ("acceptable_lag", acceptable)):
         if not _is_int(field):
             raise ValueError(f"{name!r} is not an integer: {field!r}")
-    return MemberLearning(generation, updated_ms, acceptable, dict(lags))
+    return MemberLearning(generation, updated_ms, acceptable, dict(lags),
+                          value.get("leader") is True)
 
 
 def _is_int(value: Any) -> bool:
@@ -183,6 +186,11 @@ class GroupLearning:
             newest = now_ms
         return {member: newest - learning.updated_ms
                 for member, learning in self._members.items() if member != me}
+
+    def leads(self, member: str) -> bool:
+        """Whether ``member``'s latest status record says it led its last round."""
+        learning = self._members.get(member)
+        return learning is not None and learning.leader
 
     def _follow(self) -> None:
         if not self._following:

@@ -9,12 +9,13 @@ held by something only the group can undo, so it acts, each remedy at most every
   keeps in the group (:mod:`streams.quirks.departed_members`), which can hold a newcomer's round
   for good on a broker that keeps a departed leader;
 - on such a broker it does not wait to be stuck once another member's status shows it
-  silent for longer than a session timeout and the broker's grace after it (the remover's
-  ``removable_after_ms``): a member frozen (SIGSTOP) just after it joined a round stays in
-  the rounds that follow, given tasks it never runs, until the broker's next look at sessions
-  (seen on Tansu 17 s after the stop, with 10-s sessions), and a frozen leader's follow-up
-  round was never told to the others at all. It looks as that silence passes the limit, not
-  at its next tick, since the round waits on the look;
+  silent for longer than a session timeout (for a member that led the group, and the
+  broker's grace after it: the remover's ``removable_after_ms``): a member frozen (SIGSTOP)
+  just after it joined a round stays in the rounds that follow, given tasks it never runs,
+  until the broker's next look at sessions (seen on Tansu 17 s after the stop, with 10-s
+  sessions), and a frozen leader's follow-up round was never told to the others at all. It
+  looks as that silence passes the limit, not at its next tick, since the round waits on the
+  look;
   once it removed some, it sounds the round alarm (:mod:`streams.group.round_alarm`), since
   the broker has begun a round without them;
 - at once, when other members' round reports show that its own SyncGroup answer was lost
@@ -67,12 +68,11 @@ class JoinWatch:
                  lost_sync: Callable[[], int | None] | None = None,
                  silences: Callable[[], dict[str, int]] | None = None,
                  on_removed: Callable[[], None] | None = None,
-                 removable_after_ms: int | None = None) -> None:
+                 removable_after_ms: Callable[[str], int] | None = None) -> None:
         self.name = name
-        #: How long another member must have been silent before it is looked for (ms;
-        #: default: a session timeout).
-        self.removable_after_ms = (session_timeout_ms if removable_after_ms is None
-                                   else removable_after_ms)
+        #: How long each other member must have been silent before it is looked for (ms;
+        #: None: a session timeout).
+        self.removable_after_ms = removable_after_ms
         #: The other members -> how long each has been silent (ms; their status records):
         #: one silent for longer than a session timeout is looked for, as soon as its silence
         #: passes it; None: never looked at.
@@ -114,8 +114,8 @@ class JoinWatch:
         such member, or nothing to remove them with."""
         if self.remove_departed is None or self.silences is None:
             return None
-        left = [self.removable_after_ms - silent for silent in self.silences().values()
-                if 0 <= self.removable_after_ms - silent < LOOK_AHEAD_MS]
+        left = [self._limit(member) - silent for member, silent in self.silences().items()
+                if 0 <= self._limit(member) - silent < LOOK_AHEAD_MS]
         return (min(left) + PAST_SESSION_MARGIN_MS) / 1000 if left else None
 
     def check(self, now: float | None = None) -> None:
@@ -182,13 +182,18 @@ class JoinWatch:
         self._departed_check = asyncio.create_task(self._look_for_departed())
         return True
 
+    def _limit(self, member: str) -> int:
+        if self.removable_after_ms is None:
+            return self.session_timeout_ms
+        return self.removable_after_ms(member)
+
     def _removable(self) -> list[str]:
         """Members silent past a session timeout, and for :attr:`removable_after_ms`."""
         if self.silences is None:
             return []
         silences = self.silences()
         return [member for member in past_session(silences, self.session_timeout_ms)
-                if silences[member] > self.removable_after_ms]
+                if silences[member] > self._limit(member)]
 
     async def _look_for_departed(self) -> None:
         assert self.remove_departed is not None

@@ -20,13 +20,14 @@ clean stop) longer ago than that. By then its session is over on any broker, so 
 changes nothing on a broker that already expired it. A member with no record at all (not a
 Relay member, or one that just started) is left alone.
 
-Not before the broker's own look at sessions, though: a member is removed only once it has
-been silent for :data:`EXPIRY_GRACE_MS` past its session timeout (:func:`removable_after_ms`).
-Tansu ends the leadership of a member its own expiry removes, but not of one removed by
-LeaveGroup while it leads a round being formed: a leader frozen just after it joined such a
-round, and removed 70 ms before its session ended, held the others' SyncGroups until it came
-back, 29 s later (with 6-s sessions: 24 s to an assignment against 12.6 s when left to the
-broker).
+A leader not before the broker's own look at sessions, though: a member whose last status
+record says it led the group is removed only once it has been silent for
+:data:`EXPIRY_GRACE_MS` past its session timeout (:func:`removable_after_ms`). Tansu ends the
+leadership of a member its own expiry removes, but not of one removed by LeaveGroup while it
+leads a round being formed: a leader frozen just after it joined such a round, and removed
+70 ms before its session ended, held the others' SyncGroups until it came back, 29 s later
+(with 6-s sessions: 24 s to an assignment against 12.6 s when left to the broker). Any other
+member goes as its session ends: Tansu may keep a frozen follower past it (2 s and more).
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ log = logging.getLogger(__name__)
 EXPIRY_GRACE_MS = 2_000
 
 
-def removable_after_ms(session_timeout_ms: int) -> int:
-    """How long a static member must have been silent before it is removed."""
-    return session_timeout_ms + EXPIRY_GRACE_MS
+def removable_after_ms(session_timeout_ms: int, leader: bool) -> int:
+    """How long a static member must have been silent before it is removed (``leader``: its
+    last status record says it led the group)."""
+    return session_timeout_ms + EXPIRY_GRACE_MS if leader else session_timeout_ms
 
 
 def departed_static_members(
@@ -60,8 +62,7 @@ def departed_static_members(
     departures: dict[str, int], now_ms: int, session_timeout_ms: int, own: str | None,
 ) -> list[tuple[str, str]]:
     """``(member_id, static_id)`` of the members that have published nothing for longer
-    than ``session_timeout_ms`` and the grace after it (:func:`removable_after_ms`), ``own``
-    excepted."""
+    than :func:`removable_after_ms`, ``own`` excepted."""
     gone = []
     for member in members:
         static = static_id_of(member.member_id)
@@ -70,7 +71,9 @@ def departed_static_members(
         status = statuses.get(static)
         # A running member's last record, else when it stopped cleanly.
         last = status.get("updated_ms") if status is not None else departures.get(static)
-        if isinstance(last, int) and now_ms - last > removable_after_ms(session_timeout_ms):
+        leader = status is not None and status.get("leader") is True
+        if isinstance(last, int) and now_ms - last > removable_after_ms(session_timeout_ms,
+                                                                          leader):
             gone.append((member.member_id, static))
     return gone
 

@@ -265,10 +265,10 @@ class DepartedRemover:
     session_timeout_ms: int
     own: str | None
 
-    @property
-    def removable_after_ms(self) -> int:
-        """How long a member must have been silent before it is removed."""
-        return removable_after_ms(self.session_timeout_ms)
+    def removable_after_ms(self, leader: bool) -> int:
+        """How long a member must have been silent before it is removed (``leader``: it led
+        the group, as its last status record says)."""
+        return removable_after_ms(self.session_timeout_ms, leader)
 
     async def remove(self) -> list[str]:
         client = producer_client(self.producer)

@@ -242,7 +242,9 @@ def build_stream_thread(
                            if remover is not None and group_learning is not None else None,
                            (lambda: round_alarm.began(consumer.generation))
                            if round_alarm is not None and config.cooperative else None,
-                           remover.removable_after_ms if remover is not None else None)
+                           (lambda member: remover.removable_after_ms(
+                               group_learning.leads(member)))
+                           if remover is not None and group_learning is not None else None)
     probe: ExpiryProbe | None = None
     if (group_learning is not None and round_alarm is not None and config.cooperative
             and clients.producer is None):

@@ -40,34 +40,34 @@ def test_static_ids_are_read_from_member_ids() -> None:
     assert static_id_of("node-a-thread-0") is None
 
 
-def test_only_members_silent_for_longer_than_a_session_timeout_and_its_grace_are_departed(
-) -> None:
-    after = removable_after_ms(30_000)
+def test_only_members_silent_for_longer_than_a_session_timeout_are_departed() -> None:
     members = [member(s) for s in ("stale-thread-0", "fresh-thread-0", "stopped-thread-0",
-                                   "just-stopped-thread-0", "unknown-thread-0", "me-thread-0",
-                                   "just-expired-thread-0")]
-    statuses = {"stale-thread-0": {"updated_ms": NOW - after - 1_000},
+                                   "just-stopped-thread-0", "unknown-thread-0", "me-thread-0")]
+    statuses = {"stale-thread-0": {"updated_ms": NOW - 31_000},
                 "fresh-thread-0": {"updated_ms": NOW - 2_000},
-                "me-thread-0": {"updated_ms": NOW - 99_000},
-                "just-expired-thread-0": {"updated_ms": NOW - 30_500}}
-    departures = {"stopped-thread-0": NOW - after - 1, "just-stopped-thread-0": NOW - 5_000}
+                "me-thread-0": {"updated_ms": NOW - 99_000}}
+    departures = {"stopped-thread-0": NOW - 30_001, "just-stopped-thread-0": NOW - 5_000}
     gone = departed_static_members(members, statuses, departures, NOW, 30_000, "me-thread-0")
     assert gone == [(f"stale-thread-0-{UUID}", "stale-thread-0"),
                     (f"stopped-thread-0-{UUID}", "stopped-thread-0")]
 
 
-def test_a_member_just_past_its_session_is_left_to_the_broker_s_own_expiry() -> None:
+def test_a_leader_just_past_its_session_is_left_to_the_broker_s_own_expiry() -> None:
     """Removed by LeaveGroup while it led a round being formed, a frozen leader kept the
     leadership on Tansu, and the others waited for it to come back; the broker's own expiry
-    ends it. So the removal waits a grace past the session."""
-    assert removable_after_ms(10_000) == 10_000 + EXPIRY_GRACE_MS
+    ends it. So a member whose status says it led waits a grace past the session; a follower
+    goes at once (the broker may keep a frozen one past its session)."""
+    assert removable_after_ms(10_000, leader=True) == 10_000 + EXPIRY_GRACE_MS
+    assert removable_after_ms(10_000, leader=False) == 10_000
     assert EXPIRY_GRACE_MS >= 1_000  # a status interval: the last heartbeat may come later
     frozen = [member("w3-thread-0")]
-    for silent_ms, removed in ((10_070, False), (10_000 + EXPIRY_GRACE_MS, False),
-                               (10_001 + EXPIRY_GRACE_MS, True)):
-        statuses = {"w3-thread-0": {"updated_ms": NOW - silent_ms}}
+    for leader, silent_ms, removed in ((True, 10_070, False),
+                                       (True, 10_000 + EXPIRY_GRACE_MS, False),
+                                       (True, 10_001 + EXPIRY_GRACE_MS, True),
+                                       (False, 10_070, True)):
+        statuses = {"w3-thread-0": {"updated_ms": NOW - silent_ms, "leader": leader}}
         gone = departed_static_members(frozen, statuses, {}, NOW, 10_000, "w1-thread-0")
-        assert bool(gone) is removed, silent_ms
+        assert bool(gone) is removed, (leader, silent_ms)
 
 
 @pytest.mark.asyncio
@@ -226,21 +226,26 @@ async def test_the_housekeeping_looks_for_departed_members_as_a_silence_passes_t
         r.thread.task_manager.close_all()
 
 
-def test_the_join_watch_looks_once_a_silence_passes_the_broker_s_grace() -> None:
-    """Built with the remover's limit, the watch neither looks nor plans a look at the session
-    timeout itself: the broker's own expiry comes first."""
-    silences = {"w3-thread-0": 10_500}
-    looks: list[int] = []
+def test_the_join_watch_looks_for_a_silent_leader_once_the_broker_s_grace_is_over() -> None:
+    """Built with the remover's limits, the watch looks for a silent follower as its session
+    ends, and for a silent leader (as the status records say) only after the grace."""
+    group = GroupLearning(clock=lambda: 0.0)
+    for name, leads in (("w2-thread-0", False), ("w3-thread-0", True)):
+        group.apply(name, {"generation": 3, "updated_ms": NOW, "acceptable_lag": 10,
+                           "learning": {}, "leader": leads}, NOW)
+    assert group.leads("w3-thread-0") and not group.leads("w2-thread-0")
+    assert not group.leads("w9-thread-0")
+    silences = {"w2-thread-0": 10_500, "w3-thread-0": 10_500}
 
     async def remove() -> list[str]:
-        looks.append(1)
         return []
 
     watch = JoinWatch("w1", 10_000, SimpleNamespace(rebalancing_for_s=lambda now: 0.0),
                       None, remove, silences=lambda: dict(silences),
-                      removable_after_ms=removable_after_ms(10_000))
-    assert watch.next_look_in_s() is None  # more than a tick before the grace ends
-    assert watch._removable() == []
+                      removable_after_ms=lambda m: removable_after_ms(10_000, group.leads(m)))
+    assert watch._removable() == ["w2-thread-0"]
+    silences["w2-thread-0"] = 100
+    assert watch.next_look_in_s() is None  # the leader: more than a tick before its grace ends
     silences["w3-thread-0"] = 10_000 + EXPIRY_GRACE_MS - 400
     assert watch.next_look_in_s() == pytest.approx(0.42)
     silences["w3-thread-0"] = 10_000 + EXPIRY_GRACE_MS + 100

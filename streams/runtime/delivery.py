@@ -262,6 +262,17 @@ class Deliveries:
         """Serve the delivery reports that arrived, without waiting."""
         self.producer.poll(0)
 
+    async def wait_reported(self) -> frozenset[str] | None:
+        """Wait until every record handed so far is reported, delivered or not (judged
+        later, by :meth:`wait_acknowledged`); returns the tasks with outputs or dead letters
+        not delivered, or None if some records are still unreported after the flush's
+        timeout."""
+        if len(self.producer):
+            remaining = await asyncio.to_thread(self.producer.flush, self.flush_timeout_s)
+            if remaining:
+                return None
+        return frozenset(task_id for task_id, _ in self._errors)
+
     async def wait_acknowledged(self, running: Iterable[str] = ()) -> frozenset[str]:
         """Every record handed so far is reported (each store's changelog position moves on
         with the acknowledged ones). Returns the tasks among ``running`` whose records were

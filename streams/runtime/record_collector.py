@@ -60,7 +60,16 @@ class RecordCollector:
 
     async def ship(self, tasks: Iterable[StreamTask], changelogs: bool = True) -> None:
         """Hand every queued output and (``changelogs``) changelog record of ``tasks`` to the
-        producer, with each task's input position written into its stores first."""
+        producer, with each task's input position written into its stores first.
+
+        The changelog records go only once every output handed so far is acknowledged: they
+        carry the input position, and a task restored from them after a crash skips the
+        input it covers. Handed together, a crash could land after the changelog's batch was
+        acknowledged and before the outputs' (the producer orders nothing across
+        partitions), and those outputs were never written (a soak lost 27 join outputs at
+        two SIGKILLs so). A task whose outputs were not delivered ships no position: it runs
+        again from its last commit."""
+        tasks = list(tasks)
         deliveries = self.deliveries
         for task in tasks:
             outputs = task.take_outputs()
@@ -72,7 +81,12 @@ class RecordCollector:
                     handed = deliveries.hand(outputs, handed, task_id=task.task_id)
             finally:
                 task.context.outputs[:0] = outputs[handed:]
-            if changelogs and task.stores:
+        with_stores = [task for task in tasks if changelogs and task.stores]
+        if with_stores:
+            undelivered = await deliveries.wait_reported()
+            for task in with_stores:
+                if undelivered is None or task.task_id in undelivered:
+                    continue  # its changelog waits for the next commit
                 task.record_input_position()
                 await self._send_pending(task.task_id, task.stores.values())
         deliveries.serve()

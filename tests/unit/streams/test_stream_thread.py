@@ -106,8 +106,14 @@ async def test_records_are_processed_and_committed_acks_then_offsets_then_checkp
         await wait_until(lambda: r.producer.flushes_waiting > 0, timeout_s=5,
                          message="the commit waiting for the broker's acks")
         assert not commit.done() and "offsets" not in events  # waits for the broker's acks
-        r.producer.ack()
-        await wait_until(lambda: "offsets" in events, timeout_s=5, message="the offsets")
+
+        def acked_and_offsets() -> bool:
+            # The outputs' acks, then the changelog's (its records carry the input position,
+            # so they go once the outputs are acknowledged).
+            r.producer.ack()
+            return "offsets" in events
+
+        await wait_until(acked_and_offsets, timeout_s=5, message="the offsets")
 
         def acked_and_done() -> bool:
             r.producer.ack()  # what the commit sent since (the checkpoint's changelog)
@@ -124,6 +130,45 @@ async def test_records_are_processed_and_committed_acks_then_offsets_then_checkp
         r.thread.stop()
         await asyncio.wait_for(run, 15)
     assert r.thread.state is ThreadState.DEAD
+
+
+async def test_a_commit_ships_the_input_position_only_once_the_outputs_are_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """The changelog records carry the task's input position, and a task restored from them
+    after a crash skips the input they cover: were they acknowledged before the outputs of
+    that input (the producer orders nothing across partitions), a SIGKILL in between would
+    lose those outputs for good."""
+    r = rig(tmp_path, commit_interval_ms=60_000)
+    r.producer.auto_ack = False
+    run = asyncio.create_task(r.thread.run([SOURCE]))
+    try:
+        await assign(r, ("0_0",))
+        changelog = changelog_topic_name(r.thread.config.application_id, "counts")
+        tp = TopicPartition(SOURCE, 0)
+        r.consumer.feed({tp: [record(0, 0, "a"), record(0, 1, "b")]})
+        await wait_until(lambda: len(r.producer.to(SINK)) == 2, timeout_s=5,
+                         message="two outputs handed")
+        commit = asyncio.create_task(r.thread.committer.commit())
+        await wait_until(lambda: r.producer.flushes_waiting > 0, timeout_s=5,
+                         message="the commit waiting for the outputs' acks")
+        assert r.producer.to(changelog) == []  # not handed while the outputs are unacked
+        r.producer.ack()
+        await wait_until(lambda: len(r.producer.to(changelog)) > 0, timeout_s=5,
+                         message="the changelog handed once the outputs are acked")
+
+        def acked_and_done() -> bool:
+            r.producer.ack()
+            return commit.done()
+
+        await wait_until(acked_and_done, timeout_s=5, message="the commit")
+        await commit
+        assert r.consumer.commits[-1] == {tp: 2}
+    finally:
+        r.producer.auto_ack = True
+        r.producer.ack()
+        r.thread.stop()
+        await asyncio.wait_for(run, 15)
 
 
 async def test_records_already_processed_are_not_processed_again(tmp_path: Path) -> None:

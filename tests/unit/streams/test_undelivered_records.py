@@ -89,7 +89,7 @@ def counts_out(r: Rig) -> list[tuple[str, int]]:
 
 async def process(r: Rig, *records: Any) -> None:
     await r.thread.process({TP0: list(records)})
-    await r.thread.collector.ship(r.thread.registry.active.values())
+    await r.thread.collector.ship_outputs(r.thread.registry.active.values())
 
 
 def last_counts(r: Rig) -> dict[str, int]:

@@ -1,7 +1,8 @@
 """The commit protocol, in one place: at-least-once.
 
 1. every output and changelog record of the thread's running tasks is shipped and
-   acknowledged by the broker;
+   acknowledged by the broker, the changelog records (which carry each task's input
+   position) only once the outputs are (:meth:`RecordCollector.ship`);
 2. then the tasks' input offsets are committed;
 3. then each store writes its checkpoint (the changelog offset it reflects).
 

@@ -66,9 +66,8 @@ class RecordCollector:
         carry the input position, and a task restored from them after a crash skips the
         input it covers. Handed together, a crash could land after the changelog's batch was
         acknowledged and before the outputs' (the producer orders nothing across
-        partitions), and those outputs were never written (a soak lost 27 join outputs at
-        two SIGKILLs so). A task whose outputs were not delivered ships no position: it runs
-        again from its last commit."""
+        partitions), and those outputs were never written. A task whose outputs were not
+        delivered ships no position: it runs again from its last commit."""
         tasks = list(tasks)
         deliveries = self.deliveries
         for task in tasks:

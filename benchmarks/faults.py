@@ -974,10 +974,12 @@ async def count_records(bootstrap: str, topic: str) -> int | None:
         await consumer.stop()
 
 
-async def repartition_duplicates(bootstrap: str, app_id: str, committed: bool = False) -> int:
-    """Orders written more than once into the app's repartition topic (at-least-once: the
-    first stage processed them again after a crash): every stateful result downstream
-    counts them again. Exactly-once runs read it as the next stage does (read_committed)."""
+async def repartition_orders(bootstrap: str, app_id: str,
+                             committed: bool = False) -> Counter[int]:
+    """How many times each order is in the app's repartition topic. Written more than once
+    (at-least-once: the first stage processed it again after a crash), every stateful result
+    downstream counts it again; missing, the first stage lost it (no later stage can have
+    it). Exactly-once runs read it as the next stage does (read_committed)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     if committed:
@@ -1000,7 +1002,7 @@ async def repartition_duplicates(bootstrap: str, app_id: str, committed: bool = 
             if all(consumer.highwater(tp) is not None and pos >= consumer.highwater(tp)
                    for tp, pos in zip(tps, positions, strict=True)):
                 break
-        return sum(n - 1 for n in seen.values())
+        return seen
     finally:
         await consumer.stop()
 
@@ -1245,10 +1247,14 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
         result["dead_letters"] = await count_records(bench.bootstrap,
                                                      f"{run.app_id}-dead-letters")
     if run.name == "orders":
-        result["repartition_duplicates"] = None
+        result["repartition_duplicates"] = result["repartition_missing"] = None
         with contextlib.suppress(Exception):
-            result["repartition_duplicates"] = await repartition_duplicates(
-                bench.bootstrap, run.app_id, run.outputs.committed)
+            seen = await repartition_orders(bench.bootstrap, run.app_id,
+                                            run.outputs.committed)
+            result["repartition_duplicates"] = sum(n - 1 for n in seen.values())
+            missing = sorted(set(produced.orders) - set(seen))
+            result["repartition_missing"] = len(missing)
+            result["repartition_missing_examples"] = missing[:10]
     outs = result["outputs"].values()
     result["verdict"] = {
         "nothing_under": all(o["under"] == 0 for o in outs),
@@ -1373,6 +1379,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"supported by this build)"))
     for name, app in report["apps"].items():
         dups = (f"; orders repeated in the repartition topic {app['repartition_duplicates']}"
+                f", missing from it {app.get('repartition_missing')}"
                 if "repartition_duplicates" in app else "")
         print(f"{name}: {app['verdict']}; dead letters {app['dead_letters']}{dups}; "
               f"worker exits {len(app['worker_exits'])}; stalls over the limit: "

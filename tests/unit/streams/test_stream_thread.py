@@ -80,6 +80,17 @@ async def test_an_assignment_starts_demotes_and_closes_tasks(tmp_path: Path) -> 
         assert r.thread.member.subscription().active == ("0_2",)
 
 
+async def acked_until_done(r: Rig, commit: asyncio.Task[None]) -> None:
+    """Acknowledge what the commit hands the producer, round after round, until it is done."""
+
+    def acked_and_done() -> bool:
+        r.producer.ack()
+        return commit.done()
+
+    await wait_until(acked_and_done, timeout_s=5, message="the commit")
+    await commit
+
+
 async def test_records_are_processed_and_committed_acks_then_offsets_then_checkpoints(
     tmp_path: Path,
 ) -> None:
@@ -115,12 +126,7 @@ async def test_records_are_processed_and_committed_acks_then_offsets_then_checkp
 
         await wait_until(acked_and_offsets, timeout_s=5, message="the offsets")
 
-        def acked_and_done() -> bool:
-            r.producer.ack()  # what the commit sent since (the checkpoint's changelog)
-            return commit.done()
-
-        await wait_until(acked_and_done, timeout_s=5, message="the commit")
-        await commit
+        await acked_until_done(r, commit)  # what it sent since (the checkpoint's changelog)
         order = [e for e in events if e in ("ack", "offsets", "checkpoint")]
         assert order.index("ack") < order.index("offsets") < order.index("checkpoint")
         assert r.consumer.commits[-1] == {tp: 3}
@@ -157,12 +163,7 @@ async def test_a_commit_ships_the_input_position_only_once_the_outputs_are_ackno
         await wait_until(lambda: len(r.producer.to(changelog)) > 0, timeout_s=5,
                          message="the changelog handed once the outputs are acked")
 
-        def acked_and_done() -> bool:
-            r.producer.ack()
-            return commit.done()
-
-        await wait_until(acked_and_done, timeout_s=5, message="the commit")
-        await commit
+        await acked_until_done(r, commit)
         assert r.consumer.commits[-1] == {tp: 2}
     finally:
         r.producer.auto_ack = True

@@ -20,8 +20,9 @@ held by something only the group can undo, so it acts, each remedy at most every
   the broker has begun a round without them;
 - at once, when other members' round reports show that its own SyncGroup answer was lost
   (:func:`streams.quirks.synced_round.sync_answer_lost` for :data:`LOST_SYNC_AFTER_S`), it asks the
-  leader to rejoin, once per generation: waiting the stall limit would stop its tasks for
-  about two rounds more.
+  leader to rejoin, once per generation, and gives up its own SyncGroup if it still waits
+  for the answer, so that it joins that round with the others: waiting the stall limit would
+  stop its tasks for about two rounds more.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ LOST_SYNC_AFTER_S = 3.0
 
 class Joining(Protocol):
     def rebalancing_for_s(self, now: float) -> float: ...
+
+    def abandon_sync(self, generation: int, reason: str) -> bool: ...
 
 
 class RebalanceAsker(Protocol):
@@ -140,6 +143,10 @@ class JoinWatch:
         self._last_stall_request = now
         log.warning("%s: its SyncGroup answer of generation %d looks lost (other members have "
                     "theirs): asking the leader to rejoin", self.name, generation)
+        # Still waiting for it, the member would join the round it asks for only once the
+        # broker gives up its SyncGroup (Tansu: 0.8 of a session): that round would go on
+        # without it, and the next one wait for it, round after round.
+        self.consumer.abandon_sync(generation, "its answer looks lost")
         if self.control is not None:
             self.control.request_rebalance(
                 f"{self.name}: SyncGroup answer of generation {generation} lost")

@@ -199,7 +199,10 @@ class GroupMember:
         if self.lifecycle.stopping:
             return False  # see request_rejoin
         if not should_join(self.consumer.generation, self.consumer.rebalancing, begun_after):
-            return False
+            # Still waiting for its assignment of that generation, it will not get one: a
+            # broker may answer only at its timeout (Tansu: 0.8 of a session), by when the
+            # others' round has gone on without it, and their next one waits for it.
+            return self.consumer.abandon_sync(begun_after, "the round after it has begun")
         self.consumer.request_rejoin()
         return True
 

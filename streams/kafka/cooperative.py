@@ -34,6 +34,9 @@ from collections.abc import Callable
 from typing import Any
 
 import aiokafka.consumer.consumer as consumer_module
+import aiokafka.errors as Errors
+from aiokafka.client import ConnectionGroup
+from aiokafka.conn import CloseReason
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.coordinator.protocol import ConsumerProtocol
 from aiokafka.protocol.commit import OffsetCommitRequest, OffsetFetchRequest
@@ -115,6 +118,9 @@ class CooperativeGroupCoordinator(GroupCoordinator):
     on_round_heard: Callable[[int], None] | None = None
     #: When (monotonic seconds) the member heard that it must rejoin (None: it need not).
     _rejoin_heard_at: float | None = None
+    #: The SyncGroup this member waits for the answer of: its generation, and what gives it
+    #: up (None: none).
+    _pending_sync: tuple[int, asyncio.Future[str]] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -134,6 +140,63 @@ class CooperativeGroupCoordinator(GroupCoordinator):
             self._awaiting_round -= 1
 
     async def _send_req(self, request: Any) -> Any:
+        if isinstance(request, SyncGroupRequest):
+            return await self._send_sync(request)
+        return await self._send_noted(request)
+
+    async def _send_sync(self, request: Any) -> Any:
+        """A SyncGroup, given up (as a failed request: aiokafka then rejoins) if
+        :meth:`abandon_sync` is called while it waits for its answer."""
+        generation = int(self.generation)  # the request's, which aiokafka built from it
+        abandoned: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._pending_sync = (generation, abandoned)
+        sent = asyncio.ensure_future(self._send_noted(request))
+        try:
+            await asyncio.wait({sent, abandoned}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            sent.cancel()
+            raise
+        finally:
+            self._pending_sync = None
+        if not sent.done():
+            # Given up: the answer, when it comes, is read by nobody.
+            sent.add_done_callback(_drop_result)
+            self._drop_coordination_connection()
+            raise Errors.RebalanceInProgressError(abandoned.result())
+        response = sent.result()
+        if response.error_code == REBALANCE_IN_PROGRESS and self.on_round_heard:
+            # The group began a round while this member waited for its assignment: the
+            # others still waiting for theirs give them up and join it too.
+            self.on_round_heard(generation)
+        return response
+
+    def abandon_sync(self, generation: int, reason: str) -> bool:
+        """Give up the SyncGroup of ``generation`` this member waits for, if it does: the
+        group has begun the round after it, so the answer can only be an error, and the
+        member joins that round now instead (see :mod:`streams.quirks.synced_round`: a
+        broker that answers such a SyncGroup only at its timeout keeps the member out of
+        the round meanwhile). Whether it gave one up."""
+        pending = self._pending_sync
+        if pending is None or pending[0] != generation or pending[1].done():
+            return False
+        log.info("%s: gives up its SyncGroup of generation %d: %s", self.group_id,
+                 generation, reason)
+        pending[1].set_result(f"SyncGroup of generation {generation} given up: {reason}")
+        return True
+
+    def _drop_coordination_connection(self) -> None:
+        """Close the connection a given-up SyncGroup waits on. A broker answers a
+        connection's requests in order, so the JoinGroup that follows would be answered only
+        after it (on the embedded broker, at the SyncGroup's timeout: 7.5 s later in a
+        three-request probe); on a new connection it is answered as any other."""
+        conns = getattr(getattr(self, "_client", None), "_conns", None)
+        if not isinstance(conns, dict):
+            return
+        conn = conns.get((self.coordinator_id, ConnectionGroup.COORDINATION))
+        if conn is not None:
+            conn.close(reason=CloseReason.IDLE_DROP)
+
+    async def _send_noted(self, request: Any) -> Any:
         sent_at = time.monotonic()
         response = await super()._send_req(request)
         if isinstance(request, OffsetFetchRequest):
@@ -408,6 +471,11 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         except Exception:
             log.exception("rebalance listener failed in %s; rejoining", name)
             self.request_rejoin()
+
+
+def _drop_result(sent: asyncio.Future[Any]) -> None:
+    if not sent.cancelled():
+        sent.exception()  # retrieved, so that a failure nobody awaits is not reported
 
 
 def _confirms(request: Any, response: Any) -> bool:

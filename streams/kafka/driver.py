@@ -337,6 +337,12 @@ class GroupConsumer:
         if coordinator is not None:
             coordinator.request_rejoin()
 
+    def abandon_sync(self, generation: int, reason: str) -> bool:
+        """Give up the SyncGroup of ``generation`` the member waits for the answer of, and
+        join the round after it (see the cooperative coordinator); whether it did."""
+        abandon = getattr(self._coordinator, "abandon_sync", None)
+        return bool(abandon(generation, reason)) if abandon is not None else False
+
     def on_round_heard(self, listener: Callable[[int], None]) -> None:
         """Call ``listener`` with the member's generation whenever a heartbeat says its group
         has begun a round (streams.group.round_alarm)."""

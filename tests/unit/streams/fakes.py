@@ -55,6 +55,10 @@ class FakeConsumer:
         #: Partitions read ahead for a restoring task, not handed out.
         self.held: set[TopicPartition] = set()
         self.rejoins = 0
+        #: The generation of the SyncGroup the member waits for (None: none), and those
+        #: given up.
+        self.pending_sync: int | None = None
+        self.abandoned_syncs: list[int] = []
         self.rebalancing = False
         self.rebalancing_since: float | None = None
         self.round_started: float | None = None
@@ -168,6 +172,14 @@ class FakeConsumer:
 
     def request_rejoin(self) -> None:
         self.rejoins += 1
+
+    def abandon_sync(self, generation: int, reason: str) -> bool:
+        """Gives up :attr:`pending_sync` if it is of ``generation``."""
+        if self.pending_sync != generation:
+            return False
+        self.pending_sync = None
+        self.abandoned_syncs.append(generation)
+        return True
 
 
 @dataclass

@@ -3,13 +3,17 @@ members, and the other instances, join it at once rather than at their next hear
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import aiokafka.errors as Errors
 import pytest
+from aiokafka.client import ConnectionGroup
 from aiokafka.consumer.group_coordinator import GroupCoordinator
-from aiokafka.protocol.group import HeartbeatRequest
+from aiokafka.protocol.group import HeartbeatRequest, SyncGroupRequest
 
 from streams.group.round_alarm import (
     RoundAlarm,
@@ -126,3 +130,75 @@ async def test_a_member_asking_for_a_round_sounds_the_alarm(tmp_path: Path) -> N
     r.consumer.generation = 4
     r.thread.member.request_rejoin("learners ready")
     assert asked == [4]
+
+
+async def test_a_sync_given_up_for_the_round_after_it_fails_as_a_rebalance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tansu answers a SyncGroup that the next round made vain only at 0.8 of a session: the
+    member joined that round 8 s after the others, its SyncGroup then went vain too, and
+    three static members formed no group for two minutes. Given up at the news of the round,
+    the member joins it with the others (aiokafka rejoins after a failed SyncGroup)."""
+    coordinator = CooperativeGroupCoordinator.__new__(CooperativeGroupCoordinator)  # no client
+    coordinator.generation = 6
+    coordinator.group_id = "app"
+    coordinator.coordinator_id = 3
+    closed: list[Any] = []
+    conn = SimpleNamespace(close=lambda reason: closed.append(reason))
+    coordinator._client = SimpleNamespace(_conns={(3, ConnectionGroup.COORDINATION): conn})
+    answered: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+
+    async def answer(self: Any, request: Any) -> Answer:
+        return await answered
+
+    monkeypatch.setattr(GroupCoordinator, "_send_req", answer)
+    request = SyncGroupRequest("app", 6, "member", "w1", [])
+    sync = asyncio.ensure_future(coordinator._send_req(request))
+    await asyncio.sleep(0)
+    assert not coordinator.abandon_sync(5, "an older round")  # not the one it waits for
+    assert coordinator.abandon_sync(6, "the round after it has begun")
+    with pytest.raises(Errors.RebalanceInProgressError, match="generation 6 given up"):
+        await sync
+    # A broker answers a connection's requests in order: the JoinGroup that follows goes on
+    # a new one, not behind the SyncGroup given up.
+    assert len(closed) == 1
+    assert not coordinator.abandon_sync(6, "again")  # nothing waits any more
+    answered.set_result(Answer(REBALANCE_IN_PROGRESS))  # read by nobody
+    await asyncio.sleep(0)
+
+
+async def test_a_sync_answered_in_time_is_not_given_up_and_a_vain_one_tells_the_alarm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+
+    coordinator = CooperativeGroupCoordinator.__new__(CooperativeGroupCoordinator)  # no client
+    coordinator.generation = 6
+    told: list[int] = []
+    coordinator.on_round_heard = told.append
+    answers = [Answer(0), Answer(REBALANCE_IN_PROGRESS)]
+
+    async def answer(self: Any, request: Any) -> Answer:
+        return answers.pop(0)
+
+    monkeypatch.setattr(GroupCoordinator, "_send_req", answer)
+    request = SyncGroupRequest("app", 6, "member", "w1", [])
+    assert (await coordinator._send_req(request)).error_code == 0
+    assert not coordinator.abandon_sync(6, "too late")
+    assert told == []
+    # Answered REBALANCE_IN_PROGRESS: the group began a round while it waited; the others
+    # still waiting for their answers are told.
+    assert (await coordinator._send_req(request)).error_code == REBALANCE_IN_PROGRESS
+    assert told == [6]
+
+
+async def test_a_member_waiting_for_its_sync_answer_gives_it_up_at_the_news_of_the_round(
+        tmp_path: Path) -> None:
+    r = rig(tmp_path)
+    member = r.thread.member
+    r.consumer.generation, r.consumer.rebalancing = 4, True
+    r.consumer.pending_sync = 4
+    assert not member.join_begun_round(3)  # an older round: not its own
+    assert member.join_begun_round(4)
+    assert r.consumer.abandoned_syncs == [4] and r.consumer.rejoins == 0
+    # Joining, with no SyncGroup waiting (its JoinGroup is): nothing to give up.
+    assert not member.join_begun_round(4)

@@ -301,6 +301,7 @@ async def test_a_member_whose_sync_answer_was_lost_asks_the_leader_once_per_gene
         control = r.control
         # The next round: its JoinGroup was answered (generation 5), no SyncGroup answer yet.
         r.consumer.rebalancing, r.consumer.generation = True, 5
+        r.consumer.pending_sync = 5  # its SyncGroup still waits for the answer
         now = 1_000.0
         assert not watch.check_lost_sync(now)
         reports.record("member-b", 5)  # b has its assignment of generation 5
@@ -309,6 +310,8 @@ async def test_a_member_whose_sync_answer_was_lost_asks_the_leader_once_per_gene
         assert watch.check_lost_sync(now + 1 + LOST_SYNC_AFTER_S)
         assert control.rebalance_requests == [
             "thread 0: SyncGroup answer of generation 5 lost"]
+        # It gives its own SyncGroup up too, to join the round it asks for with the others.
+        assert r.consumer.abandoned_syncs == [5]
         # Once per generation; the stall remedy stays the fallback.
         assert not watch.check_lost_sync(now + 100)
         r.consumer.generation = 6

@@ -71,6 +71,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -980,13 +981,21 @@ async def repartition_orders(bootstrap: str, app_id: str,
     (at-least-once: the first stage processed it again after a crash), every stateful result
     downstream counts it again; missing, the first stage lost it (no later stage can have
     it). Exactly-once runs read it as the next stage does (read_committed)."""
+    return await order_ids_in(
+        bootstrap, lambda t: t.startswith(f"{app_id}-") and "-repartition" in t, committed)
+
+
+async def order_ids_in(bootstrap: str, topic_chosen: Callable[[str], bool],
+                       committed: bool = False) -> Counter[int]:
+    """How many times each order id is in the topics ``topic_chosen`` picks, read whole:
+    the input topic (an order the broker acknowledged to the input's producer but never
+    stored is missing from it) or the repartition topic."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     if committed:
         read_committed_by_markers(consumer)
     try:
-        topics = [t for t in await consumer.topics()
-                  if t.startswith(f"{app_id}-") and "-repartition" in t]
+        topics = [t for t in await consumer.topics() if topic_chosen(t)]
         tps = [TopicPartition(t, p) for t in topics
                for p in consumer.partitions_for_topic(t) or set()]
         consumer.assign(tps)
@@ -1255,6 +1264,13 @@ async def app_report(bench: Bench, run: AppRun, produced: Produced, start: float
             missing = sorted(set(produced.orders) - set(seen))
             result["repartition_missing"] = len(missing)
             result["repartition_missing_examples"] = missing[:10]
+        result["input_missing"] = None
+        with contextlib.suppress(Exception):
+            orders_topic = bench.topics["orders"]
+            stored = await order_ids_in(bench.bootstrap, lambda t: t == orders_topic)
+            missing = sorted(set(produced.orders) - set(stored))
+            result["input_missing"] = len(missing)
+            result["input_missing_examples"] = missing[:10]
     outs = result["outputs"].values()
     result["verdict"] = {
         "nothing_under": all(o["under"] == 0 for o in outs),
@@ -1380,6 +1396,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, app in report["apps"].items():
         dups = (f"; orders repeated in the repartition topic {app['repartition_duplicates']}"
                 f", missing from it {app.get('repartition_missing')}"
+                f" (acknowledged to the input's producer but missing from the input: "
+                f"{app.get('input_missing')})"
                 if "repartition_duplicates" in app else "")
         print(f"{name}: {app['verdict']}; dead letters {app['dead_letters']}{dups}; "
               f"worker exits {len(app['worker_exits'])}; stalls over the limit: "

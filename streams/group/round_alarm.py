@@ -3,12 +3,14 @@
 On the classic protocol a member hears of a round only through its next heartbeat (or
 commit), so members join a round up to one heartbeat interval apart, and the round, with
 every task it moves or gives out again, waits for the last of them. The first member of an
-instance to hear of the round (its heartbeat answered ``REBALANCE_IN_PROGRESS``), or to ask
-for one, tells the instance's other threads at once, and the other instances through the
-control topic; a member still in the generation that the round ends then joins it without
-waiting for its heartbeat. The news only ever makes a member join a round that has begun or
-that its asker's rejoin begins: it changes nothing in its subscription, so it never starts a
-round of its own.
+instance to hear of the round (its heartbeat or its SyncGroup answered
+``REBALANCE_IN_PROGRESS``), or to ask for one, tells the instance's other threads at once, and
+the other instances through the control topic; a member still in the generation that the
+round ends then joins it without waiting for its heartbeat, and one still waiting for its
+SyncGroup answer of that generation gives that SyncGroup up and joins (a broker may answer
+it only at a timeout, by when the round has gone on without the member). The news only ever
+makes a member join a round that has begun or that its asker's rejoin begins: it changes
+nothing in its subscription, so it never starts a round of its own.
 """
 
 from __future__ import annotations

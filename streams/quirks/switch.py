@@ -43,8 +43,10 @@ otherwise), ``all``, ``none``, or a comma-separated list of names.
 Workarounds that are correct on every broker have no switch: reading a changelog's end from
 the fetch high watermark, finding aborted transactions from their markers when a fetch
 response lists none (:mod:`statestore.fetch`), creating topics explicitly, refusing a
-duplicate static id from the status topic, and a leaving member's LeaveGroup with both its
-member and instance id (it knows both).
+duplicate static id from the status topic, a leaving member's LeaveGroup with both its
+member and instance id (it knows both), and giving up a SyncGroup that the group's next round
+made vain (:meth:`streams.kafka.cooperative.CooperativeGroupCoordinator.abandon_sync`: Tansu
+answers it only at 0.8 of a session, Apache Kafka at once).
 """
 
 from __future__ import annotations

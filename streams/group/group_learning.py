@@ -34,6 +34,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from streams.group.member_id import parse_member_id
+
 log = logging.getLogger(__name__)
 
 #: A status record older than this says nothing of its member now (records come each second).
@@ -57,6 +59,8 @@ class MemberLearning:
     lags: Mapping[str, int]
     #: Whether it led the group's last round it took part in.
     leader: bool = False
+    #: Whether it was in a round (between join-prepare and its assignment applied).
+    in_round: bool = False
 
 
 def learning_from_status(value: Mapping[str, Any]) -> MemberLearning | None:
@@ -75,7 +79,7 @@ def learning_from_status(value: Mapping[str, Any]) -> MemberLearning | None:
         if not _is_int(field):
             raise ValueError(f"{name!r} is not an integer: {field!r}")
     return MemberLearning(generation, updated_ms, acceptable, dict(lags),
-                          value.get("leader") is True)
+                          value.get("leader") is True, value.get("state") == "rebalancing")
 
 
 def _is_int(value: Any) -> bool:
@@ -186,6 +190,15 @@ class GroupLearning:
             newest = now_ms
         return {member: newest - learning.updated_ms
                 for member, learning in self._members.items() if member != me}
+
+    def in_round(self, instance: str, now_ms: int) -> list[str]:
+        """The members of instances other than ``instance`` whose latest status record, fresh
+        (under :data:`SILENT_AFTER_MS` old), says they are in a round. Starts following the
+        status topic on first use."""
+        self._follow()
+        return sorted(member for member, learning in self._members.items()
+                      if learning.in_round and now_ms - learning.updated_ms < SILENT_AFTER_MS
+                      and (parse_member_id(member) or ("", 0))[0] != instance)
 
     def leads(self, member: str) -> bool:
         """Whether ``member``'s latest status record says it led its last round."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiokafka.consumer.consumer as consumer_module
@@ -121,6 +121,11 @@ class CooperativeGroupCoordinator(GroupCoordinator):
     #: The SyncGroup this member waits for the answer of: its generation, and what gives it
     #: up (None: none).
     _pending_sync: tuple[int, asyncio.Future[str]] | None = None
+    #: Awaited before this member joins again once its membership ended by its own silence
+    #: (None: it joins at once): see streams.quirks.synced_round.may_join_after_loss.
+    before_rejoin_after_silence: Callable[[], Awaitable[None]] | None = None
+    #: Its membership ended by its silence, and it has not joined again since.
+    _rejoin_after_silence = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -235,6 +240,7 @@ class CooperativeGroupCoordinator(GroupCoordinator):
                     self._session_timeout_ms / 1000)
         self.generation = OffsetCommitRequest.DEFAULT_GENERATION_ID
         self._silenced_at = time.monotonic()
+        self._rejoin_after_silence = True
         if self._silent_loss is None or self._silent_loss.done():
             self._silent_loss = asyncio.ensure_future(self._lose_held())
         self.request_rejoin()
@@ -330,6 +336,10 @@ class CooperativeGroupCoordinator(GroupCoordinator):
                 and not self._lost_since_round):
             await self._lose(set(previous_assignment.tps))
         await self._check_not_replaced()
+        if self._rejoin_after_silence:
+            self._rejoin_after_silence = False
+            if self.before_rejoin_after_silence is not None:
+                await self.before_rejoin_after_silence()
         self.rebalancing = True
         self.rebalancing_since = self.round_started = time.monotonic()
         if not self._cooperative():

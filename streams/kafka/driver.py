@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
@@ -77,6 +77,7 @@ class GroupConsumer:
         self._consumer = consumer
         self._committed_by_markers = committed_by_markers
         self._round_listener: Callable[[int], None] | None = None
+        self._rejoin_waiter: Callable[[], Awaitable[None]] | None = None
         # How long a partition number keeps its turn at the fetched records at most
         # (streams.kafka.turns).
         self._turn_s = turn_ms / 1000
@@ -97,6 +98,8 @@ class GroupConsumer:
             read_committed_by_markers(self._consumer)
         if self._round_listener is not None and self._coordinator is not None:
             self._coordinator.on_round_heard = self._round_listener
+        if self._rejoin_waiter is not None and self._coordinator is not None:
+            self._coordinator.before_rejoin_after_silence = self._rejoin_waiter
 
     async def stop(self) -> None:
         await self._consumer.stop()
@@ -342,6 +345,14 @@ class GroupConsumer:
         join the round after it (see the cooperative coordinator); whether it did."""
         abandon = getattr(self._coordinator, "abandon_sync", None)
         return bool(abandon(generation, reason)) if abandon is not None else False
+
+    def before_rejoin_after_silence(self, wait: Callable[[], Awaitable[None]]) -> None:
+        """Await ``wait`` before the member joins again once its membership ended by its own
+        silence (see the cooperative coordinator)."""
+        self._rejoin_waiter = wait
+        coordinator = self._coordinator
+        if coordinator is not None:
+            coordinator.before_rejoin_after_silence = wait
 
     def on_round_heard(self, listener: Callable[[int], None]) -> None:
         """Call ``listener`` with the member's generation whenever a heartbeat says its group

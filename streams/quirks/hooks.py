@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -26,6 +27,7 @@ from streams.quirks.synced_round import (
     SYNC_WAIT_LIMIT_S,
     RoundReports,
     RoundView,
+    may_join_after_loss,
     may_rejoin,
     members_synced,
     sync_answer_lost,
@@ -138,6 +140,23 @@ class RoundHooks:
             if may_rejoin(view, reports):
                 return view
             await asyncio.sleep(ROUND_CHECK_INTERVAL_S)
+
+    async def until_others_out_of_round(self, others_in_round: Callable[[], list[str]],
+                                        limit_s: float) -> None:
+        """late-follower-sync: a member whose membership ended waits (at most ``limit_s``)
+        until no member of another instance is in a round, before it joins again (see
+        :func:`streams.quirks.synced_round.may_join_after_loss`); at once with the quirk
+        off."""
+        if self.round_reports is None:
+            return
+        started = time.monotonic()
+        waited = 0.0
+        while not may_join_after_loss(others_in_round(), waited, limit_s):
+            await asyncio.sleep(ROUND_CHECK_INTERVAL_S)
+            waited = time.monotonic() - started
+        if waited >= ROUND_CHECK_INTERVAL_S:
+            log.info("joining again after its membership ended, once the others' round "
+                     "ended: %.1f s later", waited)
 
     def members_synced(self, generation: int) -> int:
         reports = self.round_reports.generations if self.round_reports is not None else {}

@@ -17,6 +17,10 @@ assignment (:mod:`streams.group.control`); each process keeps the latest report 
 now. The wait is bounded: a member that never reports (it crashed, or runs a Relay that does
 not report) delays the request by :data:`SYNC_WAIT_LIMIT_S` at most.
 
+A member whose membership ended (it was frozen past its session) waits the same way before
+it joins again, for the other members' round, as their status records show it
+(:func:`may_join_after_loss`).
+
 A member reads them for itself too: :func:`sync_answer_lost` tells it that its own SyncGroup
 answer was lost, so that it gets a round started at once (see :mod:`streams.group.join_watch`)
 instead of waiting its stall limit.
@@ -73,6 +77,24 @@ def may_rejoin(view: RoundView, reports: Mapping[str, int],
     if view.waited_s >= limit_s:
         return True
     return members_synced(view.generation, reports) >= view.group_size
+
+
+def rejoin_limit_s(session_timeout_ms: int) -> float:
+    """The longest a member whose membership ended waits for the others' round before it
+    joins: about the rest of a round on a broker that answers a JoinGroup half a session
+    after it came and a static member's SyncGroup 3 s after that, and a second more."""
+    return session_timeout_ms / 2000 + 4.0
+
+
+def may_join_after_loss(others_in_round: Iterable[str], waited_s: float,
+                        limit_s: float) -> bool:
+    """Whether a member whose membership ended (it was silent past its session, or the broker
+    expired it) joins now: once no member of another instance is in a round, or once it has
+    waited ``limit_s``. Its JoinGroup, sent while the others wait for their SyncGroup
+    answers, would make those answers vain (the leader's assignment does not name it): they
+    come only at the broker's timeout, and the others join a round later still, which holds
+    the tasks their round was moving (a learner's handover) for two rounds more."""
+    return waited_s >= limit_s or not any(True for _ in others_in_round)
 
 
 def unsynced_members(previous_round: Iterable[str], leader: str,

@@ -40,6 +40,7 @@ from streams.kafka.delete_records import RecordDeleter
 from streams.kafka.driver import GroupConsumer, new_group_consumer, new_producer
 from streams.metrics import Metrics
 from streams.quirks.hooks import RoundHooks
+from streams.quirks.synced_round import rejoin_limit_s
 from streams.quirks.task_positions import PositionReader
 from streams.runtime.commit import Committer
 from streams.runtime.delivery import flush_timeout_s, message_timeout_ms, new_data_producer
@@ -176,6 +177,15 @@ def build_stream_thread(
                          lifecycle, hooks, leaving, announcer, group_learning=group_learning)
     assignor.serve(member)
     hooks.add_member(member)
+    if group_learning is not None and hooks.round_reports is not None:
+        # late-follower-sync: a member frozen past its session joins again only once the
+        # others' round ended (streams.quirks.synced_round.may_join_after_loss).
+        def others_in_round() -> list[str]:
+            return group_learning.in_round(instance, int(time.time() * 1000))
+
+        limit_s = rejoin_limit_s(config.session_timeout_ms)
+        consumer.before_rejoin_after_silence(
+            lambda: hooks.until_others_out_of_round(others_in_round, limit_s))
     if round_alarm is not None and config.cooperative:
         round_alarm.register(member)
         consumer.on_round_heard(round_alarm.heard)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +95,10 @@ class FakeConsumer:
     def on_round_heard(self, callback: Callable[[int], None]) -> None:
         """What a heartbeat answered REBALANCE_IN_PROGRESS tells (the round alarm)."""
         self.round_heard = callback
+
+    def before_rejoin_after_silence(self, wait: Callable[[], Awaitable[None]]) -> None:
+        """What a member whose membership ended by its silence awaits before it joins."""
+        self.rejoin_waiter = wait
 
     async def start(self) -> None:
         pass

@@ -152,3 +152,14 @@ def test_how_long_each_other_member_has_been_silent() -> None:
     # Its own view stale (it was frozen): counted up to the newest record, not to now.
     assert group.silences("me-thread-0", NOW_MS + 20_000) == {"killed-thread-0": 9_100,
                                                               "running-thread-0": 200}
+
+
+def test_members_of_other_instances_in_a_round_as_their_fresh_records_say() -> None:
+    group = GroupLearning(clock=lambda: 0.0)
+    group.apply("b-thread-0", record(state="rebalancing"), NOW_MS)
+    group.apply("b-thread-1", record(state="running"), NOW_MS)
+    group.apply("c-thread-0", record(state="rebalancing", updated_ms=NOW_MS - 3_000), NOW_MS)
+    group.apply("a-thread-1", record(state="rebalancing"), NOW_MS)  # this instance's own
+    assert group.in_round("a", NOW_MS) == ["b-thread-0"]  # c's record is stale: frozen
+    group.apply("b-thread-0", record(state="running"), NOW_MS + 500)
+    assert group.in_round("a", NOW_MS + 500) == []

@@ -301,3 +301,23 @@ async def test_a_round_s_answer_read_after_the_membership_ended_is_not_taken_up(
     assert listener.lost == [{TP}] and listener.assigned == [] and listener.revoked == []
     assert member._subscription.subscription.assignment.tps == set()
     assert member.rejoin_requested and not member.rebalancing and member.generation == -1
+
+
+async def test_a_member_silent_past_its_session_joins_again_only_after_its_wait() -> None:
+    """Resumed (SIGCONT) while the others were handing a task over to a learner, its
+    JoinGroup made their SyncGroups vain on the embedded broker: the moved task stalled two
+    rounds more. It now awaits the others' round before joining; a member that ran does not."""
+    events: list[str] = []
+
+    async def wait() -> None:
+        events.append("waited")
+
+    member = _Coordinator(7, _Listener())
+    member.before_rejoin_after_silence = wait
+    await member._on_join_prepare(SimpleNamespace(tps={TP}))
+    assert events == []  # asked to rejoin while it ran: no wait
+    _stopped_for(member, 25.0)
+    await member._on_join_prepare(SimpleNamespace(tps={TP}))
+    assert events == ["waited"] and member.rebalancing
+    await member._on_join_prepare(SimpleNamespace(tps={TP}))
+    assert events == ["waited"]  # once per silence

@@ -20,8 +20,10 @@ from streams.quirks.synced_round import (
     SYNC_WAIT_LIMIT_S,
     RoundReports,
     RoundView,
+    may_join_after_loss,
     may_rejoin,
     members_synced,
+    rejoin_limit_s,
     sync_answer_lost,
 )
 from streams.runtime.factory import ThreadClients, build_stream_thread
@@ -323,3 +325,29 @@ async def test_a_member_whose_sync_answer_was_lost_asks_the_leader_once_per_gene
         assert not watch.check_lost_sync(now + 200)
     finally:
         r.thread.task_manager.close_all()
+
+
+def test_a_member_whose_membership_ended_joins_once_the_others_round_ended() -> None:
+    limit = rejoin_limit_s(10_000)
+    assert limit == pytest.approx(9.0)  # half a session, a static SyncGroup's 3 s, and 1 s
+    assert not may_join_after_loss(["b-thread-0"], 2.0, limit)
+    assert may_join_after_loss([], 0.0, limit)
+    assert may_join_after_loss(["b-thread-0"], limit, limit)  # bounded
+
+
+async def test_the_wait_after_a_loss_follows_the_others_round_and_only_with_the_quirk(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hooks, "ROUND_CHECK_INTERVAL_S", 0.0)
+    in_round = [["b-thread-0"], ["b-thread-0"], []]
+    looks: list[int] = []
+
+    def others() -> list[str]:
+        looks.append(1)
+        return in_round.pop(0) if in_round else []
+
+    await hooks.RoundHooks(round_reports=RoundReports()).until_others_out_of_round(others, 5.0)
+    assert len(looks) == 3
+    looks.clear()
+    await hooks.RoundHooks().until_others_out_of_round(lambda: ["b-thread-0"], 5.0)  # quirk off
+    await hooks.RoundHooks(round_reports=RoundReports()).until_others_out_of_round(
+        lambda: ["b-thread-0"], 0.0)  # bounded

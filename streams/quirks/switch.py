@@ -11,7 +11,8 @@ has a name here, lives in one module, and is on only when the broker needs it:
 - ``late-follower-sync`` (:mod:`streams.quirks.synced_round`): followers' SyncGroup answers come
   late
   and a JoinGroup sent meanwhile stalls them, so a member asks for the next round (or leaves)
-  only once every member of its round has its assignment.
+  only once every member of its round has its assignment, and a member frozen past its
+  session joins again only once the others' round ended.
 - ``leader-wedge`` (:mod:`streams.quirks.formed_group`): a leader that leaves a forming group stays
   its leader, so a member leaves only from a formed group.
 - ``departed-static-leader`` (:mod:`streams.quirks.departed_members`): an expired static leader

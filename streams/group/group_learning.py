@@ -191,14 +191,19 @@ class GroupLearning:
         return {member: newest - learning.updated_ms
                 for member, learning in self._members.items() if member != me}
 
-    def in_round(self, instance: str, now_ms: int) -> list[str]:
+    def in_round(self, instance: str, now_ms: int) -> list[str] | None:
         """The members of instances other than ``instance`` whose latest status record, fresh
-        (under :data:`SILENT_AFTER_MS` old), says they are in a round. Starts following the
-        status topic on first use."""
+        (under :data:`SILENT_AFTER_MS` old), says they are in a round; None when there are
+        such members but none has a fresh record (a process that was frozen itself reads the
+        records of its freeze first). Starts following the status topic on first use."""
         self._follow()
-        return sorted(member for member, learning in self._members.items()
-                      if learning.in_round and now_ms - learning.updated_ms < SILENT_AFTER_MS
-                      and (parse_member_id(member) or ("", 0))[0] != instance)
+        others = {member: learning for member, learning in self._members.items()
+                  if (parse_member_id(member) or ("", 0))[0] != instance}
+        fresh = {member: learning for member, learning in others.items()
+                 if now_ms - learning.updated_ms < SILENT_AFTER_MS}
+        if others and not fresh:
+            return None
+        return sorted(member for member, learning in fresh.items() if learning.in_round)
 
     def leads(self, member: str) -> bool:
         """Whether ``member``'s latest status record says it led its last round."""

@@ -138,6 +138,12 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         await super().close()
 
     async def _do_rejoin_group(self, subscription: Any) -> bool:
+        if self._rejoin_after_silence:
+            # Before the JoinGroup that follows the silence (a round the member had joined
+            # before it froze may still end first, its answer out of date).
+            self._rejoin_after_silence = False
+            if self.before_rejoin_after_silence is not None:
+                await self.before_rejoin_after_silence()
         self._awaiting_round += 1
         try:
             return bool(await super()._do_rejoin_group(subscription))
@@ -336,10 +342,6 @@ class CooperativeGroupCoordinator(GroupCoordinator):
                 and not self._lost_since_round):
             await self._lose(set(previous_assignment.tps))
         await self._check_not_replaced()
-        if self._rejoin_after_silence:
-            self._rejoin_after_silence = False
-            if self.before_rejoin_after_silence is not None:
-                await self.before_rejoin_after_silence()
         self.rebalancing = True
         self.rebalancing_since = self.round_started = time.monotonic()
         if not self._cooperative():

@@ -141,7 +141,7 @@ class RoundHooks:
                 return view
             await asyncio.sleep(ROUND_CHECK_INTERVAL_S)
 
-    async def until_others_out_of_round(self, others_in_round: Callable[[], list[str]],
+    async def until_others_out_of_round(self, others_in_round: Callable[[], list[str] | None],
                                         limit_s: float) -> None:
         """late-follower-sync: a member whose membership ended waits (at most ``limit_s``)
         until no member of another instance is in a round, before it joins again (see

@@ -38,6 +38,9 @@ from dataclasses import dataclass, field
 #: The longest a member waits for the others' reports before it asks anyway: about the stall
 #: it avoids (Tansu holds a SyncGroup caught by a new round about five seconds).
 SYNC_WAIT_LIMIT_S = 5.0
+#: The longest a member whose membership ended waits for fresh status records of the others
+#: (they publish each second).
+UNKNOWN_ROUND_WAIT_S = 2.0
 #: Members whose reports are kept (the ones that reported last): far more than a group has.
 KEEP_MEMBERS = 50_000
 
@@ -86,14 +89,18 @@ def rejoin_limit_s(session_timeout_ms: int) -> float:
     return session_timeout_ms / 2000 + 4.0
 
 
-def may_join_after_loss(others_in_round: Iterable[str], waited_s: float,
+def may_join_after_loss(others_in_round: Iterable[str] | None, waited_s: float,
                         limit_s: float) -> bool:
     """Whether a member whose membership ended (it was silent past its session, or the broker
     expired it) joins now: once no member of another instance is in a round, or once it has
     waited ``limit_s``. Its JoinGroup, sent while the others wait for their SyncGroup
     answers, would make those answers vain (the leader's assignment does not name it): they
     come only at the broker's timeout, and the others join a round later still, which holds
-    the tasks their round was moving (a learner's handover) for two rounds more."""
+    the tasks their round was moving (a learner's handover) for two rounds more.
+    ``others_in_round`` None: nothing fresh is known of the others yet (the status records
+    of its freeze are still being read), so it waits, at most :data:`UNKNOWN_ROUND_WAIT_S`."""
+    if others_in_round is None:
+        return waited_s >= min(limit_s, UNKNOWN_ROUND_WAIT_S)
     return waited_s >= limit_s or not any(True for _ in others_in_round)
 
 

@@ -180,7 +180,7 @@ def build_stream_thread(
     if group_learning is not None and hooks.round_reports is not None:
         # late-follower-sync: a member frozen past its session joins again only once the
         # others' round ended (streams.quirks.synced_round.may_join_after_loss).
-        def others_in_round() -> list[str]:
+        def others_in_round() -> list[str] | None:
             return group_learning.in_round(instance, int(time.time() * 1000))
 
         limit_s = rejoin_limit_s(config.session_timeout_ms)

@@ -163,3 +163,6 @@ def test_members_of_other_instances_in_a_round_as_their_fresh_records_say() -> N
     assert group.in_round("a", NOW_MS) == ["b-thread-0"]  # c's record is stale: frozen
     group.apply("b-thread-0", record(state="running"), NOW_MS + 500)
     assert group.in_round("a", NOW_MS + 500) == []
+    # Frozen itself, it has only the records of before its freeze: it knows nothing yet.
+    assert group.in_round("a", NOW_MS + 25_000) is None
+    assert GroupLearning(clock=lambda: 0.0).in_round("a", NOW_MS) == []  # no other instance

@@ -13,8 +13,10 @@ import asyncio
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.structs import TopicPartition
 
 from streams.kafka.cooperative import CooperativeGroupCoordinator
@@ -303,21 +305,31 @@ async def test_a_round_s_answer_read_after_the_membership_ended_is_not_taken_up(
     assert member.rejoin_requested and not member.rebalancing and member.generation == -1
 
 
-async def test_a_member_silent_past_its_session_joins_again_only_after_its_wait() -> None:
+async def test_a_member_silent_past_its_session_joins_again_only_after_its_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Resumed (SIGCONT) while the others were handing a task over to a learner, its
     JoinGroup made their SyncGroups vain on the embedded broker: the moved task stalled two
-    rounds more. It now awaits the others' round before joining; a member that ran does not."""
+    rounds more. Its next JoinGroup (a round it joined before it froze may still end first)
+    now awaits the others' round; a member that ran does not wait."""
     events: list[str] = []
 
     async def wait() -> None:
         events.append("waited")
 
+    async def join(self: Any, subscription: Any) -> bool:
+        events.append("joined")
+        return True
+
+    monkeypatch.setattr(GroupCoordinator, "_do_rejoin_group", join)
     member = _Coordinator(7, _Listener())
+    member._awaiting_round = 0
     member.before_rejoin_after_silence = wait
-    await member._on_join_prepare(SimpleNamespace(tps={TP}))
-    assert events == []  # asked to rejoin while it ran: no wait
-    _stopped_for(member, 25.0)
-    await member._on_join_prepare(SimpleNamespace(tps={TP}))
-    assert events == ["waited"] and member.rebalancing
-    await member._on_join_prepare(SimpleNamespace(tps={TP}))
-    assert events == ["waited"]  # once per silence
+    assert await member._do_rejoin_group(None)
+    assert events == ["joined"]  # asked to rejoin while it ran: no wait
+    member._silenced(25.0)
+    assert await member._do_rejoin_group(None)
+    assert events == ["joined", "waited", "joined"]
+    assert await member._do_rejoin_group(None)
+    assert events == ["joined", "waited", "joined", "joined"]  # once per silence
+    assert member._silent_loss is not None
+    await member._silent_loss

@@ -18,6 +18,7 @@ from streams.quirks import hooks
 from streams.quirks.synced_round import (
     KEEP_MEMBERS,
     SYNC_WAIT_LIMIT_S,
+    UNKNOWN_ROUND_WAIT_S,
     RoundReports,
     RoundView,
     may_join_after_loss,
@@ -333,6 +334,9 @@ def test_a_member_whose_membership_ended_joins_once_the_others_round_ended() -> 
     assert not may_join_after_loss(["b-thread-0"], 2.0, limit)
     assert may_join_after_loss([], 0.0, limit)
     assert may_join_after_loss(["b-thread-0"], limit, limit)  # bounded
+    # Nothing fresh known of the others yet: it waits for their records, a moment at most.
+    assert not may_join_after_loss(None, 0.5, limit)
+    assert may_join_after_loss(None, UNKNOWN_ROUND_WAIT_S, limit)
 
 
 async def test_the_wait_after_a_loss_follows_the_others_round_and_only_with_the_quirk(

@@ -100,19 +100,26 @@ class Answer:
     error_code: int
 
 
-async def test_a_heartbeat_answered_rebalance_in_progress_tells_the_alarm(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    coordinator = CooperativeGroupCoordinator.__new__(CooperativeGroupCoordinator)  # no client
-    coordinator.generation = 9
-    told: list[int] = []
+def answering(monkeypatch: pytest.MonkeyPatch, generation: int, answers: list[Answer],
+              told: list[int]) -> CooperativeGroupCoordinator:
+    """A coordinator of ``generation`` (no client) whose requests get ``answers`` in turn and
+    whose round news goes to ``told``."""
+    coordinator = CooperativeGroupCoordinator.__new__(CooperativeGroupCoordinator)
+    coordinator.generation = generation
     coordinator.on_round_heard = told.append
-    answers = [Answer(0), Answer(REBALANCE_IN_PROGRESS)]
 
     async def answer(self: Any, request: Any) -> Answer:
         return answers.pop(0)
 
     monkeypatch.setattr(GroupCoordinator, "_send_req", answer)
+    return coordinator
+
+
+async def test_a_heartbeat_answered_rebalance_in_progress_tells_the_alarm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    told: list[int] = []
+    coordinator = answering(monkeypatch, 9, [Answer(0), Answer(REBALANCE_IN_PROGRESS)], told)
     request = HeartbeatRequest("app", 9, "member")
     await coordinator._send_req(request)
     assert told == []
@@ -170,17 +177,8 @@ async def test_a_sync_given_up_for_the_round_after_it_fails_as_a_rebalance(
 async def test_a_sync_answered_in_time_is_not_given_up_and_a_vain_one_tells_the_alarm(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-
-    coordinator = CooperativeGroupCoordinator.__new__(CooperativeGroupCoordinator)  # no client
-    coordinator.generation = 6
     told: list[int] = []
-    coordinator.on_round_heard = told.append
-    answers = [Answer(0), Answer(REBALANCE_IN_PROGRESS)]
-
-    async def answer(self: Any, request: Any) -> Answer:
-        return answers.pop(0)
-
-    monkeypatch.setattr(GroupCoordinator, "_send_req", answer)
+    coordinator = answering(monkeypatch, 6, [Answer(0), Answer(REBALANCE_IN_PROGRESS)], told)
     request = SyncGroupRequest("app", 6, "member", "w1", [])
     assert (await coordinator._send_req(request)).error_code == 0
     assert not coordinator.abandon_sync(6, "too late")

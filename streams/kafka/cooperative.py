@@ -170,8 +170,9 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         finally:
             self._pending_sync = None
         if not sent.done():
-            # Given up: the answer, when it comes, is read by nobody.
-            sent.add_done_callback(_drop_result)
+            # Given up: cancelled first, so that closing its connection does not fail it as
+            # an error (aiokafka would mark the coordinator dead and look it up again).
+            sent.cancel()
             self._drop_coordination_connection()
             raise Errors.RebalanceInProgressError(abandoned.result())
         response = sent.result()
@@ -483,11 +484,6 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         except Exception:
             log.exception("rebalance listener failed in %s; rejoining", name)
             self.request_rejoin()
-
-
-def _drop_result(sent: asyncio.Future[Any]) -> None:
-    if not sent.cancelled():
-        sent.exception()  # retrieved, so that a failure nobody awaits is not reported
 
 
 def _confirms(request: Any, response: Any) -> bool:

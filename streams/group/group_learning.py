@@ -59,7 +59,8 @@ class MemberLearning:
     lags: Mapping[str, int]
     #: Whether it led the group's last round it took part in.
     leader: bool = False
-    #: Whether it was in a round (between join-prepare and its assignment applied).
+    #: Whether it was in a round (from joining it to its assignment applied, or its tasks
+    #: revoked or lost until then).
     in_round: bool = False
 
 
@@ -79,7 +80,8 @@ def learning_from_status(value: Mapping[str, Any]) -> MemberLearning | None:
         if not _is_int(field):
             raise ValueError(f"{name!r} is not an integer: {field!r}")
     return MemberLearning(generation, updated_ms, acceptable, dict(lags),
-                          value.get("leader") is True, value.get("state") == "rebalancing")
+                          value.get("leader") is True,
+                          value.get("in_round") is True or value.get("state") == "rebalancing")
 
 
 def _is_int(value: Any) -> bool:

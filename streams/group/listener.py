@@ -146,6 +146,8 @@ class RebalanceListener(ConsumerRebalanceListener):
     async def before_join(self) -> None:
         """As the member joins a round: give up running tasks whose ready learners are asked
         to take over in it (streams.group.promotion_asks)."""
+        self.reporter.status.in_round = True
+        self.reporter.update()
         try:
             await self.handover.before_join(self.member)
         except Exception as exc:
@@ -174,6 +176,7 @@ class RebalanceListener(ConsumerRebalanceListener):
             timing.locked_at = time.monotonic()
             self.awaiting_assignment = False
             status.rebalances += 1
+            status.in_round = False
             if self.member_files is not None and self.consumer.member_id != status.member_id:
                 self.member_files.record(self.member.identity.index, self.consumer.member_id,
                                          self.member.static_id)

@@ -63,6 +63,8 @@ class ThreadStatus:
     standbys: dict[str, int] = field(default_factory=dict)
     learners: dict[str, int] = field(default_factory=dict)
     rebalances: int = 0
+    #: In a round: from joining it to its assignment applied.
+    in_round: bool = False
 
 
 #: The status is published at least this often (seconds)...
@@ -82,6 +84,7 @@ class Shape:
     ready: tuple[str, ...]
     rebalances: int
     leaving: bool
+    in_round: bool = False
 
 
 def shape(status: ThreadStatus, acceptable_lag: int, leaving: bool) -> Shape:
@@ -89,7 +92,7 @@ def shape(status: ThreadStatus, acceptable_lag: int, leaving: bool) -> Shape:
         tuple(status.active), tuple(status.restoring), tuple(sorted(status.standbys)),
         tuple(sorted(status.learners)),
         tuple(sorted(t for t, lag in status.learners.items() if lag <= acceptable_lag)),
-        status.rebalances, leaving)
+        status.rebalances, leaving, status.in_round)
 
 
 def publish_delay(now: float, last: float | None, changed: bool,
@@ -190,6 +193,10 @@ class StatusReporter:
             "generation": self.status.generation,
             "leader": self.assignor.is_leader,
             "state": self.lifecycle.state.value,
+            #: In a round (a cooperative member runs its tasks through it, so its state may
+            #: say running): a member frozen past its session waits for the others' round
+            #: before it joins (streams.quirks.synced_round.may_join_after_loss).
+            "in_round": self.status.in_round,
             "active": self.status.active,
             "restoring": self.status.restoring,
             "standbys": self.status.standbys,

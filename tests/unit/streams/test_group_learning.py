@@ -158,10 +158,14 @@ def test_members_of_other_instances_in_a_round_as_their_fresh_records_say() -> N
     group = GroupLearning(clock=lambda: 0.0)
     group.apply("b-thread-0", record(state="rebalancing"), NOW_MS)
     group.apply("b-thread-1", record(state="running"), NOW_MS)
+    # A cooperative member runs its tasks through a round: its state says running.
+    group.apply("d-thread-0", record(state="running", in_round=True), NOW_MS)
     group.apply("c-thread-0", record(state="rebalancing", updated_ms=NOW_MS - 3_000), NOW_MS)
     group.apply("a-thread-1", record(state="rebalancing"), NOW_MS)  # this instance's own
-    assert group.in_round("a", NOW_MS) == ["b-thread-0"]  # c's record is stale: frozen
+    # c's record is stale: frozen.
+    assert group.in_round("a", NOW_MS) == ["b-thread-0", "d-thread-0"]
     group.apply("b-thread-0", record(state="running"), NOW_MS + 500)
+    group.apply("d-thread-0", record(state="running", in_round=False), NOW_MS + 500)
     assert group.in_round("a", NOW_MS + 500) == []
     # Frozen itself, it has only the records of before its freeze: it knows nothing yet.
     assert group.in_round("a", NOW_MS + 25_000) is None

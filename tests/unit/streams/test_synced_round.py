@@ -355,3 +355,18 @@ async def test_the_wait_after_a_loss_follows_the_others_round_and_only_with_the_
     await hooks.RoundHooks().until_others_out_of_round(lambda: ["b-thread-0"], 5.0)  # quirk off
     await hooks.RoundHooks(round_reports=RoundReports()).until_others_out_of_round(
         lambda: ["b-thread-0"], 0.0)  # bounded
+
+
+async def test_a_member_s_status_says_it_is_in_a_round_from_its_join_to_its_assignment(
+        tmp_path: Path) -> None:
+    r = rig(tmp_path)
+    try:
+        await assign(r, ("0_0",))
+        reporter = r.thread.reporter
+        assert reporter.status_record()["in_round"] is False
+        await r.thread.listener.before_join()
+        assert reporter.status_record()["in_round"] is True
+        await assign(r, ("0_0",))
+        assert reporter.status_record()["in_round"] is False
+    finally:
+        r.thread.task_manager.close_all()

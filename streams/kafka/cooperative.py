@@ -248,6 +248,11 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         self.generation = OffsetCommitRequest.DEFAULT_GENERATION_ID
         self._silenced_at = time.monotonic()
         self._rejoin_after_silence = True
+        if self.rebalancing:
+            # Frozen in a round is not stuck joining it: the join watch would ask the leader
+            # for a round it does not need, and the others' round would hold this member's
+            # join back (streams.quirks.synced_round.may_join_after_loss).
+            self.rebalancing_since = self._silenced_at
         if self._silent_loss is None or self._silent_loss.done():
             self._silent_loss = asyncio.ensure_future(self._lose_held())
         self.request_rejoin()

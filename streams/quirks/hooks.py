@@ -130,13 +130,20 @@ class RoundHooks:
         reports = self.round_reports.generations if self.round_reports is not None else {}
         since = time.monotonic()
         generation = member.generation
+        in_round = False
         while True:
             if stopped.is_set():
                 return None
             now = time.monotonic()
-            if member.generation != generation:
-                generation, since = member.generation, now
             view = member.round_view(now - since)
+            if member.generation != generation or (in_round and not view.rebalancing):
+                # A new round's members have their assignments to wait for, whether its
+                # generation is new or not (Tansu keeps one over several rounds: counted
+                # from an earlier round's end, the wait was over at once, and the request
+                # made the syncs of the round just ended vain).
+                generation, since = member.generation, now
+                view = member.round_view(0.0)
+            in_round = view.rebalancing
             if may_rejoin(view, reports):
                 return view
             await asyncio.sleep(ROUND_CHECK_INTERVAL_S)

@@ -333,3 +333,14 @@ async def test_a_member_silent_past_its_session_joins_again_only_after_its_wait(
     assert events == ["joined", "waited", "joined", "joined"]  # once per silence
     assert member._silent_loss is not None
     await member._silent_loss
+
+
+async def test_a_member_frozen_in_a_round_is_not_taken_for_stuck_joining_it() -> None:
+    """Its join watch asked the leader for a round at once as it resumed (it had been "joining
+    for 34 s"), and the others' extra round held its own join back."""
+    member = _Coordinator(7, _Listener())
+    member.rebalancing, member.rebalancing_since = True, time.monotonic() - 30.0
+    member._silenced(25.0)
+    assert time.monotonic() - (member.rebalancing_since or 0.0) < 1.0
+    assert member._silent_loss is not None
+    await member._silent_loss

@@ -370,3 +370,32 @@ async def test_a_member_s_status_says_it_is_in_a_round_from_its_join_to_its_assi
         assert reporter.status_record()["in_round"] is False
     finally:
         r.thread.task_manager.close_all()
+
+
+async def test_the_wait_starts_over_when_a_round_ends_in_the_same_generation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tansu keeps a generation over several rounds: a member whose wait had passed its limit
+    during a round asked at once as it ended, and its JoinGroup made the syncs of that round's
+    other members vain (a soak's moved task then waited two rounds more)."""
+    ticks = itertools.count()
+    monkeypatch.setattr(hooks, "time", SimpleNamespace(monotonic=lambda: float(next(ticks))))
+    monkeypatch.setattr(hooks, "ROUND_CHECK_INTERVAL_S", 0.0)
+    views: list[RoundView] = []
+
+    class Member:
+        generation = 4
+
+        def round_view(self, waited_s: float) -> RoundView:
+            # In a round for the first ten looks (past the 5-s limit), then out of it.
+            view = RoundView(4, 2, len(views) < 10, waited_s)
+            views.append(view)
+            return view
+
+    reports = RoundReports()
+    reports.record("member-a", 4)  # member-b never reports its assignment
+    round_hooks = hooks.RoundHooks(round_reports=reports)
+    view = await round_hooks.until_round_synced(Member(), asyncio.Event())  # type: ignore[arg-type]
+    assert view is not None and not view.rebalancing
+    after_round = [v for v in views if not v.rebalancing]
+    # Counted from the round's end, the wait ran its limit again before it gave up.
+    assert len(after_round) > SYNC_WAIT_LIMIT_S and view.waited_s >= SYNC_WAIT_LIMIT_S

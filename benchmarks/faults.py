@@ -110,7 +110,7 @@ from benchmarks.faults_check import (
 )
 from benchmarks.scaling import mark_leaving
 from benchmarks.scaling_workers import PoolSettings, WorkerPool
-from statestore.topics import COMPACTED, TopicSpec, ensure_topics
+from statestore.topics import COMPACTED, TopicSpec, ensure_topics, existing_partition_counts
 from streams.config import AppConfig
 from streams.group.control import control_topic_name
 from streams.group.status_topic import status_topic_name
@@ -947,15 +947,30 @@ async def create(bootstrap: str, topics: dict[str, int], compacted: list[str]) -
         await admin.close()
 
 
+async def topic_partitions(bootstrap: str, chosen: Callable[[str], bool],
+                           ) -> list[TopicPartition]:
+    """Every partition of the topics ``chosen`` picks. Asked of the broker: the consumer's
+    ``topics()`` reads the cluster's metadata without keeping it, so its
+    ``partitions_for_topic`` knew none of them on Apache Kafka (every figure read after a
+    run there came out None)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        names = [t for t in await admin.list_topics() if chosen(t)]
+        counts = await existing_partition_counts(admin, names)
+    finally:
+        await admin.close()
+    return [TopicPartition(t, p) for t, n in sorted(counts.items()) for p in range(n)]
+
+
 async def count_records(bootstrap: str, topic: str) -> int | None:
     """Records in every partition of ``topic`` (None when it does not exist)."""
+    tps = await topic_partitions(bootstrap, lambda t: t == topic)
+    if not tps:
+        return None
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        if topic not in await consumer.topics():
-            return None
-        partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         n = 0
@@ -990,14 +1005,14 @@ async def order_ids_in(bootstrap: str, topic_chosen: Callable[[str], bool],
     """How many times each order id is in the topics ``topic_chosen`` picks, read whole:
     the input topic (an order the broker acknowledged to the input's producer but never
     stored is missing from it) or the repartition topic."""
+    tps = await topic_partitions(bootstrap, topic_chosen)
+    if not tps:
+        return Counter()
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     if committed:
         read_committed_by_markers(consumer)
     try:
-        topics = [t for t in await consumer.topics() if topic_chosen(t)]
-        tps = [TopicPartition(t, p) for t in topics
-               for p in consumer.partitions_for_topic(t) or set()]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         seen: Counter[int] = Counter()

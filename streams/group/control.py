@@ -138,7 +138,8 @@ class ControlListener:
         self._on_promotion_ask = on_promotion_ask
         #: Told the generation whose round another member heard has begun
         #: (streams.group.round_alarm).
-        self.on_round_begun: Callable[[int], object] = lambda generation: None
+        self.on_round_begun: Callable[[int, bool], object] = (
+            lambda generation, begun: None)
         #: The offset after the last record handled (-1: not reading yet).
         self._handled = -1
         self._topic = control_topic_name(application_id)
@@ -202,7 +203,7 @@ class ControlListener:
                             continue
                         if record.key == ROUND_BEGUN_KEY:
                             self._news(record, lambda raw: self.on_round_begun(
-                                decode_round_begun(raw)))
+                                *decode_round_begun(raw)))
                             continue
                         if record.key == ROUND_KEY:
                             self._news(record, lambda raw: self._on_round_report(

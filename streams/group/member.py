@@ -192,16 +192,21 @@ class GroupMember:
             self._deferred_rejoin = asyncio.get_running_loop().create_task(
                 self._rejoin_once_synced(), name=f"rejoin-{self.identity.index}")
 
-    def join_begun_round(self, begun_after: int) -> bool:
+    def join_begun_round(self, begun_after: int, begun: bool = True) -> bool:
         """Another member heard that the group has begun the round after ``begun_after``
         (streams.group.round_alarm): join it now rather than at the next heartbeat. The
         subscription stays as it is, so this never starts a round of its own."""
         if self.lifecycle.stopping:
             return False  # see request_rejoin
         if not should_join(self.consumer.generation, self.consumer.rebalancing, begun_after):
-            # Still waiting for its assignment of that generation, it will not get one: a
-            # broker may answer only at its timeout (Tansu: 0.8 of a session), by when the
-            # others' round has gone on without it, and their next one waits for it.
+            # Still waiting for its assignment of that generation, it will not get one once
+            # the broker has begun the next round: a broker may answer only at its timeout
+            # (Tansu: 0.8 of a session), by when the others' round has gone on without it,
+            # and their next one waits for it. A round only asked for begins after the
+            # asker's own answer: that SyncGroup is not vain (given up, the leader's
+            # assignment could still reach the others, and this member miss it).
+            if not begun:
+                return False
             return self.consumer.abandon_sync(begun_after, "the round after it has begun")
         self.consumer.request_rejoin()
         return True

@@ -189,7 +189,7 @@ def build_stream_thread(
     if round_alarm is not None and config.cooperative:
         round_alarm.register(member)
         consumer.on_round_heard(round_alarm.heard)
-        member.round_asked = round_alarm.heard
+        member.round_asked = round_alarm.asked
         if round_alarm.announce is None:
             round_alarm.announce = RoundAnnouncer(producer,
                                                   control_topic_name(config.application_id))

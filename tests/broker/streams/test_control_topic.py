@@ -58,8 +58,8 @@ async def test_another_members_round_news_reaches_the_alarm_and_garbage_is_skipp
 ) -> None:
     app_id, topic = await new_control_topic(bootstrap, unique("control-round"))
     listener = ControlListener(bootstrap, app_id, "w2", on_mark=lambda mark: None)
-    begun: list[int] = []
-    listener.on_round_begun = begun.append
+    begun: list[tuple[int, bool]] = []
+    listener.on_round_begun = lambda generation, by_broker: begun.append((generation, by_broker))
     stop = asyncio.Event()
     following = asyncio.create_task(listener.run(stop))
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
@@ -69,7 +69,10 @@ async def test_another_members_round_news_reaches_the_alarm_and_garbage_is_skipp
         # Garbage first: skipped with a warning, and the news after it still heard.
         await producer.send_and_wait(topic, key=ROUND_BEGUN_KEY, value=b"\xc1")
         await producer.send_and_wait(topic, key=ROUND_BEGUN_KEY, value=encode_round_begun(5))
-        await wait_until(lambda: begun == [5], timeout_s=30, message="the news heard")
+        await producer.send_and_wait(topic, key=ROUND_BEGUN_KEY,
+                                     value=encode_round_begun(6, begun=False))
+        await wait_until(lambda: begun == [(5, True), (6, False)], timeout_s=30,
+                         message="the news heard")
         assert not following.done()
     finally:
         await producer.stop()

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import aiokafka.errors as Errors
+import msgpack
 import pytest
 from aiokafka.client import ConnectionGroup
 from aiokafka.consumer.group_coordinator import GroupCoordinator
@@ -32,7 +33,7 @@ class Member:
     stopping: bool = False
     rejoins: int = 0
 
-    def join_begun_round(self, begun_after: int) -> bool:
+    def join_begun_round(self, begun_after: int, begun: bool = True) -> bool:
         if self.stopping or not should_join(self.generation, self.rebalancing, begun_after):
             return False
         self.rejoins += 1
@@ -89,8 +90,13 @@ def test_news_from_another_instance_wakes_without_announcing_again() -> None:
 
 
 def test_a_round_begun_record_round_trips_and_garbage_is_refused() -> None:
-    assert decode_round_begun(encode_round_begun(12)) == 12
-    for raw in (b"\xc1", encode_round_begun(-3), b"\xc3"):  # not msgpack, negative, a bool
+    assert decode_round_begun(encode_round_begun(12)) == (12, True)
+    assert decode_round_begun(encode_round_begun(12, begun=False)) == (12, False)
+    # A begun round's record is the generation alone, as members before the distinction
+    # wrote and read it.
+    assert encode_round_begun(12) == msgpack.packb(12)
+    for raw in (b"\xc1", encode_round_begun(-3), b"\xc3",  # not msgpack, negative, a bool
+                msgpack.packb([12, "yes"]), msgpack.packb([True, False])):
         with pytest.raises(ValueError):
             decode_round_begun(raw)
 
@@ -196,7 +202,31 @@ async def test_a_member_waiting_for_its_sync_answer_gives_it_up_at_the_news_of_t
     r.consumer.generation, r.consumer.rebalancing = 4, True
     r.consumer.pending_sync = 4
     assert not member.join_begun_round(3)  # an older round: not its own
+    # A round only asked for begins after the asker's own answer: not vain yet.
+    assert not member.join_begun_round(4, begun=False)
+    assert r.consumer.abandoned_syncs == []
     assert member.join_begun_round(4)
     assert r.consumer.abandoned_syncs == [4] and r.consumer.rejoins == 0
     # Joining, with no SyncGroup waiting (its JoinGroup is): nothing to give up.
     assert not member.join_begun_round(4)
+
+
+def test_an_asked_round_wakes_the_members_but_is_announced_and_heard_as_asked() -> None:
+    """A member that asks for a round makes the others join it at once; a SyncGroup still
+    waiting for its answer is given up only once the broker has begun that round."""
+    announced: list[tuple[Any, ...]] = []
+    alarm = RoundAlarm(announce=lambda *news: announced.append(news))
+    woken: list[tuple[int, bool]] = []
+
+    @dataclass
+    class Recorder:
+        def join_begun_round(self, begun_after: int, begun: bool = True) -> bool:
+            woken.append((begun_after, begun))
+            return True
+
+    alarm.register(Recorder())
+    alarm.asked(4)
+    alarm.asked(4)  # once per round
+    assert announced == [(4, False)] and woken == [(4, False)]
+    alarm.heard(4)  # the broker's news of it, from a heartbeat: told again, as begun
+    assert announced == [(4, False), (4,)] and woken == [(4, False), (4, True)]

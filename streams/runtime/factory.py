@@ -177,9 +177,10 @@ def build_stream_thread(
                          lifecycle, hooks, leaving, announcer, group_learning=group_learning)
     assignor.serve(member)
     hooks.add_member(member)
-    if group_learning is not None and hooks.round_reports is not None:
-        # late-follower-sync: a member frozen past its session joins again only once the
-        # others' round ended (streams.quirks.synced_round.may_join_after_loss).
+    if group_learning is not None:
+        # late-follower-sync (the hook waits only with it on): a member frozen past its
+        # session joins again only once the others' round ended
+        # (streams.quirks.synced_round.may_join_after_loss).
         def others_in_round() -> list[str] | None:
             return group_learning.in_round(instance, int(time.time() * 1000))
 

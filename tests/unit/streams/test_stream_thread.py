@@ -91,6 +91,14 @@ async def acked_until_done(r: Rig, commit: asyncio.Task[None]) -> None:
     await commit
 
 
+async def stop_acking_all(r: Rig, run: asyncio.Task[None]) -> None:
+    """Acknowledge everything from here on, and stop the thread."""
+    r.producer.auto_ack = True
+    r.producer.ack()
+    r.thread.stop()
+    await asyncio.wait_for(run, 15)
+
+
 async def test_records_are_processed_and_committed_acks_then_offsets_then_checkpoints(
     tmp_path: Path,
 ) -> None:
@@ -131,10 +139,7 @@ async def test_records_are_processed_and_committed_acks_then_offsets_then_checkp
         assert order.index("ack") < order.index("offsets") < order.index("checkpoint")
         assert r.consumer.commits[-1] == {tp: 3}
     finally:
-        r.producer.auto_ack = True
-        r.producer.ack()
-        r.thread.stop()
-        await asyncio.wait_for(run, 15)
+        await stop_acking_all(r, run)
     assert r.thread.state is ThreadState.DEAD
 
 
@@ -166,10 +171,7 @@ async def test_a_commit_ships_the_input_position_only_once_the_outputs_are_ackno
         await acked_until_done(r, commit)
         assert r.consumer.commits[-1] == {tp: 2}
     finally:
-        r.producer.auto_ack = True
-        r.producer.ack()
-        r.thread.stop()
-        await asyncio.wait_for(run, 15)
+        await stop_acking_all(r, run)
 
 
 async def test_records_already_processed_are_not_processed_again(tmp_path: Path) -> None:

@@ -18,15 +18,15 @@ Order of work (the learner design, with the cooperative and deferred-imbalance d
 4. balance: stateless tasks move at once; stateful ones through learners (at most
    ``max_learners``, not counting learners promoted in this round), first for leaving
    instances, then from the most to the least loaded instance, each move only while it is
-   needed;
+   needed; once no stateful task is still to move, stateless tasks even out the totals;
 5. cooperative safety: a task whose owner changes is revoked this round and assigned next;
 6. standbys; then threads within each instance, balanced per kind and sticky (copies stay on
    the thread that holds them); then the leader's notes for each member, shutdowns and
    rejoin timers.
 
-Balanced means: per kind (stateful, stateless), the tasks per thread of any two instances
-that stay differ by at most ``imbalance_tolerance`` (one by default); within an instance, the
-threads' counts differ by at most one, per kind and in total.
+Balanced means: per kind (stateful, stateless) and in total, the tasks per thread of any two
+instances that stay differ by at most ``imbalance_tolerance`` (one by default); within an
+instance, the threads' counts differ by at most one, per kind and in total.
 
 Load is kept in heaps so that a round grows near-linearly with tasks and members. Everything
 iterates in sorted order: the same input gives the same output.
@@ -50,6 +50,10 @@ from assignor.model import (
     task_sort_key,
 )
 from assignor.notes import build_notes, memory_from_notes, owners_noted_at
+
+#: Instances tied for lightest (or heaviest) that are compared by their totals: a bound, so
+#: that a round stays near-linear in a group of many equal instances.
+_TIES_SCANNED = 16
 
 
 @dataclass
@@ -183,6 +187,44 @@ class _Load:
             return inst
         return None
 
+    def _total_ratio(self, inst: str) -> float:
+        return (self.count[(inst, True)] + self.count[(inst, False)]) / self.cap[inst]
+
+    def _tied(self, heap: list[tuple[float, int, str]], kind: bool, sign: int,
+              limit: int = _TIES_SCANNED) -> list[str]:
+        """The instances at the top of ``heap`` (up to ``limit``) whose load of ``kind`` per
+        thread equals the top's; stale entries are dropped, the others pushed back."""
+        tied: list[str] = []
+        kept: list[tuple[float, int, str]] = []
+        while heap and len(tied) < limit:
+            entry = heapq.heappop(heap)
+            ratio, count, inst = entry
+            if sign * count != self.count[(inst, kind)] or inst in tied:
+                continue  # stale, or a duplicate of one already taken
+            if tied and ratio != kept[0][0]:
+                heapq.heappush(heap, entry)
+                break
+            tied.append(inst)
+            kept.append(entry)
+        for entry in kept:
+            heapq.heappush(heap, entry)
+        return tied
+
+    def lightest_in_total(self, kind: bool) -> str | None:
+        """The lightest instance for ``kind``; of those tied, the one with the fewest tasks per
+        thread in total, so that the stateless tasks need not move to even the totals out."""
+        if self.lightest(kind) is None:
+            return None
+        # Ties in total go to the first in the heap's order, as without totals.
+        return min(self._tied(self._min[kind], kind, 1), key=self._total_ratio)
+
+    def heaviest_in_total(self, kind: bool) -> str | None:
+        """The heaviest instance for ``kind``; of those tied, the one with the most tasks per
+        thread in total."""
+        if self.heaviest(kind) is None:
+            return None
+        return max(self._tied(self._max[kind], kind, -1), key=self._total_ratio)
+
     def unbalanced(self, heavy: str, light: str, kind: bool, tolerance: int) -> bool:
         cap_h, cap_l = self.cap[heavy], self.cap[light]
         return (self.count[(heavy, kind)] * cap_l - self.count[(light, kind)] * cap_h
@@ -294,6 +336,8 @@ def assign(
         if use_learners:
             _place_learners(plan, load, stateful, owner, instances, open_ids, learner_lags,
                             standby_lags, order, config)
+        if not plan.learners:
+            _balance_totals(plan, load, owner, order, config)
     _place_standbys(plan, owner, stateful, instances, open_ids, standby_lags, learner_lags,
                     config)
     _per_thread(plan, instances, owner, stateful, memory, order)
@@ -662,7 +706,7 @@ def _balance_directly(
     """Stateless tasks (and, without learners, every task) move at once, heaviest instance
     to lightest, until balanced."""
     for _ in range(len(plan.target) + 1):
-        heavy, light = load.heaviest(kind), load.lightest(kind)
+        heavy, light = load.heaviest_in_total(kind), load.lightest_in_total(kind)
         if heavy is None or light is None or not load.unbalanced(heavy, light, kind,
                                                                  config.tolerance):
             return
@@ -679,6 +723,68 @@ def _balance_directly(
         plan.target[task] = light
         plan.promoted.pop(task, None)
         load.move(task, kind, heavy, light)
+
+
+def _balance_totals(
+    plan: _Plan,
+    load: _Load,
+    owner: dict[str, Member],
+    order: dict[str, int],
+    config: AssignorConfig,
+) -> None:
+    """Stateless tasks even out the tasks per thread in total, not per kind alone: an
+    instance whose thread runs a stateful and a stateless task beside a new instance whose
+    threads run nothing is balanced per kind (one task per thread apart), not in total.
+    Called once no stateful task is still to move, so that the stateless tasks are spread
+    around where the stateful ones end up, and not moved again as each of those arrives. A
+    move keeps the stateless tasks balanced per kind and lowers the imbalance of the totals."""
+    tolerance = config.tolerance
+    open_ids = sorted(load.open)
+    if len(open_ids) < 2:
+        return
+
+    def total(inst: str) -> int:
+        return load.count[(inst, True)] + load.count[(inst, False)]
+
+    def stateless_spread_after(source: str, destination: str) -> float:
+        ratios = [(load.count[(i, False)] - (i == source) + (i == destination)) / load.cap[i]
+                  for i in open_ids]
+        return max(ratios) - min(ratios)
+
+    for _ in range(len(plan.target) + 1):
+        by_total = sorted(open_ids, key=lambda i: (total(i) / load.cap[i], i))
+        top, bottom = by_total[-1], by_total[0]
+        if (total(top) * load.cap[bottom] - total(bottom) * load.cap[top]
+                <= tolerance * load.cap[top] * load.cap[bottom]):
+            return
+        moved = False
+        for heavy in reversed(by_total):
+            movable = [t for t in load.tasks[(heavy, False)]
+                       if plan.target[t] == heavy and t not in plan.returning]
+            if not movable:
+                continue
+            cap_h, t_h = load.cap[heavy], total(heavy)
+            for light in by_total:
+                cap_l, t_l = load.cap[light], total(light)
+                if t_h * cap_l - t_l * cap_h <= tolerance * cap_h * cap_l:
+                    break  # the lighter ones after it are nearer still
+                if (2 * t_h - 1) * cap_l <= (2 * t_l + 1) * cap_h:
+                    continue
+                before = stateless_spread_after(heavy, heavy)
+                if stateless_spread_after(heavy, light) > max(before, tolerance) + 1e-9:
+                    continue
+                # A task that is not running anywhere yet first (no revoke), then the
+                # highest id (as the per-kind balance picks).
+                task = min(movable, key=lambda t: (t in owner, -order[t]))
+                plan.target[task] = light
+                plan.promoted.pop(task, None)
+                load.move(task, False, heavy, light)
+                moved = True
+                break
+            if moved:
+                break
+        if not moved:
+            return
 
 
 def _place_learners(
@@ -708,6 +814,11 @@ def _place_learners(
         destination = _open_copy(task, learner_lags, instances, exclude=source)
         if destination is None:
             continue
+        # A leaving source gives every task up, but a learner placed when the group was
+        # another (an instance joined or left since) may now be one too many where it is:
+        # kept there, its task would move again once promoted.
+        if source not in load.open and not load.has_room(destination, True, config.tolerance):
+            continue
         if load.needed(source, destination, True):
             plan.learners[task] = destination
             load.move(task, True, source, destination)
@@ -724,7 +835,7 @@ def _place_learners(
             holders = sorted(
                 (lag, i) for i, lag in standby_lags.get(task, {}).items()
                 if not instances[i].leaving and load.has_room(i, True, config.tolerance))
-            destination = holders[0][1] if holders else load.lightest(True)
+            destination = holders[0][1] if holders else load.lightest_in_total(True)
             if destination is None:
                 return
             plan.learners[task] = destination
@@ -733,7 +844,7 @@ def _place_learners(
 
     # Balance through learners, heaviest instance first.
     while used < config.max_learners:
-        heavy, light = load.heaviest(True), load.lightest(True)
+        heavy, light = load.heaviest_in_total(True), load.lightest_in_total(True)
         if heavy is None or light is None or not load.unbalanced(
                 heavy, light, True, config.tolerance) or not load.needed(heavy, light, True):
             return

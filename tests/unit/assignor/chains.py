@@ -151,19 +151,21 @@ def thread_balanced(group: Group) -> list[str]:
 
 
 def instance_balanced(group: Group) -> list[str]:
-    """Per kind, the tasks per thread of the instances that stay differ by at most the
-    tolerance."""
+    """Per kind and in total, the tasks per thread of the instances that stay differ by at
+    most the tolerance."""
     stateful = {t.task_id: t.stateful for t in group.tasks}
     cap = open_capacity(group)
     problems = []
-    for kind in (True, False):
+    for kind in (True, False, None):
         loads = dict.fromkeys(cap, 0)
         for member in group.members.values():
             if member.instance_id in cap:
-                loads[member.instance_id] += sum(1 for t in member.active if stateful[t] == kind)
+                loads[member.instance_id] += sum(1 for t in member.active
+                                                 if kind is None or stateful[t] == kind)
         ratios = {i: loads[i] / cap[i] for i in cap}
         if ratios and max(ratios.values()) - min(ratios.values()) > group.config.tolerance + 1e-9:
-            problems.append(f"instances unbalanced ({'stateful' if kind else 'stateless'}): "
+            name = {True: "stateful", False: "stateless", None: "in total"}[kind]
+            problems.append(f"instances unbalanced ({name}): "
                             f"{ {i: (loads[i], cap[i]) for i in sorted(cap)} }")
     return problems
 

@@ -4,7 +4,7 @@ rolling restarts, host swaps whose leaving marks come in the middle of the joins
 
 Every round keeps the safety rules and the holds (a held task runs nowhere until its deadline
 or its member's return, keeps its standbys and every copy that could take over); the group
-settles balanced across instances and within each instance (per kind and in total); a
+settles balanced across instances and within each instance, per kind and in total; a
 segment (settled to settled) takes at most 2 * ceil(stateful moves / max_learners) + 3
 rounds, and two more per further change or deadline within it; and over many histories the
 moves are at most 1.2 times the fewest that balance needs, counted for each change from
@@ -133,5 +133,7 @@ def test_chained_changes_move_at_most_a_fifth_more_than_balance_needs() -> None:
         for name in ("moves", "fewest", "voluntary", "fewest_voluntary"):
             setattr(total, name, getattr(total, name) + getattr(out, name))
     assert total.moves <= 1.2 * total.fewest, (total.moves, total.fewest)
+    assert total.voluntary <= 1.2 * total.fewest_voluntary, (total.voluntary,
+                                                             total.fewest_voluntary)
     assert total.voluntary <= 1.2 * total.fewest_voluntary, (
         total.voluntary, total.fewest_voluntary)

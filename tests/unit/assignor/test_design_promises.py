@@ -249,6 +249,35 @@ def test_threads_of_an_instance_are_balanced_in_total_too() -> None:
     assert group.active_by_member() == {"A-0": ["0_0", "0_1"], "A-1": ["0_2", "1_0"]}
 
 
+def test_instances_are_balanced_in_total_too() -> None:
+    # A's one thread runs a stateless and a stateful task when B joins with two threads. Per
+    # kind that is balanced (one task per thread apart), but A's thread would run two tasks
+    # while B's two run none: the stateless task moves to B, at once.
+    group = Group([Task("0_0", stateful=False), Task("0_1")], AssignorConfig())
+    group.join("A", active=("0_0", "0_1"))
+    group.round()
+    group.join("B", threads=2)
+    first = group.round()
+    assert first["A-0"].revoked == ("0_0",)
+    settle(group)
+    assert group.active_by_instance() == {"A": ["0_1"], "B": ["0_0"]}
+    assert balanced(group)
+    # The totals wait for the stateful tasks' moves: no stateless task moves for a total
+    # that a learner's promotion is about to change.
+    tasks = [Task(f"0_{n}") for n in range(4)] + [Task(f"1_{n}", stateful=False)
+                                                   for n in range(4)]
+    group = Group(tasks, AssignorConfig(max_learners=4))
+    group.join("A", active=tuple(t.task_id for t in tasks))
+    group.round()
+    group.join("B")
+    first = group.round()
+    assert sorted(first["A-0"].revoked) == ["1_2", "1_3"]  # per kind: half the stateless
+    assert len(first["B-0"].learners) == 2
+    settle(group)
+    assert balanced(group)
+    assert moves({t.task_id: "A" for t in tasks}, placement(group)) == 4
+
+
 def test_a_restarted_instance_that_balance_must_relieve_gets_learners_in_its_first_round(
 ) -> None:
     # A restart reports nothing running: its tasks go back to it (its state is on disk), and

@@ -225,6 +225,14 @@ class _Load:
             return None
         return max(self._tied(self._max[kind], kind, -1), key=self._total_ratio)
 
+    def roomiest_in_total(self, tolerance: int) -> str | None:
+        """Of the open instances with room for one more stateful task (see
+        :meth:`has_room`), the one with the fewest tasks per thread in total once it has it:
+        where the stateful task goes, no stateless one has to leave to even the totals out."""
+        roomy = [i for i in sorted(self.open) if self.has_room(i, True, tolerance)]
+        return min(roomy, key=lambda i: ((self.count[(i, True)] + self.count[(i, False)] + 1)
+                                         / self.cap[i], self.ratio(i, True)), default=None)
+
     def unbalanced(self, heavy: str, light: str, kind: bool, tolerance: int) -> bool:
         cap_h, cap_l = self.cap[heavy], self.cap[light]
         return (self.count[(heavy, kind)] * cap_l - self.count[(light, kind)] * cap_h
@@ -814,28 +822,37 @@ def _place_learners(
         destination = _open_copy(task, learner_lags, instances, exclude=source)
         if destination is None:
             continue
-        # A leaving source gives every task up, but a learner placed when the group was
-        # another (an instance joined or left since) may now be one too many where it is:
-        # kept there, its task would move again once promoted.
-        if source not in load.open and not load.has_room(destination, True, config.tolerance):
+        # A leaving instance's tasks are placed below, among every copy (learner or standby).
+        if source not in load.open:
             continue
         if load.needed(source, destination, True):
             plan.learners[task] = destination
             load.move(task, True, source, destination)
             used += 1
 
-    # Tasks of leaving instances: a learner on a copy holder that has room, else on the
-    # lightest instance.
+    # Tasks of leaving instances: a learner on the most caught-up copy (a learner already
+    # there, or a standby) whose instance has room, of equal copies the one with the fewest
+    # tasks per thread in total once it has it; else on the instance with room and the
+    # fewest in total, else on the lightest. A learner placed when the group was another (an
+    # instance joined or left since) is dropped where it would now be one too many: kept, its
+    # task would move again once promoted.
     for inst_id in sorted(i for i, inst in instances.items() if inst.leaving):
         for task in sorted(load.tasks[(inst_id, True)], key=order.__getitem__):
             if used >= config.max_learners:
                 return
             if plan.target[task] != inst_id or task in plan.learners:
                 continue
+            copies = dict(standby_lags.get(task, {}))
+            for i, lag in learner_lags.get(task, {}).items():
+                copies[i] = min(lag, copies.get(i, lag))
             holders = sorted(
-                (lag, i) for i, lag in standby_lags.get(task, {}).items()
-                if not instances[i].leaving and load.has_room(i, True, config.tolerance))
-            destination = holders[0][1] if holders else load.lightest_in_total(True)
+                (lag, (load.count[(i, True)] + load.count[(i, False)] + 1) / load.cap[i], i)
+                for i, lag in copies.items()
+                if i != inst_id and not instances[i].leaving
+                and load.has_room(i, True, config.tolerance))
+            destination = (holders[0][2] if holders
+                           else load.roomiest_in_total(config.tolerance)
+                           or load.lightest_in_total(True))
             if destination is None:
                 return
             plan.learners[task] = destination

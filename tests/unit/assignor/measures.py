@@ -64,16 +64,23 @@ def moves(before: Mapping[str, str], after: Mapping[str, str]) -> int:
     return sum(1 for task, inst in before.items() if task in after and after[task] != inst)
 
 
-def fewest_moves(group: Group, before: Mapping[str, str], tolerance: int = 1) -> int:
+def fewest_moves(group: Group, before: Mapping[str, str], tolerance: int = 1,
+                 stateful_only: bool = False) -> int:
     """The fewest tasks running before (on any instance) that must run elsewhere for the
     group's instances that stay to be balanced: every task of an instance that vanished or
     is leaving, plus what the instances that stay must give up, per kind and in total (the
     larger of the two: each alone is a bound below, and on the chains' histories the exact
-    joint count was no more than 0.01% above it). Call it right after the change."""
+    joint count was no more than 0.01% above it). ``stateful_only``: of the stateful tasks
+    alone, balanced as a kind. Call it right after the change."""
     stateful = {t.task_id: t.stateful for t in group.tasks}
     cap = open_capacity(group)
     names = sorted(cap)
     caps = [cap[i] for i in names]
+    if stateful_only:
+        tasks = [t for t in stateful if stateful[t]]
+        have = [sum(1 for t in tasks if before.get(t) == i) for i in names]
+        return (sum(1 for t in tasks if t in before and before[t] not in cap)
+                + _fewest(have, caps, len(tasks), tolerance))
     forced = sum(1 for inst in before.values() if inst not in cap)
     per_kind = 0
     for kind in (True, False):

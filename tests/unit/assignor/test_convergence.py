@@ -307,9 +307,8 @@ def test_one_change_settles_in_bounded_rounds_and_a_new_leader_moves_nothing(
     before = placement(group)
     steady = group.active_by_member()
     apply(group, change, which, count, new_threads)
-    least = fewest_moves(group, before)
+    least_stateful = fewest_moves(group, before, stateful_only=True)
     rounds = settle_timed(group, "batched", LEARNER_BATCH_WAIT_MS)
-    moved = moves(before, placement(group))
     stateful = {t.task_id for t in group.tasks if t.stateful}
     stateful_moved = sum(1 for t, i in before.items()
                          if t in stateful and placement(group).get(t) != i)
@@ -321,8 +320,10 @@ def test_one_change_settles_in_bounded_rounds_and_a_new_leader_moves_nothing(
     if change in ("join", "leave"):
         # A crash may take one move more (a lost task goes to its warm copy first, and
         # balance may then move a task on), a host swap more (its join moves tasks before the
-        # old instances are marked leaving); the aggregate test below bounds those.
-        assert moved == least, (moved, least)
+        # old instances are marked leaving); and a stateless task may move once more to even
+        # the totals out where a leaving instance's task went to its warm copy rather than
+        # where the totals wanted it: the aggregate test below bounds those.
+        assert stateful_moved == least_stateful, (stateful_moved, least_stateful)
 
 
 def test_each_kind_of_change_moves_at_most_a_tenth_more_than_balance_needs() -> None:

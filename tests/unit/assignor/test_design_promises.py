@@ -278,6 +278,26 @@ def test_instances_are_balanced_in_total_too() -> None:
     assert moves({t.task_id: "A" for t in tasks}, placement(group)) == 4
 
 
+def test_a_leaving_instances_task_goes_where_the_totals_want_it() -> None:
+    # i0 leaves with its stateful task. i1 (two threads, one stateful task) and i2 (one
+    # thread, one stateless task) both have room for it as a kind; on i2 its thread would run
+    # two tasks beside i1's idle one, and the stateless task would have to move as well.
+    group = Group([Task("0_0", stateful=False), Task("0_1"), Task("0_2")],
+                  AssignorConfig(num_standbys=0))
+    group.join("i0", active=("0_1",))
+    group.join("i1", threads=2, active=("0_2",))
+    group.join("i2", active=("0_0",))
+    group.round()
+    before = placement(group)
+    group.mark_leaving("i0")
+    group.round()
+    assert group.learners_by_instance() == {"i1": ["0_1"]}
+    settle(group)
+    assert placement(group) == {"0_0": "i2", "0_1": "i1", "0_2": "i1"}
+    assert moves(before, placement(group)) == 1
+    assert balanced(group)
+
+
 def test_a_restarted_instance_that_balance_must_relieve_gets_learners_in_its_first_round(
 ) -> None:
     # A restart reports nothing running: its tasks go back to it (its state is on disk), and

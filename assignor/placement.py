@@ -885,6 +885,13 @@ def _place_learners(
         task = min(candidates, key=lambda t: (
             t not in copies_on_light, copies_on_light.get(t, 0), t not in owner,
             -per_member[owner[t].member_id] if t in owner else 0, order[t]))
+        if task in owner and 0 <= copies_on_light.get(task, -1) <= config.acceptable_lag:
+            # A caught-up standby there takes the task over in this round, as a ready
+            # learner would: no restore to wait for, so no round to ask for it either.
+            plan.target[task] = light
+            plan.promoted[task] = light
+            load.move(task, True, heavy, light)
+            continue
         plan.learners[task] = light
         load.move(task, True, heavy, light)
         used += 1

@@ -278,6 +278,29 @@ def test_instances_are_balanced_in_total_too() -> None:
     assert moves({t.task_id: "A" for t in tasks}, placement(group)) == 4
 
 
+def test_a_caught_up_standby_takes_a_task_over_in_the_round_that_balances() -> None:
+    # B (back with its state on disk) holds a caught-up standby of 0_1, which A runs beside
+    # 0_0: balance moves 0_1 to B in this round, as a ready learner's promotion would, with
+    # no learner to place and no round for B to ask for it.
+    group = Group([Task("0_0"), Task("0_1")], AssignorConfig(num_standbys=1))
+    group.join("A", active=("0_0", "0_1"))
+    group.round()
+    group.members["B-0"] = SimMember("B-0", "B", 0, standbys={"0_1": 0})
+    first = group.round()
+    assert first["A-0"].revoked == ("0_1",)
+    assert first["B-0"].learners == ("0_1",)  # keeps its copy while the task moves
+    second = group.round()
+    assert second["B-0"].active == ("0_1",)
+    assert group.active_by_instance() == {"A": ["0_0"], "B": ["0_1"]}
+    # A standby that lags goes through a learner, as before.
+    group = Group([Task("0_0"), Task("0_1")], AssignorConfig(num_standbys=1, acceptable_lag=0))
+    group.join("A", active=("0_0", "0_1"))
+    group.round()
+    group.members["B-0"] = SimMember("B-0", "B", 0, standbys={"0_1": 5})
+    first = group.round()
+    assert not first["A-0"].revoked and first["B-0"].learners == ("0_1",)
+
+
 def test_a_leaving_instances_task_goes_where_the_totals_want_it() -> None:
     # i0 leaves with its stateful task. i1 (two threads, one stateful task) and i2 (one
     # thread, one stateless task) both have room for it as a kind; on i2 its thread would run

@@ -230,6 +230,7 @@ class GroupMember:
                 return  # leaving rebalances the group anyway
             started = self.consumer.round_started
             await self.until_no_member_silent()
+            await self.until_other_instances_out_of_round()
             if self.consumer.round_started == started and not self.consumer.rebalancing:
                 break
             # A round began meanwhile (the silent member's session ended): its members
@@ -241,6 +242,17 @@ class GroupMember:
             f"{'; '.join(r for r, _ in deferred)} (after {time.monotonic() - asked:.2f}s: "
             f"{synced} of {view.group_size} members have their assignment of generation "
             f"{view.generation})", news=any(n for _, n in deferred))
+
+    async def until_other_instances_out_of_round(self) -> None:
+        """Before asking for a round: wait (bounded, under the late-follower-sync quirk)
+        while a member of another instance says it is in a round, its SyncGroup answer still
+        to come; the generation reports cannot tell where the broker keeps a generation."""
+        learning = self.group_learning
+        if learning is None:
+            return
+        instance = self.identity.instance_id
+        await self.hooks.until_before_asking(
+            lambda: learning.in_round(instance, int(time.time() * 1000)))
 
     async def until_no_member_silent(self, poll_s: float = 0.2) -> None:
         """Before asking for a round: wait while another member of this member's round has

@@ -27,6 +27,7 @@ from streams.quirks.synced_round import (
     SYNC_WAIT_LIMIT_S,
     RoundReports,
     RoundView,
+    may_ask_after_others_synced,
     may_join_after_loss,
     may_rejoin,
     members_synced,
@@ -147,6 +148,23 @@ class RoundHooks:
             if may_rejoin(view, reports):
                 return view
             await asyncio.sleep(ROUND_CHECK_INTERVAL_S)
+
+    async def until_before_asking(self, others_in_round: Callable[[], list[str] | None],
+                                  limit_s: float = SYNC_WAIT_LIMIT_S) -> None:
+        """late-follower-sync: a member about to ask for a round waits (at most ``limit_s``)
+        while a member of another instance says it is in a round (see
+        :func:`streams.quirks.synced_round.may_ask_after_others_synced`); at once with the
+        quirk off."""
+        if self.round_reports is None:
+            return
+        started = time.monotonic()
+        waited = 0.0
+        while not may_ask_after_others_synced(others_in_round(), waited, limit_s):
+            await asyncio.sleep(ROUND_CHECK_INTERVAL_S)
+            waited = time.monotonic() - started
+        if waited >= ROUND_CHECK_INTERVAL_S:
+            log.info("asking for a round once the other instances' members had their "
+                     "assignments: %.1f s later", waited)
 
     async def until_others_out_of_round(self, others_in_round: Callable[[], list[str] | None],
                                         limit_s: float) -> None:

@@ -17,9 +17,11 @@ assignment (:mod:`streams.group.control`); each process keeps the latest report 
 now. The wait is bounded: a member that never reports (it crashed, or runs a Relay that does
 not report) delays the request by :data:`SYNC_WAIT_LIMIT_S` at most.
 
-A member whose membership ended (it was frozen past its session) waits the same way before
-it joins again, for the other members' round, as their status records show it
-(:func:`may_join_after_loss`).
+Those reports name a generation, which a broker may keep over several rounds; so a member
+about to ask also waits while the status records of the other instances' members say they
+are in a round (:func:`may_ask_after_others_synced`). A member whose membership ended (it
+was frozen past its session) waits the same way before it joins again, for the other
+members' round (:func:`may_join_after_loss`).
 
 A member reads them for itself too: :func:`sync_answer_lost` tells it that its own SyncGroup
 answer was lost, so that it gets a round started at once (see :mod:`streams.group.join_watch`)
@@ -101,6 +103,21 @@ def may_join_after_loss(others_in_round: Iterable[str] | None, waited_s: float,
     of its freeze are still being read), so it waits, at most :data:`UNKNOWN_ROUND_WAIT_S`."""
     if others_in_round is None:
         return waited_s >= min(limit_s, UNKNOWN_ROUND_WAIT_S)
+    return waited_s >= limit_s or not any(True for _ in others_in_round)
+
+
+def may_ask_after_others_synced(others_in_round: Iterable[str] | None, waited_s: float,
+                                limit_s: float = SYNC_WAIT_LIMIT_S) -> bool:
+    """Whether a member about to ask for a round asks now, as far as the status records of
+    the other instances' members tell: once none of them says it is in a round, or once it
+    has waited ``limit_s``. The generations the members report cannot tell one round from
+    the next where the broker keeps a generation over several rounds: a member still waiting
+    for its SyncGroup answer reports the generation of its last round, and a request then
+    made that answer vain (Tansu gives it only at its timeout, and the task the round was
+    moving to that member waited two rounds more). ``others_in_round`` None (nothing fresh
+    is known of the others): at once, as without the records."""
+    if others_in_round is None:
+        return True
     return waited_s >= limit_s or not any(True for _ in others_in_round)
 
 

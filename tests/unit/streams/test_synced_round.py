@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from streams.group.control import ROUND_KEY, decode_round_report, encode_round_report
+from streams.group.group_learning import GroupLearning
 from streams.group.join_watch import LOST_SYNC_AFTER_S
 from streams.quirks import hooks
 from streams.quirks.synced_round import (
@@ -21,6 +23,7 @@ from streams.quirks.synced_round import (
     UNKNOWN_ROUND_WAIT_S,
     RoundReports,
     RoundView,
+    may_ask_after_others_synced,
     may_join_after_loss,
     may_rejoin,
     members_synced,
@@ -399,3 +402,46 @@ async def test_the_wait_starts_over_when_a_round_ends_in_the_same_generation(
     after_round = [v for v in views if not v.rebalancing]
     # Counted from the round's end, the wait ran its limit again before it gave up.
     assert len(after_round) > SYNC_WAIT_LIMIT_S and view.waited_s >= SYNC_WAIT_LIMIT_S
+
+
+def test_a_member_asks_once_no_member_of_another_instance_is_in_a_round() -> None:
+    assert not may_ask_after_others_synced(["w3-thread-0"], 1.0)
+    assert may_ask_after_others_synced([], 0.0)
+    assert may_ask_after_others_synced(["w3-thread-0"], SYNC_WAIT_LIMIT_S)  # bounded
+    assert may_ask_after_others_synced(None, 0.0)  # nothing fresh known: as without records
+
+
+async def test_the_follow_up_waits_for_a_member_whose_generation_report_is_of_the_round_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tansu keeps a generation over rounds: w3, restarted, joined the round that handed it a
+    task and waited for its SyncGroup answer while its report of the round before had the
+    same generation; the leader, which had revoked a task in that round, asked for the
+    follow-up at once, made w3's answer vain (given only at Tansu's timeout, 8 s later), and
+    the task stalled 21.9 s in a static soak. Its status said it was in a round."""
+    monkeypatch.setattr(hooks, "ROUND_CHECK_INTERVAL_S", 0.0)
+    answers: list[bool] = []
+
+    def looked(*args: Any, **kwargs: Any) -> bool:
+        answers.append(may_ask_after_others_synced(*args, **kwargs))
+        return answers[-1]
+
+    monkeypatch.setattr(hooks, "may_ask_after_others_synced", looked)
+    now_ms = int(time.time() * 1000)
+    learning = GroupLearning()
+    learning.start_following = lambda: None
+    status = {"generation": 4, "acceptable_lag": 10, "learning": {}}
+    learning.apply("w3-thread-0", {**status, "updated_ms": now_ms, "in_round": True}, now_ms)
+    reports = RoundReports()
+    r = rig(tmp_path, round_reports=reports, group_learning=learning)
+    try:
+        r.consumer.member_id, r.consumer.generation = "unit-instance-thread-0", 4
+        for member in ("unit-instance-thread-0", "w3-thread-0"):
+            reports.record(member, 4)  # w3's report is of the round before
+        await assign(r, ("0_0",), revoked=("0_1",), rejoin_after_ms=0, group_size=2)
+        await wait_until(lambda: len(answers) >= 3, timeout_s=5)
+        assert r.consumer.rejoins == 0 and not any(answers)  # w3 still waits for its answer
+        learning.apply("w3-thread-0", {**status, "updated_ms": now_ms, "in_round": False},
+                       now_ms)
+        await wait_until(lambda: r.consumer.rejoins == 1, timeout_s=5)
+    finally:
+        r.thread.task_manager.close_all()

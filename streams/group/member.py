@@ -252,7 +252,8 @@ class GroupMember:
             return
         instance = self.identity.instance_id
         await self.hooks.until_before_asking(
-            lambda: learning.in_round(instance, int(time.time() * 1000)))
+            lambda: learning.in_round(instance, int(time.time() * 1000)),
+            lambda: self.consumer.rebalancing)
 
     async def until_no_member_silent(self, poll_s: float = 0.2) -> None:
         """Before asking for a round: wait while another member of this member's round has

@@ -150,19 +150,21 @@ class RoundHooks:
             await asyncio.sleep(ROUND_CHECK_INTERVAL_S)
 
     async def until_before_asking(self, others_in_round: Callable[[], list[str] | None],
+                                  in_round: Callable[[], bool],
                                   limit_s: float = SYNC_WAIT_LIMIT_S) -> None:
         """late-follower-sync: a member about to ask for a round waits (at most ``limit_s``)
         while a member of another instance says it is in a round (see
-        :func:`streams.quirks.synced_round.may_ask_after_others_synced`); at once with the
-        quirk off."""
+        :func:`streams.quirks.synced_round.may_ask_after_others_synced`), and not once it is
+        in a round itself (that round serves its request); at once with the quirk off."""
         if self.round_reports is None:
             return
         started = time.monotonic()
         waited = 0.0
-        while not may_ask_after_others_synced(others_in_round(), waited, limit_s):
+        while not in_round() and not may_ask_after_others_synced(others_in_round(), waited,
+                                                                 limit_s):
             await asyncio.sleep(ROUND_CHECK_INTERVAL_S)
             waited = time.monotonic() - started
-        if waited >= ROUND_CHECK_INTERVAL_S:
+        if waited >= ROUND_CHECK_INTERVAL_S and not in_round():
             log.info("asking for a round once the other instances' members had their "
                      "assignments: %.1f s later", waited)
 

@@ -411,6 +411,21 @@ def test_a_member_asks_once_no_member_of_another_instance_is_in_a_round() -> Non
     assert may_ask_after_others_synced(None, 0.0)  # nothing fresh known: as without records
 
 
+async def test_the_wait_before_asking_ends_once_the_member_is_in_a_round_itself(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hooks, "ROUND_CHECK_INTERVAL_S", 0.0)
+    looks: list[int] = []
+
+    def in_round() -> bool:
+        looks.append(1)
+        return len(looks) > 3
+
+    round_hooks = hooks.RoundHooks(round_reports=RoundReports())
+    await round_hooks.until_before_asking(lambda: ["w3-thread-0"], in_round, limit_s=1e9)
+    assert len(looks) >= 4
+    await hooks.RoundHooks().until_before_asking(lambda: ["w3-thread-0"], lambda: False)  # off
+
+
 async def test_the_follow_up_waits_for_a_member_whose_generation_report_is_of_the_round_before(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tansu keeps a generation over rounds: w3, restarted, joined the round that handed it a

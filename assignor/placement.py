@@ -836,28 +836,34 @@ def _place_learners(
     # fewest in total, else on the lightest. A learner placed when the group was another (an
     # instance joined or left since) is dropped where it would now be one too many: kept, its
     # task would move again once promoted.
-    for inst_id in sorted(i for i, inst in instances.items() if inst.leaving):
-        for task in sorted(load.tasks[(inst_id, True)], key=order.__getitem__):
-            if used >= config.max_learners:
-                return
-            if plan.target[task] != inst_id or task in plan.learners:
-                continue
-            copies = dict(standby_lags.get(task, {}))
-            for i, lag in learner_lags.get(task, {}).items():
-                copies[i] = min(lag, copies.get(i, lag))
-            holders = sorted(
-                (lag, (load.count[(i, True)] + load.count[(i, False)] + 1) / load.cap[i], i)
-                for i, lag in copies.items()
-                if i != inst_id and not instances[i].leaving
-                and load.has_room(i, True, config.tolerance))
-            destination = (holders[0][2] if holders
-                           else load.roomiest_in_total(config.tolerance)
-                           or load.lightest_in_total(True))
-            if destination is None:
-                return
-            plan.learners[task] = destination
-            load.move(task, True, inst_id, destination)
-            used += 1
+    # Tasks whose learner is already under way come first, so that a learner is not
+    # displaced (its restore started over elsewhere) by a task placed before it.
+    leaving_tasks = sorted(
+        ((task, inst_id) for inst_id, inst in instances.items() if inst.leaving
+         for task in load.tasks[(inst_id, True)]),
+        key=lambda ti: (not any(not instances[i].leaving
+                                for i in learner_lags.get(ti[0], {})), order[ti[0]]))
+    for task, inst_id in leaving_tasks:
+        if used >= config.max_learners:
+            return
+        if plan.target[task] != inst_id or task in plan.learners:
+            continue
+        copies = dict(standby_lags.get(task, {}))
+        for i, lag in learner_lags.get(task, {}).items():
+            copies[i] = min(lag, copies.get(i, lag))
+        holders = sorted(
+            (lag, (load.count[(i, True)] + load.count[(i, False)] + 1) / load.cap[i], i)
+            for i, lag in copies.items()
+            if i != inst_id and not instances[i].leaving
+            and load.has_room(i, True, config.tolerance))
+        destination = (holders[0][2] if holders
+                       else load.roomiest_in_total(config.tolerance)
+                       or load.lightest_in_total(True))
+        if destination is None:
+            return
+        plan.learners[task] = destination
+        load.move(task, True, inst_id, destination)
+        used += 1
 
     # Balance through learners, heaviest instance first.
     while used < config.max_learners:

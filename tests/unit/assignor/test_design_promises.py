@@ -301,6 +301,22 @@ def test_a_caught_up_standby_takes_a_task_over_in_the_round_that_balances() -> N
     assert not first["A-0"].revoked and first["B-0"].learners == ("0_1",)
 
 
+def test_a_learner_under_way_for_a_leaving_instances_task_is_not_displaced() -> None:
+    # A and B leave. K already learns B's 0_1 (half way); A's 0_0 must not take K's only room
+    # first and send 0_1's learner elsewhere to start over.
+    group = Group([Task("0_0"), Task("0_1")],
+                  AssignorConfig(num_standbys=0, acceptable_lag=0, max_learners=2))
+    group.join("A", active=("0_0",))
+    group.join("B", active=("0_1",))
+    group.round()
+    group.members["K-0"] = SimMember("K-0", "K", 0, learners={"0_1": 500})
+    group.join("M")
+    group.mark_leaving("A")
+    group.mark_leaving("B")
+    group.round()
+    assert group.learners_by_instance() == {"K": ["0_1"], "M": ["0_0"]}
+
+
 def test_a_leaving_instances_task_goes_where_the_totals_want_it() -> None:
     # i0 leaves with its stateful task. i1 (two threads, one stateful task) and i2 (one
     # thread, one stateless task) both have room for it as a kind; on i2 its thread would run

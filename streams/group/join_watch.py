@@ -18,6 +18,12 @@ held by something only the group can undo, so it acts, each remedy at most every
   look;
   once it removed some, it sounds the round alarm (:mod:`streams.group.round_alarm`), since
   the broker has begun a round without them;
+- as soon as the round's leader, whose assignment its SyncGroup answer waits for, has been
+  silent for longer than a session timeout (its status records), it gives that SyncGroup
+  up and joins again: a leader frozen just as it began a round never sends the assignment,
+  and a broker that answers a connection's requests in order (Tansu) tells the followers
+  of the leader's expiry only when it gives their SyncGroups up, at 0.8 of a session
+  (2.4 s after the expiry, in a static soak's SIGSTOP of the leader);
 - at once, when other members' round reports show that its own SyncGroup answer was lost
   (:func:`streams.quirks.synced_round.sync_answer_lost` for :data:`LOST_SYNC_AFTER_S`), it asks the
   leader to rejoin, once per generation, and gives up its own SyncGroup if it still waits
@@ -56,6 +62,8 @@ class Joining(Protocol):
 
     def abandon_sync(self, generation: int, reason: str) -> bool: ...
 
+    def pending_sync_leader(self) -> tuple[int, str] | None: ...
+
 
 class RebalanceAsker(Protocol):
     def request_rebalance(self, reason: str) -> None: ...
@@ -71,8 +79,13 @@ class JoinWatch:
                  lost_sync: Callable[[], int | None] | None = None,
                  silences: Callable[[], dict[str, int]] | None = None,
                  on_removed: Callable[[], None] | None = None,
-                 removable_after_ms: Callable[[str], int] | None = None) -> None:
+                 removable_after_ms: Callable[[str], int] | None = None,
+                 leader_key: Callable[[str], str] | None = None) -> None:
         self.name = name
+        #: The key of a member's status record from its member id; None: the follower's
+        #: wait on a silent leader is never looked at.
+        self.leader_key = leader_key
+        self._leader_given_up: int | None = None
         #: How long each other member must have been silent before it is looked for (ms;
         #: None: a session timeout).
         self.removable_after_ms = removable_after_ms
@@ -115,14 +128,22 @@ class JoinWatch:
         within a tick (a second): the thread looks for departed members then rather than at
         its next tick, since the round their removal begins waits on that look. None: no
         such member, or nothing to remove them with."""
-        if self.remove_departed is None or self.silences is None:
+        if self.silences is None:
             return None
-        left = [self._limit(member) - silent for member, silent in self.silences().items()
-                if 0 <= self._limit(member) - silent < LOOK_AHEAD_MS]
+        silences = self.silences()
+        left = [self._limit(member) - silent for member, silent in silences.items()
+                if self.remove_departed is not None
+                and 0 <= self._limit(member) - silent < LOOK_AHEAD_MS]
+        leader = self._waited_leader()
+        if leader is not None and leader[1] in silences:
+            to_session = self.session_timeout_ms - silences[leader[1]]
+            if 0 <= to_session < LOOK_AHEAD_MS:
+                left.append(to_session)
         return (min(left) + PAST_SESSION_MARGIN_MS) / 1000 if left else None
 
     def check(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        self.check_silent_leader()
         self.check_lost_sync(now)
         self.check_stall(now)
         self.check_departed(now)
@@ -151,6 +172,29 @@ class JoinWatch:
             self.control.request_rebalance(
                 f"{self.name}: SyncGroup answer of generation {generation} lost")
         return True
+
+    def _waited_leader(self) -> tuple[int, str] | None:
+        """``(generation, the leader's status key)`` while the member waits for a SyncGroup
+        answer of a round another member leads."""
+        if self.leader_key is None:
+            return None
+        pending = self.consumer.pending_sync_leader()
+        return None if pending is None else (pending[0], self.leader_key(pending[1]))
+
+    def check_silent_leader(self) -> bool:
+        """Give up the SyncGroup the member waits for once the leader of its round has been
+        silent for longer than a session timeout; once per generation."""
+        waited = self._waited_leader()
+        if waited is None or self.silences is None:
+            return False
+        generation, leader = waited
+        silent = self.silences().get(leader)
+        if silent is None or silent <= self.session_timeout_ms or (
+                self._leader_given_up == generation):
+            return False
+        self._leader_given_up = generation
+        return self.consumer.abandon_sync(
+            generation, f"its round's leader {leader} has been silent for {silent / 1000:.1f}s")
 
     def check_stall(self, now: float | None = None) -> bool:
         """Ask the leader to rejoin if joining for longer than :attr:`stall_s`, and again

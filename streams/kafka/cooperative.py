@@ -40,7 +40,7 @@ from aiokafka.conn import CloseReason
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.coordinator.protocol import ConsumerProtocol
 from aiokafka.protocol.commit import OffsetCommitRequest, OffsetFetchRequest
-from aiokafka.protocol.group import HeartbeatRequest, SyncGroupRequest
+from aiokafka.protocol.group import HeartbeatRequest, JoinGroupRequest, SyncGroupRequest
 from aiokafka.structs import TopicPartition
 from aiokafka.util import create_task
 
@@ -121,6 +121,8 @@ class CooperativeGroupCoordinator(GroupCoordinator):
     #: The SyncGroup this member waits for the answer of: its generation, and what gives it
     #: up (None: none).
     _pending_sync: tuple[int, asyncio.Future[str]] | None = None
+    #: The leader the broker named in this member's last JoinGroup answer.
+    _round_leader: str | None = None
     #: Awaited before this member joins again once its membership ended by its own silence
     #: (None: it joins at once): see streams.quirks.synced_round.may_join_after_loss.
     before_rejoin_after_silence: Callable[[], Awaitable[None]] | None = None
@@ -196,6 +198,15 @@ class CooperativeGroupCoordinator(GroupCoordinator):
         pending[1].set_result(f"SyncGroup of generation {generation} given up: {reason}")
         return True
 
+    def pending_sync_leader(self) -> tuple[int, str] | None:
+        """``(generation, leader's member id)`` while this member, a follower, waits for its
+        SyncGroup answer: the round's assignment comes only once that leader sends it."""
+        pending = self._pending_sync
+        leader = self._round_leader
+        if pending is None or pending[1].done() or leader is None or leader == self.member_id:
+            return None
+        return pending[0], leader
+
     def _drop_coordination_connection(self) -> None:
         """Close the connection a given-up SyncGroup waits on. A broker answers a
         connection's requests in order, so the JoinGroup that follows would be answered only
@@ -211,6 +222,8 @@ class CooperativeGroupCoordinator(GroupCoordinator):
     async def _send_noted(self, request: Any) -> Any:
         sent_at = time.monotonic()
         response = await super()._send_req(request)
+        if isinstance(request, JoinGroupRequest) and response.error_code == 0:
+            self._round_leader = response.leader_id
         if isinstance(request, OffsetFetchRequest):
             # aiokafka reads only per-partition errors: a group-level one would read as "no
             # committed offset" (see streams.kafka.offset_fetch).

@@ -346,6 +346,12 @@ class GroupConsumer:
         abandon = getattr(self._coordinator, "abandon_sync", None)
         return bool(abandon(generation, reason)) if abandon is not None else False
 
+    def pending_sync_leader(self) -> tuple[int, str] | None:
+        """``(generation, leader's member id)`` while the member, a follower, waits for its
+        SyncGroup answer (see the cooperative coordinator); None otherwise."""
+        pending = getattr(self._coordinator, "pending_sync_leader", None)
+        return pending() if pending is not None else None
+
     def before_rejoin_after_silence(self, wait: Callable[[], Awaitable[None]]) -> None:
         """Await ``wait`` before the member joins again once its membership ended by its own
         silence (see the cooperative coordinator)."""

@@ -29,7 +29,7 @@ from streams.group.join_watch import JoinWatch, RebalanceAsker
 from streams.group.learner_handover import LearnerHandover, PromotionAnnouncer
 from streams.group.listener import FailedTransactions, RebalanceListener
 from streams.group.member import GroupMember
-from streams.group.member_id import thread_member_id
+from streams.group.member_id import thread_id_in, thread_member_id
 from streams.group.newcomer import WarmUp
 from streams.group.partition_assignor import RelayAssignor, TaskLayout
 from streams.group.predecessors import MemberFiles
@@ -255,6 +255,9 @@ def build_stream_thread(
                            if round_alarm is not None and config.cooperative else None,
                            (lambda member: remover.removable_after_ms(
                                group_learning.leads(member)))
+                           if remover is not None and group_learning is not None else None,
+                           (lambda member_id: thread_id_in(member_id, config.application_id)
+                            or member_id)
                            if remover is not None and group_learning is not None else None)
     probe: ExpiryProbe | None = None
     if (group_learning is not None and round_alarm is not None and config.cooperative

@@ -14,7 +14,7 @@ import pytest
 from streams.group import join_watch
 from streams.group.group_learning import GroupLearning, past_session
 from streams.group.join_watch import DEPARTED_CHECK_EVERY_S, JoinWatch
-from streams.group.member_id import static_id_of
+from streams.group.member_id import static_id_of, thread_id_in
 from streams.group.round_alarm import RoundAlarm
 from streams.kafka.membership import GroupMember
 from streams.quirks.departed_members import (
@@ -250,3 +250,33 @@ def test_the_join_watch_looks_for_a_silent_leader_once_the_broker_s_grace_is_ove
     assert watch.next_look_in_s() == pytest.approx(0.42)
     silences["w3-thread-0"] = 10_000 + EXPIRY_GRACE_MS + 100
     assert watch._removable() == ["w3-thread-0"]
+
+
+def test_a_follower_gives_up_its_sync_once_its_round_s_leader_is_silent_past_its_session(
+) -> None:
+    """A leader frozen just as it began a round never sends the round's assignment, and the
+    embedded broker tells its followers of the leader's expiry only when it gives their
+    SyncGroups up (0.8 of a session later): in a static soak the leader's SIGSTOP stalled a
+    task 21.5 s. A follower gives its SyncGroup up itself as the leader's silence passes
+    the session, and joins the round after."""
+    silences = {"w3-thread-0": 9_500}
+    abandoned: list[int] = []
+    leader = "w3-thread-0-58ce8fb6-c330-41f2-8526-3e64ade35b29"
+    pending: list[tuple[int, str] | None] = [(4, leader)]
+
+    def abandon(generation: int, reason: str) -> bool:
+        abandoned.append(generation)
+        return True
+
+    consumer = SimpleNamespace(rebalancing_for_s=lambda now: 0.0, abandon_sync=abandon,
+                               pending_sync_leader=lambda: pending[0])
+    watch = JoinWatch("w1", 10_000, consumer, None, None, silences=lambda: dict(silences),
+                      leader_key=lambda member_id: thread_id_in(member_id) or member_id)
+    assert not watch.check_silent_leader() and not abandoned
+    assert watch.next_look_in_s() == pytest.approx(0.52)  # looked for as the session ends
+    silences["w3-thread-0"] = 10_100
+    assert watch.check_silent_leader() and abandoned == [4]
+    assert not watch.check_silent_leader()  # once per generation
+    pending[0] = None  # it leads, or waits for no answer
+    silences["w3-thread-0"] = 9_900
+    assert not watch.check_silent_leader() and watch.next_look_in_s() is None

@@ -14,7 +14,7 @@ import msgpack
 import pytest
 from aiokafka.client import ConnectionGroup
 from aiokafka.consumer.group_coordinator import GroupCoordinator
-from aiokafka.protocol.group import HeartbeatRequest, SyncGroupRequest
+from aiokafka.protocol.group import HeartbeatRequest, JoinGroupRequest, SyncGroupRequest
 
 from streams.group.round_alarm import (
     RoundAlarm,
@@ -230,3 +230,40 @@ def test_an_asked_round_wakes_the_members_but_is_announced_and_heard_as_asked() 
     assert announced == [(4, False)] and woken == [(4, False)]
     alarm.heard(4)  # the broker's news of it, from a heartbeat: told again, as begun
     assert announced == [(4, False), (4,)] and woken == [(4, False), (4, True)]
+
+
+async def test_a_follower_waiting_for_its_sync_answer_names_its_round_s_leader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The join watch gives a SyncGroup up once its round's leader is silent past its session:
+    the coordinator tells which leader a pending SyncGroup waits on (never itself)."""
+    coordinator = CooperativeGroupCoordinator.__new__(CooperativeGroupCoordinator)  # no client
+    coordinator.generation = 6
+    coordinator.member_id = "w1-thread-0-m"
+    answered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    joined = SimpleNamespace(error_code=0, leader_id="w3-thread-0-l")
+    join = JoinGroupRequest("app", 10_000, 10_000, "w1-thread-0-m", "w1", "consumer", [])
+
+    async def answer(self: Any, request: Any) -> Any:
+        return joined if isinstance(request, JoinGroupRequest) else await answered
+
+    monkeypatch.setattr(GroupCoordinator, "_send_req", answer)
+    assert coordinator.pending_sync_leader() is None
+    await coordinator._send_req(join)
+    assert coordinator.pending_sync_leader() is None  # no SyncGroup waits yet
+    sync = asyncio.ensure_future(coordinator._send_req(
+        SyncGroupRequest("app", 6, "w1-thread-0-m", "w1", [])))
+    await asyncio.sleep(0)
+    assert coordinator.pending_sync_leader() == (6, "w3-thread-0-l")
+    answered.set_result(SimpleNamespace(error_code=0))
+    await sync
+    assert coordinator.pending_sync_leader() is None
+    joined.leader_id = "w1-thread-0-m"  # it leads: its own assignment is what the round waits on
+    await coordinator._send_req(join)
+    answered = asyncio.get_running_loop().create_future()
+    sync = asyncio.ensure_future(coordinator._send_req(
+        SyncGroupRequest("app", 6, "w1-thread-0-m", "w1", [])))
+    await asyncio.sleep(0)
+    assert coordinator.pending_sync_leader() is None
+    answered.set_result(SimpleNamespace(error_code=0))
+    await sync

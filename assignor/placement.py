@@ -718,19 +718,30 @@ def _balance_directly(
         if heavy is None or light is None or not load.unbalanced(heavy, light, kind,
                                                                  config.tolerance):
             return
-        # A member that returns within the delay gets all its tasks back: balance moves
-        # them, if it must, from the next round on.
-        movable = [t for t in load.tasks[(heavy, kind)]
-                   if plan.target[t] == heavy and t not in plan.returning]
+        movable = _movable(plan, load, heavy, kind)
         if not movable:
             if any(t in plan.returning for t in load.tasks[(heavy, kind)]):
                 plan.over_returned.add(heavy)
             return
-        # A task that is not running anywhere yet first (no revoke), then the highest id.
-        task = min(movable, key=lambda t: (t in owner, -order[t]))
-        plan.target[task] = light
-        plan.promoted.pop(task, None)
-        load.move(task, kind, heavy, light)
+        _move_one(plan, load, kind, movable, heavy, light, owner, order)
+
+
+def _movable(plan: _Plan, load: _Load, inst: str, kind: bool) -> list[str]:
+    """The tasks of ``kind`` planned on ``inst`` that balance may move now. A member that
+    returns within the delay gets all its tasks back: balance moves them, if it must, from
+    the next round on."""
+    return [t for t in load.tasks[(inst, kind)]
+            if plan.target[t] == inst and t not in plan.returning]
+
+
+def _move_one(plan: _Plan, load: _Load, kind: bool, movable: list[str], source: str,
+              destination: str, owner: dict[str, Member], order: dict[str, int]) -> None:
+    """Move one of ``movable`` at once: a task not running anywhere yet first (no revoke),
+    then the highest id."""
+    task = min(movable, key=lambda t: (t in owner, -order[t]))
+    plan.target[task] = destination
+    plan.promoted.pop(task, None)
+    load.move(task, kind, source, destination)
 
 
 def _balance_totals(
@@ -767,8 +778,7 @@ def _balance_totals(
             return
         moved = False
         for heavy in reversed(by_total):
-            movable = [t for t in load.tasks[(heavy, False)]
-                       if plan.target[t] == heavy and t not in plan.returning]
+            movable = _movable(plan, load, heavy, False)
             if not movable:
                 continue
             cap_h, t_h = load.cap[heavy], total(heavy)
@@ -781,12 +791,7 @@ def _balance_totals(
                 before = stateless_spread_after(heavy, heavy)
                 if stateless_spread_after(heavy, light) > max(before, tolerance) + 1e-9:
                     continue
-                # A task that is not running anywhere yet first (no revoke), then the
-                # highest id (as the per-kind balance picks).
-                task = min(movable, key=lambda t: (t in owner, -order[t]))
-                plan.target[task] = light
-                plan.promoted.pop(task, None)
-                load.move(task, False, heavy, light)
+                _move_one(plan, load, False, movable, heavy, light, owner, order)
                 moved = True
                 break
             if moved:

@@ -9,6 +9,7 @@ into the topic straight into it. A stream joins it without co-partitioning or re
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,8 @@ from streams.dsl.processors import Node, ProcessorContext
 
 if TYPE_CHECKING:
     from streams.dsl.stream import Stream
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -46,6 +49,19 @@ class GlobalTable:
             self.opened.delete(key)
         else:
             self.opened.put(key, self.value_serde.loads(raw_value))
+
+    def apply_or_skip(self, raw_key: bytes | None, raw_value: bytes | None,
+                      where: str) -> bool:
+        """:meth:`apply`, a record that cannot be decoded or kept skipped with a warning
+        naming ``where`` it came from: one bad record of the topic never stops the app, in
+        the runtime as in the test driver. False when skipped."""
+        try:
+            self.apply(raw_key, raw_value)
+        except Exception as exc:
+            log.warning("global table %s: record of %s skipped: %s: %s", self.store, where,
+                        type(exc).__name__, exc)
+            return False
+        return True
 
     def join_stream(self, stream: Stream, key_selector: Callable[[Any, Any], Any],
                     joiner: Callable[[Any, Any], Any], left: bool) -> Stream:

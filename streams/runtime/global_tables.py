@@ -83,11 +83,7 @@ class GlobalTables:
         for fetched in fetched_all:
             table = by_topic[fetched.tp.topic]
             for key, value in fetched.changes:
-                try:
-                    table.apply(key, value)
-                except Exception as exc:  # a bad record: skipped, said once, never fatal
-                    log.warning("global table %s: record of %s skipped: %s: %s", table.store,
-                                fetched.tp, type(exc).__name__, exc)
+                table.apply_or_skip(key, value, str(fetched.tp))
             self._positions[fetched.tp] = fetched.next_offset
         return fetched_all
 

@@ -210,7 +210,7 @@ class TopologyTestDriver:
     ) -> None:
         """Like :meth:`pipe` with the key and value already encoded (to test bad input)."""
         if topic in self._global:
-            self._global[topic].apply(key, value)
+            self._global[topic].apply_or_skip(key, value, f"{topic} (piped)")
             return
         self._source(topic)
         timestamp = self.clock_ms if timestamp_ms is None else timestamp_ms

@@ -170,6 +170,25 @@ def test_a_stream_joins_a_global_table_by_a_key_it_chooses_without_co_partitioni
     assert "products (topic: products)" in str(a.describe())
 
 
+def test_a_bad_record_of_a_global_tables_topic_is_skipped_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    a = app()
+    a.topic("pages", key_serde="str", value_serde="json")
+    pages = a.global_table("pages", store="pages")
+    a.stream("hits").left_join(pages, lambda _k, v: v, lambda hit, page: [hit, page]).to("out")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("pages", "p1", {"title": "home"})
+        driver.pipe_raw("pages", b"p1", b"{bad json")       # skipped: p1 keeps its row
+        driver.pipe_raw("pages", b"p2", b"{bad json")
+        driver.pipe_all("hits", [(1, "p1"), (2, "p2")])
+        assert driver.read_key_values("out") == [(1, ["p1", {"title": "home"}]),
+                                                 (2, ["p2", None])]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2 and all(w.startswith(
+        "global table pages: record of pages (piped) skipped: SerdeError: not valid JSON")
+        for w in warnings)
+
+
 def fk_app(left: bool) -> App:
     a = app()
     orders, users = a.table("orders", store="orders"), a.table("users", store="users")

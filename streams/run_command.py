@@ -9,13 +9,15 @@ another name. Every failure it knows is one line and an exit code from
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
+import re
 import sys
 from typing import TYPE_CHECKING
 
 import click
 
-from streams.config import ConfigError
+from streams.config import ConfigError, closest_setting
 from streams.dsl.topology import TopologyError
 from streams.exit_codes import ExitCode, summary
 
@@ -40,8 +42,9 @@ def parse_target(target: str) -> tuple[str, str]:
     """``module:attribute`` -> its two parts; anything else is a usage error."""
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute or ":" in attribute:
+        example = f"{module_name}:app" if module_name.isidentifier() and not sep else "myapp:app"
         raise click.BadParameter(
-            f"expected module:attribute (e.g. myapp:app), got {target!r}", param_hint="APP")
+            f"expected module:attribute (e.g. {example}), got {target!r}", param_hint="APP")
     return module_name, attribute
 
 
@@ -65,6 +68,16 @@ def load_app(target: str) -> App:
     except ImportError as exc:
         raise click.BadParameter(f"cannot import {module_name!r}: {exc}",
                                  param_hint="APP") from None
+    except SyntaxError as exc:
+        line = f": {exc.text.strip()}" if exc.text else ""
+        raise click.BadParameter(
+            f"cannot import {module_name!r}: {exc.msg} ({exc.filename}, line {exc.lineno}){line}",
+            param_hint="APP") from None
+    except TypeError as exc:
+        setting = unknown_app_setting(exc)
+        if setting is None:
+            raise  # a bug of the app's module: its traceback says where
+        raise RunError(f"configuration error: {setting}", ExitCode.CONFIG) from None
     except ConfigError as exc:
         raise RunError(f"configuration error: {exc}", ExitCode.CONFIG) from None
     except TopologyError as exc:
@@ -79,6 +92,27 @@ def load_app(target: str) -> App:
         raise click.BadParameter(f"{target} is a {type(app).__name__}, not a relay App",
                                  param_hint="APP")
     return app
+
+
+def unknown_app_setting(exc: TypeError) -> str | None:
+    """What to say of ``App(..., a_misspelt_setting=...)``, a typo as common as a misspelt
+    ``RELAY_*`` variable; None for any other TypeError."""
+    from streams.app import App
+
+    found = re.match(r"App\.__init__\(\) got an unexpected keyword argument '(\w+)'",
+                     str(exc))
+    if found is None:
+        return None
+    name = found.group(1)
+    known = set(inspect.signature(App.__init__).parameters) - {"self", "application_id"}
+    closest = closest_setting(name, known)
+    hint = f"; did you mean {closest}?" if closest else " (see docs/configuration.md)"
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    where = (f" ({frame.tb_frame.f_code.co_filename}, line {frame.tb_lineno})"
+             if frame is not None else "")
+    return f"App() has no setting {name!r}{where}{hint}"
 
 
 @click.command(short_help="Run an app (module:attribute) until SIGINT or SIGTERM.",

@@ -31,8 +31,12 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A directory holding ``worker.py``, as the current one; no RELAY_* setting set."""
     (tmp_path / "worker.py").write_text(WORKER)
     (tmp_path / "broken.py").write_text("import relay_no_such_dependency\n")
+    (tmp_path / "misspelt.py").write_text(
+        "from streams import App\n\napp = App('misspelt', num_thread=2)\n")
+    (tmp_path / "unparsable.py").write_text("from streams import App\napp = App('x'\n")
+    (tmp_path / "buggy.py").write_text("from streams import App\napp = App(42 + 'x')\n")
     monkeypatch.chdir(tmp_path)
-    for module in ("worker", "broken"):
+    for module in ("worker", "broken", "misspelt", "unparsable", "buggy"):
         monkeypatch.delitem(sys.modules, module, raising=False)
     monkeypatch.delenv("RELAY_BOOTSTRAP_SERVERS", raising=False)
     return tmp_path
@@ -75,6 +79,10 @@ def test_an_app_not_named_module_attribute_is_a_usage_error(workdir: Path, targe
     assert "expected module:attribute" in result.output
 
 
+def test_a_module_without_its_attribute_is_shown_the_form_it_needs(workdir: Path) -> None:
+    assert "e.g. worker:app" in relay("run", "worker").output
+
+
 def test_a_missing_module_or_attribute_is_a_usage_error_naming_it(workdir: Path) -> None:
     result = relay("run", "no_such_module:app")
     assert result.exit_code == ExitCode.USAGE
@@ -99,6 +107,28 @@ def test_a_bad_setting_is_a_configuration_error(workdir: Path,
     result = relay("run", "worker:app")
     assert result.exit_code == ExitCode.CONFIG
     assert one_line(result).startswith("Error: configuration error: num_threads")
+
+
+def test_a_misspelt_app_argument_is_a_configuration_error_with_a_hint(workdir: Path) -> None:
+    result = relay("run", "misspelt:app")
+    assert result.exit_code == ExitCode.CONFIG
+    line = one_line(result)
+    assert line.startswith("Error: configuration error: App() has no setting 'num_thread'")
+    assert "misspelt.py, line 3" in line and line.endswith("did you mean num_threads?")
+
+
+def test_a_module_that_does_not_parse_is_a_usage_error_naming_its_line(workdir: Path) -> None:
+    result = relay("run", "unparsable:app")
+    assert result.exit_code == ExitCode.USAGE
+    assert "cannot import 'unparsable'" in result.output
+    assert "unparsable.py, line 2" in result.output and "Traceback" not in result.output
+
+
+def test_a_bug_of_the_apps_module_keeps_its_traceback(workdir: Path) -> None:
+    result = relay("run", "buggy:app")
+    assert result.exit_code == ExitCode.FAILED
+    assert isinstance(result.exception, TypeError)
+    assert "unsupported operand" in str(result.exception)
 
 
 def test_a_bad_log_level_is_a_usage_error(workdir: Path) -> None:

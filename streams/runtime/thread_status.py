@@ -293,13 +293,16 @@ class StatusReporter:
             # A leaving mark arrives between rounds.
             self.metrics.set_scale_down_deadline(self.identity.label,
                                                  self.leaving_deadline_ms())
+            # The next look is timed from the check, not after the publish: a silence that
+            # passes the session while the record is sent is looked at then, not a tick later.
+            look_in_s = join_watch.next_look_in_s()
+            look_at = None if look_in_s is None else time.monotonic() + look_in_s
             await self.publish()
-            await self._until_next(stopped, join_watch.next_look_in_s())
+            await self._until_next(stopped, look_at)
 
-    async def _until_next(self, stopped: asyncio.Event, look_in_s: float | None = None) -> None:
+    async def _until_next(self, stopped: asyncio.Event, look_at: float | None = None) -> None:
         """Until the next record is due (see :func:`publish_delay`), the join watch's next
-        look (``look_in_s``, seconds from now) or the thread stops."""
-        look_at = None if look_in_s is None else time.monotonic() + look_in_s
+        look (``look_at``, on the monotonic clock) or the thread stops."""
         while not stopped.is_set():
             changed = self._changed.is_set()
             now = time.monotonic()

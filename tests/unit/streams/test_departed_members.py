@@ -226,6 +226,43 @@ async def test_the_housekeeping_looks_for_departed_members_as_a_silence_passes_t
         r.thread.task_manager.close_all()
 
 
+@pytest.mark.asyncio
+async def test_a_silence_that_passes_the_session_while_the_status_is_sent_is_looked_at_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A status record slow to send (a loaded machine): the look is timed from the check
+    # before it, so it comes as soon as the record is sent, not at the next tick.
+    monkeypatch.setattr(join_watch, "PAST_SESSION_MARGIN_MS", 2)
+    r = rig(tmp_path)
+    watch = r.thread.join_watch
+    session_ms = watch.session_timeout_ms
+    passes_at = time.monotonic() + 0.004
+    looked = asyncio.Event()
+    reporter = r.thread.reporter
+    sent = reporter.publish
+
+    async def slow_publish() -> None:
+        while time.monotonic() < passes_at + 0.003:
+            await asyncio.sleep(0.001)
+        await sent()
+
+    async def remove() -> list[str]:
+        looked.set()
+        return []
+
+    monkeypatch.setattr(reporter, "publish", slow_publish)
+    watch.remove_departed = remove
+    watch.silences = lambda: {"w3-thread-0": session_ms + int(
+        (time.monotonic() - passes_at) * 1000)}
+    housekeeping = asyncio.create_task(reporter.housekeeping(watch))
+    try:
+        await asyncio.wait_for(looked.wait(), 0.5)
+    finally:
+        r.thread.lifecycle.stopped.set()
+        await housekeeping
+        r.thread.task_manager.close_all()
+
+
 def test_the_join_watch_looks_for_a_silent_leader_once_the_broker_s_grace_is_over() -> None:
     """Built with the remover's limits, the watch looks for a silent follower as its session
     ends, and for a silent leader (as the status records say) only after the grace."""

@@ -183,7 +183,8 @@ def test_a_bad_record_of_a_global_tables_topic_is_skipped_with_a_warning(
         driver.pipe_all("hits", [(1, "p1"), (2, "p2")])
         assert driver.read_key_values("out") == [(1, ["p1", {"title": "home"}]),
                                                  (2, ["p2", None])]
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    warnings = [r.getMessage() for r in caplog.records
+                if r.name == "streams.dsl.global_tables" and r.levelname == "WARNING"]
     assert len(warnings) == 2 and all(w.startswith(
         "global table pages: record of pages (piped) skipped: SerdeError: not valid JSON")
         for w in warnings)

@@ -150,13 +150,10 @@ class ControlListener:
         self._on_subscription = on_subscription
         self._on_round_report = on_round_report
         self._started_ms = 0
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                          auto_offset_reset="earliest",
-                                          fetch_max_wait_ms=fetch_max_wait_ms)
-        # The topic's end is asked on a connection of its own: a broker answers a connection's
-        # requests in turn, so on the follower's it would wait behind a fetch that finds
-        # nothing new (up to its max wait), and a joining member waits for that answer.
-        self._ends = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self._fetch_max_wait_ms = fetch_max_wait_ms
+        # Its clients are made by run(): an app that stops before it runs (a topology
+        # error at start) leaves none unclosed.
+        self._ends: AIOKafkaConsumer | None = None
         self._ends_started = False
         self._bootstrap = bootstrap
         self.current: LeavingMark | None = None
@@ -169,13 +166,21 @@ class ControlListener:
         self._on_promotion_ask = asks.record
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self._consumer.start()
-        self._started_ms = int(time.time() * 1000)
-        tp = TopicPartition(self._topic, 0)
-        self._consumer.assign([tp])
-        await self._consumer.seek_to_beginning(tp)
-        self._handled = 0
+        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False,
+                                    auto_offset_reset="earliest",
+                                    fetch_max_wait_ms=self._fetch_max_wait_ms)
+        # The topic's end is asked on a connection of its own: a broker answers a connection's
+        # requests in turn, so on the follower's it would wait behind a fetch that finds
+        # nothing new (up to its max wait), and a joining member waits for that answer.
+        self._ends = AIOKafkaConsumer(bootstrap_servers=self._bootstrap,
+                                      enable_auto_commit=False)
         try:
+            await consumer.start()
+            self._started_ms = int(time.time() * 1000)
+            tp = TopicPartition(self._topic, 0)
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            self._handled = 0
             try:
                 await self._ends.start()
                 self._ends_started = True
@@ -185,7 +190,7 @@ class ControlListener:
             except Exception as exc:  # read_to_end then tells its callers it could not tell
                 log.warning("control topic: no connection to ask its end on (%s)", exc)
             while not stop.is_set():
-                batches = await self._consumer.getmany(timeout_ms=300)
+                batches = await consumer.getmany(timeout_ms=300)
                 for records in batches.values():
                     for record in records:
                         self._handled = record.offset + 1
@@ -233,11 +238,10 @@ class ControlListener:
                             self._on_mark(mark)
         finally:
             with contextlib.suppress(Exception):
-                await self._consumer.stop()
-            if self._ends_started:
-                self._ends_started = False
-                with contextlib.suppress(Exception):
-                    await self._ends.stop()
+                await consumer.stop()
+            self._ends_started = False
+            with contextlib.suppress(Exception):
+                await self._ends.stop()
 
     def _news(self, record: Any, handle: Callable[[bytes], object]) -> None:
         """Hand a message written since this listener started to ``handle``; one it cannot
@@ -254,7 +258,7 @@ class ControlListener:
         ``timeout_s``); False if that could not be told in time."""
         tp = TopicPartition(self._topic, 0)
         deadline = time.monotonic() + timeout_s
-        if not self._ends_started:
+        if not self._ends_started or self._ends is None:
             return False
         try:
             ends = await asyncio.wait_for(self._ends.end_offsets([tp]), timeout_s)

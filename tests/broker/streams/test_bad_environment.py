@@ -3,6 +3,7 @@ unreachable broker, a state directory on a read-only file system (a mount in a f
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -47,3 +48,18 @@ def test_an_unreachable_or_unresolvable_broker_is_one_line_and_exit_3(
     code, output = run_worker(tmp_path, monkeypatch, bootstrap_servers="relay-no-such.invalid:9092")
     assert code == ExitCode.UNREACHABLE
     assert_one_line(output, "bootstrap_servers", "cannot resolve relay-no-such.invalid")
+
+
+def test_a_missing_source_topic_is_one_line_and_exit_4(bootstrap: str, tmp_path: Path) -> None:
+    """The app stops before it runs: nothing it made for the run is left to complain, on
+    stderr, that it was never closed."""
+    (tmp_path / "missing.py").write_text(
+        "from streams import App\napp = App('missing-source')\n"
+        "app.stream('relay-no-such-topic').to('out')\n")
+    env = {**os.environ, "RELAY_BOOTSTRAP_SERVERS": bootstrap,
+           "RELAY_STATE_DIR": str(tmp_path / "state")}
+    done = subprocess.run([sys.executable, "-m", "streams", "run", "missing:app",
+                           "--log-level", "ERROR"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == ExitCode.CONFIG
+    assert_one_line(done.stderr, "topology error: source topic relay-no-such-topic does not exist")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -58,7 +59,12 @@ def run(bootstrap: str | None, work: Callable[[str], Awaitable[T]]) -> T:
     broker is started behind the user's back (a fresh one would know no apps anyway)."""
     if not bootstrap:
         raise ToolError(NO_BOOTSTRAP, ExitCode.CONFIG)
-
+    # The client's own log of a failed connection would otherwise reach stderr beside the
+    # one line that says what failed (its records would find no handler but Python's last
+    # resort): the error below carries its cause.
+    client_log = logging.getLogger("aiokafka")
+    if not any(isinstance(h, logging.NullHandler) for h in client_log.handlers):
+        client_log.addHandler(logging.NullHandler())
     try:
         return asyncio.run(work(bootstrap))
     except KafkaConnectionError as exc:

@@ -31,6 +31,7 @@ async def test_errors_exit_non_zero_and_change_nothing(bootstrap: str) -> None:
     assert code == 2 and "unknown app 'no-such-app'" in out
     code, out = await run_relay("describe", "x", bootstrap="127.0.0.1:1")
     assert code == 3 and "cannot reach the broker at 127.0.0.1:1" in out
+    assert [line for line in out.splitlines() if line.strip()] == [out.strip()]  # one line
     code, out = await run_relay("mark-leaving", "no-such-app", "node-1", bootstrap=bootstrap)
     assert code == 2 and "unknown app" in out
     code, out = await run_relay("mark-leaving", "app", bootstrap=bootstrap)

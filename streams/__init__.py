@@ -14,6 +14,7 @@ _EXPORTS = {
     "App": "streams.app",
     "AppConfig": "streams.config",
     "ConfigError": "streams.config",
+    "GlobalTable": "streams.dsl.global_tables",
     "GroupedStream": "streams.dsl.stream",
     "GroupedTable": "streams.dsl.stream",
     "JoinWindows": "streams.dsl.joins",
@@ -38,6 +39,7 @@ __all__ = [
     "App",
     "AppConfig",
     "ConfigError",
+    "GlobalTable",
     "GroupedStream",
     "GroupedTable",
     "HoppingWindows",
@@ -75,6 +77,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what editors and type checkers see
     from streams.app import App
     from streams.config import AppConfig, ConfigError
+    from streams.dsl.global_tables import GlobalTable
     from streams.dsl.joins import JoinWindows
     from streams.dsl.punctuation import PunctuationType
     from streams.dsl.sessions import SessionWindows

@@ -96,7 +96,9 @@ async def read_status(bootstrap: str, app: str) -> dict[str, dict[str, Any]]:
         await admin.close()
     topic = status_topic_name(app)
     if topic not in topics:
-        raise ToolError(f"unknown app {app!r}: there is no topic {topic} on {bootstrap}",
+        hint = ("; APP here is the application id, the first argument of App(...), not the "
+                "module:attribute of relay run" if ":" in app else "")
+        raise ToolError(f"unknown app {app!r}: there is no topic {topic} on {bootstrap}{hint}",
                         ExitCode.USAGE)
     return await read_member_status(bootstrap, app)
 

@@ -29,6 +29,8 @@ pytestmark = pytest.mark.broker
 async def test_errors_exit_non_zero_and_change_nothing(bootstrap: str) -> None:
     code, out = await run_relay("describe", "no-such-app", bootstrap=bootstrap)
     assert code == 2 and "unknown app 'no-such-app'" in out
+    code, out = await run_relay("describe", "wordcount:app", bootstrap=bootstrap)
+    assert code == 2 and "APP here is the application id" in out
     code, out = await run_relay("describe", "x", bootstrap="127.0.0.1:1")
     assert code == 3 and "cannot reach the broker at 127.0.0.1:1" in out
     assert [line for line in out.splitlines() if line.strip()] == [out.strip()]  # one line

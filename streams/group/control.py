@@ -181,15 +181,24 @@ class ControlListener:
             consumer.assign([tp])
             await consumer.seek_to_beginning(tp)
             self._handled = 0
+            # Marks written before this start are acted on only once all of them are read:
+            # an instance restarted after its scale-down reads its old mark, then the
+            # tombstone it wrote as it left, and must not hand over on the first alone.
+            backlog_end = 0
             try:
                 await self._ends.start()
                 self._ends_started = True
                 # Once now: the first ask of a partition's end looks up its leader (and
                 # waits a retry's backoff), and a member's first join would wait for that.
-                await self._ends.end_offsets([tp])
+                backlog_end = (await self._ends.end_offsets([tp])).get(tp, 0)
             except Exception as exc:  # read_to_end then tells its callers it could not tell
                 log.warning("control topic: no connection to ask its end on (%s)", exc)
+            mark_waits = False
             while not stop.is_set():
+                if mark_waits and self._handled >= backlog_end:
+                    mark_waits = False
+                    if self.current is not None:
+                        self._on_mark(self.current)
                 batches = await consumer.getmany(timeout_ms=300)
                 for records in batches.values():
                     for record in records:
@@ -235,7 +244,11 @@ class ControlListener:
                             continue
                         if mark != self.current:
                             self.current = mark
-                            self._on_mark(mark)
+                            if record.offset + 1 < backlog_end:
+                                mark_waits = True
+                            else:
+                                mark_waits = False
+                                self._on_mark(mark)
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()

@@ -11,7 +11,12 @@ from collections.abc import Callable
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from streams.group.control import ControlListener, control_topic_name
+from streams.group.control import (
+    ControlListener,
+    LeavingMark,
+    control_topic_name,
+    encode_mark,
+)
 from streams.group.round_alarm import ROUND_BEGUN_KEY, encode_round_begun
 from tests.broker.streams.harness import create_topics
 from tests.conftest import wait_until
@@ -78,3 +83,33 @@ async def test_another_members_round_news_reaches_the_alarm_and_garbage_is_skipp
         await producer.stop()
         stop.set()
         await asyncio.wait_for(following, 30)
+
+
+async def test_a_mark_cleared_before_the_start_is_not_acted_on(
+    bootstrap: str, unique: Callable[[str], str],
+) -> None:
+    """An instance restarted after its scale-down reads its old mark, then the tombstone it
+    wrote as it left: it must not hand over again. A mark still set is acted on once read."""
+    app_id, topic = await new_control_topic(bootstrap, unique("control-marks"))
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    mark = LeavingMark(since_ms=1_000, scale_down_timeout_ms=60_000)
+    try:
+        for key, value in ((b"w2", encode_mark(mark)), (b"w3", encode_mark(mark)),
+                           (b"w2", None), (b"w1", None)):
+            await producer.send_and_wait(topic, key=key, value=value)
+    finally:
+        await producer.stop()
+    seen: dict[str, list[LeavingMark | None]] = {"w2": [], "w3": []}
+    listeners = [ControlListener(bootstrap, app_id, name, on_mark=seen[name].append)
+                 for name in seen]
+    stop = asyncio.Event()
+    following = [asyncio.create_task(listener.run(stop)) for listener in listeners]
+    try:
+        await wait_until(lambda: all(listener._handled == 4 for listener in listeners),
+                         timeout_s=30)
+        await wait_until(lambda: seen["w3"] == [mark], timeout_s=10)
+        assert seen["w2"] == []
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*following), 30)

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from assignor import task_sort_key
+from streams.config import ConfigError, parse_bootstrap_servers
 from streams.exit_codes import ExitCode, summary
 from streams.group.control import LeavingMark, control_topic_name, encode_mark
 from streams.group.described import described_members
@@ -59,6 +60,10 @@ def run(bootstrap: str | None, work: Callable[[str], Awaitable[T]]) -> T:
     broker is started behind the user's back (a fresh one would know no apps anyway)."""
     if not bootstrap:
         raise ToolError(NO_BOOTSTRAP, ExitCode.CONFIG)
+    try:
+        parse_bootstrap_servers(bootstrap)
+    except ConfigError as exc:
+        raise ToolError(f"--bootstrap: {exc}", ExitCode.USAGE) from None
     # The client's own log of a failed connection would otherwise reach stderr beside the
     # one line that says what failed (its records would find no handler but Python's last
     # resort): the error below carries its cause.

@@ -175,3 +175,14 @@ def test_a_snapshot_built_from_a_changelog_needs_the_brokers_address(
 def test_the_docs_list_every_exit_code() -> None:
     rows = re.findall(r"^\|\s*(\d+)\s*\|\s*`(\w+)`", DOCS.read_text(), re.M)
     assert [(int(code), name) for code, name in rows] == [(c.value, c.name) for c in ExitCode]
+
+
+@pytest.mark.parametrize("address", ["host:abc", "127.0.0.1:", "[::1", "127.0.0.1:99999"])
+@pytest.mark.parametrize("command", [["describe", "some-app"],
+                                     ["mark-leaving", "some-app", "node-1"]])
+def test_a_malformed_broker_address_is_one_line_and_a_usage_error(
+    command: list[str], address: str,
+) -> None:
+    result = relay(*command, "--bootstrap", address)
+    assert result.exit_code == ExitCode.USAGE
+    assert one_line(result).startswith(f"Error: --bootstrap: bootstrap_servers {address!r}")

@@ -448,6 +448,9 @@ class App:
             # Exactly-once: what one thread saw tells the others' hung sendings of offsets.
             offsets_evidence = OffsetsEvidence()
             gate = WarmUpGate(warm_up, self.config.num_threads) if warm_up is not None else None
+            # Before any thread's clients are made: a query port in use stops the app here,
+            # cleanly, with nothing left unclosed.
+            follower = await self._serve_queries(bootstrap)
             self.threads = [
                 build_stream_thread(
                     self.config, i, subs, bootstrap_servers=bootstrap,
@@ -460,8 +463,9 @@ class App:
                 )
                 for i in range(self.config.num_threads)
             ]
-            # Before any task starts: a query port in use stops the app here, cleanly.
-            follower = await self._serve_queries(bootstrap)
+            if self.query_server is not None:
+                for thread in self.threads:
+                    thread.reporter.query_endpoint = self.query_server.url
             extras.append(asyncio.create_task(listener.run(self._stop)))
             extras.append(asyncio.create_task(global_tables.follow(self._stop)))
             if follower is not None:
@@ -560,8 +564,6 @@ class App:
         url = await self.query_server.start(self.config.query_host, self.config.query_port,
                                             self.config.query_endpoint_host)
         log.info("serving interactive queries at %s/stores/<store>/<key>", url)
-        for thread in self.threads:
-            thread.reporter.query_endpoint = url
         return StatusFollower(bootstrap, self.config.application_id, self.routing)
 
     async def _plan_warm_up(self, subs: list[SubTopology],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,25 @@ def test_a_missing_source_topic_is_one_line_and_exit_4(bootstrap: str, tmp_path:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == ExitCode.CONFIG
     assert_one_line(done.stderr, "topology error: source topic relay-no-such-topic does not exist")
+
+
+@pytest.mark.parametrize("setting", ["METRICS_PORT", "QUERY_PORT"])
+def test_a_metrics_or_query_port_already_taken_is_one_line_and_exit_4(
+    bootstrap: str, tmp_path: Path, setting: str,
+) -> None:
+    (tmp_path / "worker.py").write_text(
+        f"from streams import App\napp = App('taken-{setting.lower().replace('_', '-')}')\n"
+        "lines = app.topic('taken-lines', partitions=1)\n"
+        "app.stream(lines).group_by_key().count(store='counts').to_stream().to('totals')\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "RELAY_BOOTSTRAP_SERVERS": bootstrap,
+               "RELAY_STATE_DIR": str(tmp_path / "state"), f"RELAY_{setting}": str(port),
+               "RELAY_METRICS_HOST": "127.0.0.1", "RELAY_QUERY_HOST": "127.0.0.1"}
+        done = subprocess.run([sys.executable, "-m", "streams", "run", "worker:app",
+                               "--log-level", "ERROR"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == ExitCode.CONFIG
+    assert_one_line(done.stderr, "configuration error: cannot serve", f"127.0.0.1:{port}")

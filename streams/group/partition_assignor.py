@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -60,6 +60,7 @@ def moves_by_cause(
     acceptable_lag: int,
     moving_before: Mapping[str, MemberKey] | None = None,
     moving_now: Mapping[str, MemberKey] | None = None,
+    stateless: Collection[str] = frozenset(),
 ) -> dict[str, int]:
     """How many tasks a round moved to another member, by cause.
 
@@ -70,7 +71,8 @@ def moves_by_cause(
     revoked for the member that now runs it (``moving_before``) was counted then. Any other
     task is counted when it runs elsewhere: its new active compared with its previous owner
     (instance and thread, so a static member that restarts and gets its tasks back has moved
-    nothing)."""
+    nothing). A leaving owner's ``stateless`` task needs no copy: it moves as the owner
+    leaves, never for its deadline."""
     by_id = {m.member_id: m for m in members}
     present = {m.key: m for m in by_id.values()}
     moving_before = moving_before or {}
@@ -82,7 +84,7 @@ def moves_by_cause(
         if owner is None:
             cause = "lost"
         elif owner.leaving:
-            cause = "leaving" if ready else "scale_down_timeout"
+            cause = "leaving" if ready or task_id in stateless else "scale_down_timeout"
         elif ready:
             cause = "learner_ready"
         else:
@@ -316,7 +318,9 @@ class RelayAssignor(AbstractPartitionAssignor):
         before = previous_memory if previous_memory is not None else memory_from_notes(members)
         moved = moves_by_cause(previous, members, assignments, self._config.acceptable_lag,
                                before.moving,
-                               self.memory.moving if self.memory is not None else None)
+                               self.memory.moving if self.memory is not None else None,
+                               stateless={t.task_id for t in self._layout.tasks()
+                                          if not t.stateful})
         for cause, n in sorted(moved.items()):
             self._metrics.record_moved(self._label, cause, n)
         self._metrics.set_hold_deadlines(

@@ -223,6 +223,9 @@ def test_the_leader_counts_moved_tasks_by_cause() -> None:
     # A leaving owner whose task goes to a member that is not ready: the deadline passed.
     assert moves_by_cause({"0_3": ("b", 0)}, members, {"m-a": assignments["m-a"]}, 10) == {
         "scale_down_timeout": 1}
+    # A stateless task needs no learner: it moves as its owner leaves, not for the deadline.
+    assert moves_by_cause({"0_3": ("b", 0)}, members, {"m-a": assignments["m-a"]}, 10,
+                          stateless={"0_3"}) == {"leaving": 1}
 
 
 def test_a_move_is_counted_in_the_round_that_revokes_it_when_its_cause_is_known() -> None:

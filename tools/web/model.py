@@ -6,7 +6,8 @@ record's arrival time), :meth:`GroupModel.view` renders the data at a given time
 :func:`group_view` does both for a whole sequence. The status record does not say everything
 the view shows, so some of it is derived from the history of records:
 
-- a task is stateful when any member held a learner or standby copy of it, or restored it
+- a task is stateful when the members' status records list it so (every stateful task of the
+  topology); before one does, when any member held a learner or standby copy of it, or restored it
   (stateless tasks have no copies); otherwise it is shown as unknown;
 - a task is being learned while some member holds a learner copy of it;
 - a copy's progress is how far its lag has come down from the highest lag seen for it;
@@ -39,8 +40,9 @@ _TASK_ID = re.compile(r"^(\d+)_(\d+)$")
 
 #: What the view derives because the status record does not carry it (also in the JSON).
 DERIVED = {
-    "isStateful": "a task seen with a learner, a standby or restoring is stateful; other "
-                  "tasks are unknown until the status record lists the stateful ones",
+    "isStateful": "the tasks the members' status records list as stateful; before a record "
+                  "lists them, a task seen with a learner, a standby or restoring is, and "
+                  "the others are unknown",
     "beingLearned": "a task is being learned while a member publishes a learner copy of it "
                     "(or its active lists it as being learned)",
     "progress": "copies: lag against the highest lag seen for the copy; restoring actives: "
@@ -234,6 +236,8 @@ class GroupModel:
     _marks: dict[str, tuple[LeavingMark, int]] = field(default_factory=dict)
     _known: set[str] = field(default_factory=set)
     _stateful: set[str] = field(default_factory=set)
+    #: The stateful tasks the members' status records list; None: no record lists them.
+    _listed_stateful: set[str] | None = None
     _active_since: dict[str, dict[str, int]] = field(default_factory=dict)  # task -> member
     _owner: dict[str, str] = field(default_factory=dict)
     _owned_by: dict[str, set[str]] = field(default_factory=dict)  # member -> tasks it runs
@@ -325,7 +329,7 @@ class GroupModel:
         self._known.update(status.active, status.restoring, status.learners, status.standbys)
         self._stateful.update(status.restoring, status.learners, status.standbys)
         if status.stateful_tasks is not None:
-            self._stateful.update(status.stateful_tasks)
+            self._listed_stateful = (self._listed_stateful or set()) | set(status.stateful_tasks)
         for task in status.active:
             self._active_since.setdefault(task, {}).setdefault(member, at)
         if previous is not None:
@@ -580,7 +584,11 @@ class GroupModel:
         restoring = held.get("restoring")
         active = self._owner.get(task)
         released = self._released.get(task) if active is None else None
-        stateful = True if task in self._stateful else None
+        # Every new active task is restoring a moment, a stateless one too: the members'
+        # list of stateful tasks, once one sends it, says which are.
+        stateful: bool | None = (task in self._listed_stateful
+                                 if self._listed_stateful is not None
+                                 else True if task in self._stateful else None)
         owner = members.get(active) if active else None
         being_learned = bool(learners) or bool(
             owner and task in (owner.status.being_learned or ()))

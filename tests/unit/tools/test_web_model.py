@@ -306,7 +306,7 @@ def test_standby_copies_and_published_stateful_tasks() -> None:
     assert standby["role"] == "standby" and standby["isLearner"] is False
     assert standby["isReady"] is True and standby["progress"] == 0.9
     assert task(view, "0_0")["beingLearned"] is False
-    assert task(view, "1_0")["isStateful"] is None
+    assert task(view, "1_0")["isStateful"] is False  # the list is every stateful task
 
 
 def test_a_task_its_owner_publishes_as_being_learned() -> None:
@@ -383,3 +383,13 @@ def test_malformed_drop_counts_are_rejected_by_name() -> None:
     model = GroupModel("app")
     model.apply(status("a", active=("0_0",), at=1_000, dropped={"0_0": "many"}))
     assert model.unreadable == 1 and "'dropped'" in (model.last_error or "")
+
+
+def test_a_stateless_task_restoring_a_moment_is_stateless_once_the_members_list_them() -> None:
+    model = GroupModel("app")
+    model.apply(status("a", active=("1_0",), restoring=("0_0",), at=0,
+                       stateful_tasks=["1_0", "1_1"]))
+    view = model.view(0)
+    assert task(view, "0_0")["isStateful"] is False
+    assert task(view, "0_0")["tags"] == []
+    assert task(view, "1_0")["isStateful"] is True

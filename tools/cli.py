@@ -337,6 +337,16 @@ def mark_leaving(app: str, instances: tuple[str, ...], bootstrap: str | None,
                 f"{', '.join(sorted(known)) or 'none'} (leaving needs a group_instance_id)",
                 ExitCode.USAGE,
             )
+        # With no instance staying, the learners have nowhere to go: the marked instances
+        # would keep their tasks past any timeout, marked until another instance joins.
+        leaving = {s["instance_id"] for s in status.values() if s.get("leaving")}
+        if not known - leaving - set(instances):
+            raise ToolError(
+                f"marking {', '.join(instances)} would leave no instance of {app} to hand the "
+                f"tasks to (running: {', '.join(sorted(known))}; already leaving: "
+                f"{', '.join(sorted(leaving)) or 'none'}); start another instance first",
+                ExitCode.USAGE,
+            )
         producer = AIOKafkaProducer(bootstrap_servers=address)
         await producer.start()
         try:

@@ -89,6 +89,11 @@ async def test_describe_and_remove_members(
 
             code, out = await run_relay("remove-members", app_id, "node-zzz", bootstrap=bootstrap)
             assert code == 2 and "node-zzz" in out and "not a member" in out
+            # Marking every instance would leave the tasks nowhere to go: refused.
+            code, out = await run_relay("mark-leaving", app_id, "node-a", "node-b",
+                                        bootstrap=bootstrap)
+            assert code == 2 and "would leave no instance" in out
+            assert stays.leaving.mark is None and goes.leaving.mark is None
         # node-b stopped without leaving (static): the group still counts it as a member.
         client = AIOKafkaClient(bootstrap_servers=bootstrap)
         await client.bootstrap()

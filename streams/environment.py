@@ -24,6 +24,12 @@ class UnreachableBrokerError(ConfigError):
     """No address of ``bootstrap_servers`` resolves and accepts a connection."""
 
 
+class UnservableAddressError(ConfigError, OSError):
+    """An address the app is set to serve on (``metrics_port``, ``query_port``) is taken, or
+    its host is not this machine's: as set, a restart fails again. Still an ``OSError``, as
+    the failed bind it reports."""
+
+
 def check_state_dir(path: Path) -> None:
     """``path`` is (or can be made) a directory this process can create files in."""
     try:

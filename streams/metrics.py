@@ -30,6 +30,8 @@ from prometheus_client.exposition import (
     start_http_server,
 )
 
+from streams.environment import UnservableAddressError
+
 log = logging.getLogger(__name__)
 
 #: Roles a task can have on a thread (a restoring active counts as active).
@@ -336,5 +338,6 @@ def serve_metrics(metrics: Metrics, port: int | None, host: str = "0.0.0.0",
     try:
         return metrics.serve(port, host)
     except OSError as exc:
-        raise OSError(f"cannot serve metrics on {host}:{port} (metrics_port): "
-                      f"{exc.strerror or exc}") from exc
+        raise UnservableAddressError(
+            f"cannot serve metrics on {host}:{port} (metrics_port): {exc.strerror or exc}"
+        ) from exc

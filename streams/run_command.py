@@ -30,10 +30,6 @@ NO_BOOTSTRAP = ("no bootstrap_servers: set RELAY_BOOTSTRAP_SERVERS=host:port (or
                 "on 127.0.0.1:9092")
 
 
-#: How the metrics and query servers' errors begin when their address cannot be served.
-SERVE_FAILED = "cannot serve "
-
-
 class RunError(click.ClickException):
     """One line on stderr (``Error: ...``) and the exit code of its kind."""
 
@@ -151,12 +147,7 @@ def run(target: str, log_level: str) -> None:
         raise RunError(f"topology error: {exc}", ExitCode.CONFIG) from None
     except FencedMemberError as exc:
         raise RunError(f"stopped: {exc}", ExitCode.FAILED) from None
-    except OSError as exc:
-        if not str(exc).startswith(SERVE_FAILED):
-            raise
-        # The metrics or query port taken, or its host not this machine's: as it is set,
-        # a restart fails again.
-        raise RunError(f"configuration error: {exc}", ExitCode.CONFIG) from None
+
     except FatalThreadError as exc:
         raise RunError(f"failed: {exc}", ExitCode.FAILED) from None
     except KeyboardInterrupt:

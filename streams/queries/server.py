@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from streams.environment import UnservableAddressError
 from streams.queries.routing import Route, RoutingTable, now_ms
 from streams.queries.store_layout import StoreKeyError, StoreLayout
 from streams.queries.store_query import (
@@ -299,8 +300,9 @@ class QueryServer:
             await site.start()
         except OSError as exc:
             await runner.cleanup()
-            raise OSError(f"cannot serve queries on {host}:{port} (query_port): "
-                          f"{exc.strerror or exc}") from exc
+            raise UnservableAddressError(
+                f"cannot serve queries on {host}:{port} (query_port): {exc.strerror or exc}"
+            ) from exc
         self._runner = runner
         bound = runner.addresses[0][1] if runner.addresses else port
         self.url = f"http://{advertised_host}:{bound}"

@@ -77,18 +77,24 @@ async def produce(
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     await producer.start()
     try:
-        futures = []
-        for record in records:
-            key, value = record[0], record[1]
-            timestamp = record[2] if len(record) > 2 else None
-            if not raw:
-                key = None if key is None else msgpack.packb(key)
-                value = None if value is None else msgpack.packb(value)
-            futures.append(await producer.send(topic, value=value, key=key,
-                                               timestamp_ms=timestamp))
-        await asyncio.gather(*futures)
+        await _send(producer, topic, records, raw)
     finally:
         await producer.stop()
+
+
+async def _send(producer: AIOKafkaProducer, topic: str,
+                records: Iterable[tuple[Any, Any] | tuple[Any, Any, int]],
+                raw: bool = False) -> None:
+    """Write ``records`` with a started producer and wait until the broker has them."""
+    futures = []
+    for record in records:
+        key, value = record[0], record[1]
+        timestamp = record[2] if len(record) > 2 else None
+        if not raw:
+            key = None if key is None else msgpack.packb(key)
+            value = None if value is None else msgpack.packb(value)
+        futures.append(await producer.send(topic, value=value, key=key, timestamp_ms=timestamp))
+    await asyncio.gather(*futures)
 
 
 async def read_all(
@@ -261,17 +267,33 @@ class Traffic:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    async def produce(self, records: int) -> None:
-        """Produce ``records`` records now (before or besides the background traffic)."""
-        batch = [(f"k{i % self.keys}", i) for i in range(records)]
-        await produce(self.bootstrap, self.topic, batch)
+    def _batch(self, records: int) -> list[tuple[str, int]]:
+        return [(f"k{i % self.keys}", i) for i in range(records)]
+
+    def _count(self, batch: list[tuple[str, int]]) -> None:
         for key, _ in batch:
             self.produced[key] = self.produced.get(key, 0) + 1
 
+    async def produce(self, records: int) -> None:
+        """Produce ``records`` records now (before or besides the background traffic)."""
+        batch = self._batch(records)
+        await produce(self.bootstrap, self.topic, batch)
+        self._count(batch)
+
     async def _run(self) -> None:
-        while not self._stop.is_set():
-            await self.produce(50)
-            await asyncio.sleep(0.05)
+        # One producer for the whole run: a producer per batch spends most of a loaded
+        # machine's time starting, and the input then comes in bursts with long gaps (an
+        # exactly-once worker's transactions are then empty most of the time).
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5)
+        await producer.start()
+        try:
+            while not self._stop.is_set():
+                batch = self._batch(50)
+                await _send(producer, self.topic, batch)
+                self._count(batch)
+                await asyncio.sleep(0.05)
+        finally:
+            await producer.stop()
 
     def start(self) -> None:
         """Start producing in the background (again, after :meth:`stop`)."""

@@ -665,8 +665,14 @@ class App:
                                              broadcast=False, news=False)
 
     def _on_mark(self, mark: LeavingMark | None) -> None:
-        self.leaving.mark = mark
+        was_leaving, self.leaving.mark = self.leaving.mark is not None, mark
         if mark is None:
+            if was_leaving and not any(t.shutdown_requested for t in self.threads):
+                # Taken back (relay unmark-leaving): the group hears in the next round that
+                # this instance stays, and stops handing its tasks to learners elsewhere.
+                log.warning("this instance's leaving mark was taken back: staying")
+                for thread in self.threads:
+                    thread.member.request_rejoin("leaving mark taken back")
             return
         log.warning("this instance is marked as leaving (timeout %s ms): handing over",
                     mark.scale_down_timeout_ms)

@@ -3,7 +3,7 @@
 Commands: ``run`` (run an app, :mod:`streams.run_command`), ``broker`` (a broker on a fixed
 port, for development: the embedded one, or Apache Kafka with ``--engine kafka``),
 ``describe`` (the group as Relay sees it), ``web`` (a live web view of the group, see
-:mod:`tools.web`), ``mark-leaving`` (announce a scale-down),
+:mod:`tools.web`), ``mark-leaving`` (announce a scale-down), ``unmark-leaving`` (take it back),
 ``remove-members`` (remove static members for good) and ``snapshot build|list`` (store
 snapshots built with Spark, see :mod:`tools.snapshot`). Exit codes: one table for every
 command, :class:`streams.exit_codes.ExitCode`.
@@ -30,7 +30,7 @@ from rich.table import Table
 from assignor import task_sort_key
 from streams.config import ConfigError, parse_bootstrap_servers
 from streams.exit_codes import ExitCode, summary
-from streams.group.control import LeavingMark, control_topic_name, encode_mark
+from streams.group.control import LeavingMark, control_topic_name, encode_mark, read_marks
 from streams.group.described import described_members
 from streams.group.member_id import instance_of, thread_id_in
 from streams.group.status_topic import read_status as read_member_status
@@ -360,6 +360,42 @@ def mark_leaving(app: str, instances: tuple[str, ...], bootstrap: str | None,
 
     marked = run(bootstrap, work)
     console.print(f"marked as leaving: {', '.join(marked)}")
+
+
+@cli.command("unmark-leaving")
+@click.argument("app")
+@click.argument("instances", nargs=-1, required=True)
+@bootstrap_option
+def unmark_leaving(app: str, instances: tuple[str, ...], bootstrap: str | None) -> None:
+    """Take back the leaving marks of INSTANCES (group instance ids) of APP.
+
+    A running instance that was handing over stays: it rejoins as a normal member, keeps
+    what it still runs, and balance gives it tasks again. One already told to shut down
+    goes all the same. An instance that was not marked is left as it is.
+    """
+
+    async def work(address: str) -> tuple[list[str], list[str]]:
+        marks = await read_marks(address, app)
+        if marks is None:
+            raise ToolError(f"unknown app {app!r}: it has no control topic "
+                            f"({control_topic_name(app)})", ExitCode.USAGE)
+        unmarked = [i for i in instances if i in marks]
+        producer = AIOKafkaProducer(bootstrap_servers=address)
+        await producer.start()
+        try:
+            for instance in unmarked:
+                await producer.send_and_wait(control_topic_name(app), key=instance.encode(),
+                                             value=None)
+        finally:
+            await producer.stop()
+        return unmarked, [i for i in instances if i not in marks]
+
+    unmarked, not_marked = run(bootstrap, work)
+    if unmarked:
+        console.print(f"no longer leaving: {', '.join(unmarked)}", highlight=False)
+    if not_marked:
+        console.print(f"not marked, left as they are: {', '.join(not_marked)}",
+                      highlight=False)
 
 
 @cli.command("remove-members")

@@ -1,16 +1,18 @@
-"""The ``relay`` tool against the real broker and running apps: describe, mark-leaving and
-remove-members, and their error cases (unknown app or instance, unreachable broker, bad
-arguments) with exit codes and nothing changed."""
+"""The ``relay`` tool against the real broker and running apps: describe, mark-leaving,
+unmark-leaving and remove-members, and their error cases (unknown app or instance,
+unreachable broker, bad arguments) with exit codes and nothing changed."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from aiokafka.client import AIOKafkaClient
 
+from streams.group.control import LeavingMark, control_topic_name, encode_mark, read_marks
 from streams.kafka.membership import describe_group
 from tests.broker.streams.harness import (
     counting_app,
@@ -41,8 +43,10 @@ async def test_errors_exit_non_zero_and_change_nothing(bootstrap: str) -> None:
     code, out = await run_relay("mark-leaving", "app", "n", "--timeout-ms", "-5",
                                 bootstrap=bootstrap)
     assert code == 2 and "--timeout-ms" in out
+    code, out = await run_relay("unmark-leaving", "no-such-app", "node-1", bootstrap=bootstrap)
+    assert code == 2 and "unknown app 'no-such-app'" in out
     code, out = await run_relay("--help")
-    assert code == 0 and "describe" in out and "mark-leaving" in out
+    assert code == 0 and "describe" in out and "mark-leaving" in out and "unmark-leaving" in out
 
 
 @pytest.mark.tansu
@@ -113,3 +117,42 @@ async def test_describe_and_remove_members(
         await wait_until(lambda: len(stays.threads[0].tasks) == 4, timeout_s=150,
                          message="node-a to take node-b's tasks")
     assert await read_all(bootstrap, sink, 1)
+
+
+async def test_a_leaving_mark_taken_back_keeps_its_instance(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
+) -> None:
+    """Both instances marked leaving (written by hand: the tool refuses it) have nowhere to
+    hand their tasks and keep them. ``relay unmark-leaving`` takes node-b's mark back: the
+    group hears that node-b stays, node-a hands everything to it and shuts down, and node-b
+    runs on with every task."""
+    app_id = unique("unmark")
+    source, sink = f"{app_id}-in", f"{app_id}-out"
+    await create_topics(bootstrap, {source: 4, sink: 1})
+    await produce(bootstrap, source, [(f"k{i % 5}", i) for i in range(100)])
+    node_a = counting_app(app_id, bootstrap, tmp_path / "a", source, sink, "node-a")
+    node_b = counting_app(app_id, bootstrap, tmp_path / "b", source, sink, "node-b")
+    async with running(node_a) as a_runs, running(node_b) as b_runs:
+        def both_run_tasks() -> bool:
+            counts = [len(t.tasks) for t in node_a.threads + node_b.threads]
+            return len(counts) == 2 and sum(counts) == 4 and 0 not in counts
+
+        await wait_until(both_run_tasks, timeout_s=120, message="both instances running tasks")
+        mark = LeavingMark(int(time.time() * 1000), None)
+        await produce(bootstrap, control_topic_name(app_id),
+                      [(b"node-a", encode_mark(mark)), (b"node-b", encode_mark(mark))], raw=True)
+        await wait_until(lambda: node_a.leaving.mark is not None
+                         and node_b.leaving.mark is not None, message="both marked")
+        assert set(await read_marks(bootstrap, app_id) or {}) == {"node-a", "node-b"}
+
+        code, out = await run_relay("unmark-leaving", app_id, "node-b", "node-c",
+                                    bootstrap=bootstrap)
+        assert code == 0, out
+        assert "no longer leaving: node-b" in out and "not marked, left as they are: node-c" in out
+        assert set(await read_marks(bootstrap, app_id) or {}) == {"node-a"}
+        await wait_until(lambda: a_runs.done(), timeout_s=120,
+                         message="node-a to hand over and shut down")
+        assert a_runs.exception() is None
+        await wait_until(lambda: len(node_b.threads[0].tasks) == 4, timeout_s=60,
+                         message="node-b to run every task")
+        assert not b_runs.done() and node_b.leaving.mark is None

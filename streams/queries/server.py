@@ -29,6 +29,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from streams.environment import UnservableAddressError
 from streams.queries.routing import Route, RoutingTable, now_ms
@@ -273,6 +274,24 @@ async def json_errors(request: web.Request,
                                  status=exc.status)
 
 
+class RequestErrorLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server log, with a request it cannot parse (a malformed request line or
+    header, answered 400) told in one warning line rather than an error with a traceback:
+    it is the client's mistake, and the server goes on."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger("aiohttp.server"), {})
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True,
+                  **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError) and (exc_info.code or 500) < 500:
+            remote = args[0] if args else "?"
+            said = " ".join((exc_info.message or type(exc_info).__name__).split())
+            self.logger.warning("bad HTTP request from %s: %s", remote, said)
+            return
+        self.logger.exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
 def add_query_routes(app: web.Application, service: QueryService) -> None:
     app.router.add_get("/stores/{store}/{key:.+}", service.handle)
 
@@ -293,7 +312,7 @@ class QueryServer:
 
     async def start(self, host: str, port: int, advertised_host: str) -> str:
         runner = web.AppRunner(make_query_app(self.service), shutdown_timeout=1.0,
-                               access_log=None)
+                               access_log=None, logger=RequestErrorLog())
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         try:

@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from streams.queries.routing import RoutingTable
-from streams.queries.server import QueryService, add_query_routes
+from streams.queries.server import QueryService, RequestErrorLog, add_query_routes
 from tools.web.follower import GroupFollower
 from tools.web.model import DEFAULT_WINDOW_MS, GroupModel
 from tools.web.topology_layout import layout_topology
@@ -193,7 +193,8 @@ async def serve(bootstrap: str, app_id: str, host: str, port: int, stop: asyncio
     routes = RoutingTable()
     follower = GroupFollower(bootstrap, model, changes.notify, routes)
     queries = QueryService(routes)
-    runner = web.AppRunner(make_app(model, follower, changes, queries), shutdown_timeout=1.0)
+    runner = web.AppRunner(make_app(model, follower, changes, queries), shutdown_timeout=1.0,
+                           logger=RequestErrorLog())
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

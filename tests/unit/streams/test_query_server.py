@@ -5,6 +5,8 @@ with a reason (4xx) or a retry (503 with Retry-After) otherwise."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -272,5 +274,39 @@ async def test_a_query_port_in_use_is_an_error_naming_the_setting() -> None:
     url = await server.start("127.0.0.1", 0, "worker-7.internal")
     try:
         assert url.startswith("http://worker-7.internal:") and not url.endswith(":0")
+    finally:
+        await server.close()
+
+
+async def test_a_malformed_request_is_a_400_and_one_warning_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A request aiohttp cannot parse (a header line without a colon) is the client's
+    mistake: a 400, one warning line without a traceback, and the server answers on."""
+    from streams.queries.server import QueryServer
+
+    server = QueryServer(QueryService(RoutingTable()))
+    url = await server.start("127.0.0.1", 0, "127.0.0.1")
+    port = int(url.rsplit(":", 1)[1].rstrip("/"))
+
+    async def exchange(request: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request)
+        await writer.drain()
+        answer = await reader.read(200)
+        writer.close()
+        return answer
+
+    try:
+        with caplog.at_level(logging.DEBUG, logger="aiohttp.server"):
+            answer = await exchange(b"GET /stores/x/1 HTTP/1.1\r\nno colon here\r\n\r\n")
+        assert answer.split(b"\r\n")[0].endswith(b" 400 Bad Request")
+        logged = [r for r in caplog.records if r.name == "aiohttp.server"]
+        assert [(r.levelno, r.exc_info) for r in logged] == [(logging.WARNING, None)]
+        said = logged[0].getMessage()
+        assert said.startswith("bad HTTP request from 127.0.0.1: Invalid header token")
+        assert "\n" not in said
+        answer = await exchange(b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.split(b"\r\n")[0].endswith(b" 404 Not Found")
     finally:
         await server.close()

@@ -90,7 +90,8 @@ class SessionAggregateNode(WindowedAggregation):
             aggregate = self.merger(key, aggregate, s_agg)
             start, end = min(start, s_start), max(end, s_end)
         if end < close_time:
-            ctx.drop_late(self.name, self.store, start, end, self.windows.grace_ms)
+            ctx.drop_late(self.name, self.store, start, end, self.windows.grace_ms,
+                          end_included=True)
             return
         previous = ctx.timestamp_ms
         try:

@@ -4,6 +4,7 @@ docs/dsl.md)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -37,7 +38,9 @@ def W(key: str, start: int, end: int) -> Windowed:
     return Windowed(key, start, end)
 
 
-def test_sessions_merge_and_retract_the_merged_sessions_then_emit_one_final_result() -> None:
+def test_sessions_merge_and_retract_the_merged_sessions_then_emit_one_final_result(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with TopologyTestDriver(session_app()) as driver:
         for ts in (0, 5, 22, 14):  # 14 bridges [0, 5] and [22, 22]
             driver.pipe("clicks", "a", {}, timestamp_ms=ts)
@@ -52,8 +55,11 @@ def test_sessions_merge_and_retract_the_merged_sessions_then_emit_one_final_resu
         driver.restart(from_changelog=True)
         driver.pipe("clicks", "b", {}, timestamp_ms=100)  # closes a's session (22 + 10 + 20)
         assert outputs(driver, "final") == [(W("a", 0, 22), 4, 22)]
-        driver.pipe("clicks", "a", {}, timestamp_ms=35)   # [35, 35] ends before 100 - 30
+        with caplog.at_level(logging.WARNING, logger="streams.dsl.processors"):
+            driver.pipe("clicks", "a", {}, timestamp_ms=35)   # [35, 35] ends before 100 - 30
         assert driver.late_records_dropped == 1
+        # A session holds both its ends.
+        assert "dropped as late for window [35, 35] of store sessions" in caplog.text
         driver.pipe("clicks", "b", {}, timestamp_ms=131)
         assert outputs(driver, "final") == [(W("b", 100, 100), 1, 100)]
         assert outputs(driver, "updates") == [(W("b", 100, 100), 1, 100),

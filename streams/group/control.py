@@ -24,7 +24,7 @@ from aiokafka.structs import TopicPartition
 from streams.group.promotion_asks import PROMOTION_KEY, PromotionAsk, decode_ask
 from streams.group.round_alarm import ROUND_BEGUN_KEY, decode_round_begun
 from streams.group.topology_record import TOPOLOGY_KEY
-from streams.kafka.started_consumer import started_consumer
+from streams.kafka.topic_reader import read_to_end
 
 log = logging.getLogger(__name__)
 
@@ -97,35 +97,32 @@ async def read_marks(bootstrap: str, application_id: str) -> dict[str, LeavingMa
     """The leaving marks in force, by group instance id, as the control topic holds them at
     its end now (a tombstone takes a mark back; a malformed mark is skipped with a warning);
     None while the app has no control topic (it never ran)."""
-    consumer = await started_consumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    records = await read_to_end(bootstrap, control_topic_name(application_id))
+    if records is None:
+        return None
     marks: dict[str, LeavingMark] = {}
-    try:
-        topic = control_topic_name(application_id)
-        if topic not in await consumer.topics():
-            return None
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp])).get(tp, 0)
-        while await consumer.position(tp) < end:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                for record in records:
-                    if record.key is None or record.key in CONTROL_MESSAGE_KEYS:
-                        continue
-                    instance = record.key.decode(errors="replace")
-                    try:
-                        mark = decode_mark(record.value)
-                    except ValueError as exc:
-                        log.warning("skipping control record at offset %d: %s",
-                                    record.offset, exc)
-                        continue
-                    if mark is None:
-                        marks.pop(instance, None)
-                    else:
-                        marks[instance] = mark
-    finally:
-        await consumer.stop()
+    for record in records:
+        if record.key is None or record.key in CONTROL_MESSAGE_KEYS:
+            continue
+        readable, mark = readable_mark(record)
+        if not readable:
+            continue
+        instance = record.key.decode(errors="replace")
+        if mark is None:
+            marks.pop(instance, None)
+        else:
+            marks[instance] = mark
     return marks
+
+
+def readable_mark(record: Any) -> tuple[bool, LeavingMark | None]:
+    """``(True, the mark or None for a tombstone)`` of an instance's control record, or
+    ``(False, None)``, with a warning, for a malformed one (which its readers skip)."""
+    try:
+        return True, decode_mark(record.value)
+    except ValueError as exc:
+        log.warning("ignoring control record at offset %d: %s", record.offset, exc)
+        return False, None
 
 
 class LeavingState:
@@ -272,11 +269,8 @@ class ControlListener:
                             continue
                         if self._instance is None or record.key != self._instance:
                             continue
-                        try:
-                            mark = decode_mark(record.value)
-                        except ValueError as exc:
-                            log.error("ignoring control record at offset %d: %s",
-                                      record.offset, exc)
+                        readable, mark = readable_mark(record)
+                        if not readable:
                             continue
                         if mark != self.current:
                             self.current = mark

@@ -13,9 +13,8 @@ import logging
 from typing import Any
 
 import msgpack
-from aiokafka.structs import TopicPartition
 
-from streams.kafka.started_consumer import started_consumer
+from streams.kafka.topic_reader import read_to_end
 
 log = logging.getLogger(__name__)
 
@@ -31,35 +30,18 @@ async def read_status(bootstrap: str, application_id: str,
     with their default partition count, which the app would refuse). ``departures``, if
     given, gets the time (ms) of each member's tombstone that is its latest record: when it
     stopped."""
-    consumer = await started_consumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     latest: dict[str, dict[str, Any]] = {}
-    try:
-        topic = status_topic_name(application_id)
-        if topic not in await consumer.topics():
-            return latest
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        while True:
-            batches = await consumer.getmany(timeout_ms=500)
-            for records in batches.values():
-                for r in records:
-                    key = r.key.decode(errors="replace") if r.key else "?"
-                    if r.value is None:
-                        latest.pop(key, None)
-                        if departures is not None:
-                            departures[key] = r.timestamp
-                        continue
-                    if departures is not None:
-                        departures.pop(key, None)
-                    try:
-                        latest[key] = msgpack.unpackb(r.value, raw=False)
-                    except Exception:
-                        log.warning("skipping an unreadable status record at offset %d",
-                                    r.offset)
-            highwater = consumer.highwater(tp)
-            if highwater is not None and await consumer.position(tp) >= highwater:
-                break
-    finally:
-        await consumer.stop()
+    for r in await read_to_end(bootstrap, status_topic_name(application_id)) or []:
+        key = r.key.decode(errors="replace") if r.key else "?"
+        if r.value is None:
+            latest.pop(key, None)
+            if departures is not None:
+                departures[key] = r.timestamp
+            continue
+        if departures is not None:
+            departures.pop(key, None)
+        try:
+            latest[key] = msgpack.unpackb(r.value, raw=False)
+        except Exception:
+            log.warning("skipping an unreadable status record at offset %d", r.offset)
     return latest

@@ -219,6 +219,8 @@ class App:
         self.leaving = LeavingState()
         self.bootstrap_servers: str | None = self.config.bootstrap_servers
         self._stop: asyncio.Event | None = None
+        #: stop() came before run_async() made its event: the run is over before it starts
+        self._stop_before_run = False
         self._global_tables: GlobalTables | None = None
         self._broker: Any = None
         self._warned_embedded = False
@@ -381,7 +383,12 @@ class App:
         return str(self._broker.bootstrap_servers)
 
     async def run_async(self) -> None:
-        """Run until :meth:`stop` is called or a thread fails."""
+        """Run until :meth:`stop` is called or a thread fails; at once, without starting,
+        if :meth:`stop` was called before."""
+        if self._stop_before_run:
+            self._stop_before_run = False
+            log.info("stopped before it ran: not starting")
+            return
         self._stop = asyncio.Event()
         embedded = self.bootstrap_servers is None
         if embedded:
@@ -648,8 +655,12 @@ class App:
         return True
 
     def stop(self) -> None:
+        """Stop the run (a clean shutdown); called before the run starts, the run does not
+        start."""
         if self._stop is not None:
             self._stop.set()
+        else:
+            self._stop_before_run = True
 
     def _stop_threads(self) -> None:
         for thread in self.threads:

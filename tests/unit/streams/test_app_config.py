@@ -7,6 +7,7 @@ import inspect
 import logging
 import warnings
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +105,12 @@ def test_the_repartition_purge_interval_is_kafka_streams_default_and_checked() -
         App("a", bootstrap_servers="127.0.0.1:1", repartition_purge_interval_ms=-1)
     with pytest.raises(ConfigError, match="repartition_purge_interval_ms must be int"):
         AppConfig.from_env({"RELAY_REPARTITION_PURGE_INTERVAL_MS": "30s"}, application_id="a")
+
+
+async def test_an_app_stopped_before_it_runs_does_not_start(tmp_path: Path) -> None:
+    """stop() before run_async(): the run returns at once, without reaching for the broker
+    (here an address nothing listens on, which a run would report as unreachable)."""
+    app = App("stopped-early", bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    app.stream("in").to("out")
+    app.stop()
+    await app.run_async()

@@ -481,7 +481,15 @@ class App:
             if restarted:
                 hooks.restarted(f"{self.config.group_instance_id} restarted")
             stopper = asyncio.create_task(self._stop.wait())
-            error = await supervise(runs, stopper, self._stop_threads)
+            try:
+                error = await supervise(runs, stopper, self._stop_threads)
+            except asyncio.CancelledError:
+                # Cancelled rather than stopped (a caller's timeout): the threads and the
+                # helpers still stop cleanly, so that none runs on without its app.
+                self._stop.set()
+                self._stop_threads()
+                await asyncio.wait([*runs, *extras, stopper])
+                raise
             await control.drain()
             self._stop.set()
             for extra in extras:

@@ -1,6 +1,7 @@
 """The runtime end to end on the real broker: exact results across a restart, two workers
 sharing tasks and one of them dying, standby copies used on failover, bad input going to the
-dead-letter topic (or stopping the app), and a duplicate group instance id failing fast."""
+dead-letter topic (or stopping the app), a duplicate group instance id failing fast, and a
+cancelled run that leaves nothing running."""
 
 from __future__ import annotations
 
@@ -164,3 +165,23 @@ async def test_on_error_stop_stops_the_app_without_committing_the_record(
 
         await wait_until(resumed, timeout_s=90, message="the fixed app's outputs")
     assert [v for _, v in await read_all(bootstrap, sink, 1)] == [10, None, 3]
+
+
+async def test_a_cancelled_run_stops_its_threads_and_leaves_nothing_running(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
+) -> None:
+    """A run cancelled rather than stopped (a caller's timeout) still stops its threads and
+    helpers before it ends: nothing of the app runs on in the event loop (which then could
+    not close)."""
+    app_id = unique("cancelled")
+    source, sink = f"{app_id}-in", f"{app_id}-out"
+    await create_topics(bootstrap, {source: 4, sink: 1})
+    app = counting_app(app_id, bootstrap, tmp_path / "a", source, sink, "node-a")
+    run = asyncio.create_task(app.run_async())
+    await wait_until(lambda: bool(app.threads) and len(app.threads[0].tasks) == 4,
+                     timeout_s=60, message="the app running its tasks")
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+    assert [t.get_coro() for t in left] == []

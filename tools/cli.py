@@ -370,7 +370,7 @@ def unmark_leaving(app: str, instances: tuple[str, ...], bootstrap: str | None) 
     """Take back the leaving marks of INSTANCES (group instance ids) of APP.
 
     A running instance that was handing over stays: it rejoins as a normal member, keeps
-    what it still runs, and balance gives it tasks again. One already told to shut down
+    what it still runs, and balance may give it tasks back. One already told to shut down
     goes all the same. An instance that was not marked is left as it is.
     """
 

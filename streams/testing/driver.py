@@ -279,10 +279,16 @@ class TopologyTestDriver:
     ) -> list[TestRecord]:
         """The records written to ``topic`` since the last read of it, in the order written,
         decoded with the given serdes, else the topic's declared ones, else those of the
-        operation that wrote it (msgpack by default; ``windowed`` reads windowed keys)."""
+        operation that wrote it (msgpack by default; ``windowed`` reads windowed keys).
+        A topic the app neither reads nor writes (a misspelt name, say) is a ``ValueError``."""
         self.flush()
         log = self._logs.get(topic)
         if log is None:
+            if topic not in self._sinks and topic != self.dead_letter_topic:
+                written = sorted(t for t in self._sinks
+                                 if t not in self.topology.repartition_topics)
+                raise ValueError(f"the app neither reads nor writes topic {topic!r}; "
+                                 f"it writes {written}")
             return []
         keys, values = self._serdes_for(topic, key_serde, value_serde)
         records, log.read = log.records[log.read:], len(log.records)

@@ -349,6 +349,21 @@ def test_the_driver_refuses_topics_the_app_does_not_read() -> None:
         driver.pipe("nope", "k", 1)
 
 
+def test_the_driver_names_the_outputs_when_asked_for_a_topic_the_app_does_not_write() -> None:
+    a = app()
+    a.stream("in").filter(lambda _k, v: v > 0).to("out")
+    with TopologyTestDriver(a) as driver:
+        # An output nothing was written to yet reads empty, as in Kafka Streams' driver...
+        assert driver.read_output("out") == []
+        driver.pipe("in", "k", 0)
+        assert driver.read_key_values("out") == []
+        assert driver.read_output(f"{driver.application_id}-dead-letters") == []
+        # ...but a misspelt name says so rather than reading empty for ever.
+        with pytest.raises(ValueError, match=r"neither reads nor writes topic 'outt'; "
+                                             r"it writes \['out'\]"):
+            driver.read_output("outt")
+        driver.pipe("in", "k", 1)
+        assert driver.read_key_values("out") == [("k", 1)]
 
 
 def test_a_custom_processor_sees_where_its_record_was_read() -> None:

@@ -252,7 +252,7 @@ class Stream:
         merged = Node(f"{name}-merge")
         left_node._node.add_child(merged)
         right_node._node.add_child(merged)
-        return Stream(topology, merged)
+        return Stream(topology, merged, key_serde=left._key_serde)
 
     def _join(self, table: Table, joiner: Callable[[Any, Any], Any], left: bool) -> Stream:
         # Both sides must put a key in the same partition: the stream's repartition topic
@@ -421,7 +421,9 @@ class Table(DeprecatedTableOperations):
         self._node = stream._node
         self._topology = stream._topology
         self.store = store
-        self.key_serde = key_serde
+        # A table read from a stream (``to_table``, an aggregation) is partitioned as the
+        # stream was, by its keys encoded with the stream's key serde.
+        self.key_serde = key_serde if key_serde is not None else stream._key_serde
         #: The windows of a windowed aggregation's table (what suppression waits for).
         self.windows = windows
         #: Whether Kafka Streams would know a row's previous value here (its parent sends old
@@ -434,7 +436,8 @@ class Table(DeprecatedTableOperations):
         self.forgetful_filters: tuple[TableFilterNode, ...] = ()
 
     def to_stream(self) -> Stream:
-        return self._stream._like(self._node, key_changed=False)
+        return Stream(self._topology, self._node, False, self.key_serde,
+                      self._stream._open_repartition)
 
     def _then(self, node: Node, store: str | None = None) -> Table:
         self._node.add_child(node)
@@ -559,8 +562,10 @@ class Table(DeprecatedTableOperations):
         merged = Node(f"{name}-merge")
         left.add_child(merged)
         right.add_child(merged)
-        return self._maybe_stored(Table(Stream(topology, merged), None, knows_old_rows=True),
-                                  store)
+        # Both tables are partitioned alike (the topology refuses them otherwise): the result is
+        # partitioned as the left one is.
+        return self._maybe_stored(Table(Stream(topology, merged), None, self.key_serde,
+                                        knows_old_rows=True), store)
 
     def group_by(self, selector: Callable[[Any, Any], tuple[Any, Any]]) -> GroupedTable:
         """Re-group the table: ``selector(key, value) -> (new_key, new_value)``; then
@@ -574,7 +579,7 @@ class Table(DeprecatedTableOperations):
         ``time_limit_ms`` / ``max_records`` emit a key's latest update once it has waited
         that long or the buffer holds more keys. The buffer is a store with a changelog."""
         node = suppress_node(self, until_window_closes, time_limit_ms, max_records, store)
-        return Table(Stream(self._topology, node), None, windows=self.windows,
+        return Table(Stream(self._topology, node), None, self.key_serde, windows=self.windows,
                      knows_old_rows=self.knows_old_rows)
 
 

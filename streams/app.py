@@ -40,7 +40,7 @@ from statestore.topics import (
     ensure_topics,
     existing_partition_counts,
 )
-from streams.config import AppConfig
+from streams.config import AppConfig, ConfigError
 from streams.dsl.describe import TopologyDescription, describe
 from streams.dsl.global_tables import GlobalTable
 from streams.dsl.stream import Stream, Table, stream_from_topic, table_from_topic
@@ -64,6 +64,7 @@ from streams.group.partition_assignor import TaskLayout
 from streams.group.predecessors import (
     MemberFiles,
     MemberRecord,
+    StateDirectoryInUse,
     evict_predecessors,
     possible_leaders,
     stale_members,
@@ -369,6 +370,16 @@ class App:
         ])
         check_state_dir(self.config.state_dir)
 
+    def _claim_member_files(self) -> MemberFiles:
+        """Lock this run's member files (:mod:`streams.group.predecessors`), or a
+        :class:`ConfigError` when another live process runs the app from this state
+        directory."""
+        try:
+            return MemberFiles.claim(self.config.state_dir, self.config.application_id,
+                                     self.config.num_threads)
+        except StateDirectoryInUse as exc:
+            raise ConfigError(str(exc)) from None
+
     def _warn_embedded_broker(self, stacklevel: int) -> None:
         if not self._warned_embedded:
             self._warned_embedded = True
@@ -394,12 +405,18 @@ class App:
         if embedded:
             self._warn_embedded_broker(stacklevel=2)
         self.check_environment()
-        if embedded:
-            self.bootstrap_servers = self._start_embedded_broker()
-        else:
-            await check_reachable(str(self.bootstrap_servers))
+        # Before anything else, and held for the whole run: a second process of the app on
+        # this state directory is refused here, not at the first store both would open.
+        member_files = self._claim_member_files()
+        try:
+            if embedded:
+                self.bootstrap_servers = self._start_embedded_broker()
+            else:
+                await check_reachable(str(self.bootstrap_servers))
+        except BaseException:
+            member_files.release()
+            raise
         bootstrap = str(self.bootstrap_servers)
-        member_files: MemberFiles | None = None
         try:
             self.metrics_server = serve_metrics(self.metrics, self.config.metrics_port,
                                                 self.config.metrics_host)
@@ -422,8 +439,6 @@ class App:
             self.hooks = hooks = hooks_for(quirks, control)
             try:
                 # First of all: a crashed run's tasks wait for this (streams.group.predecessors).
-                member_files = MemberFiles.claim(
-                    self.config.state_dir, self.config.application_id, self.config.num_threads)
                 await self._remove_predecessors(bootstrap, member_files, hooks)
                 subs = await self.prepare(admin, hooks)
             finally:
@@ -506,8 +521,7 @@ class App:
             if self._global_tables is not None:
                 await self._global_tables.close()
                 self._global_tables = None
-            if member_files is not None:
-                member_files.release()
+            member_files.release()
             if self.query_server is not None:
                 await self.query_server.close()
                 self.query_server = None

@@ -51,6 +51,11 @@ STABLE = "Stable"
 POLL_S = 0.5
 
 
+class StateDirectoryInUse(RuntimeError):
+    """Another live process runs the app from this state directory: its stores and member
+    files would be shared, and the second process fail on the first store they both open."""
+
+
 @dataclass(frozen=True)
 class MemberRecord:
     """What a thread of an earlier run left: its member id and, when static, its group
@@ -132,7 +137,9 @@ class MemberFiles:
     def claim(cls, state_dir: Path, application_id: str, threads: int) -> MemberFiles:
         """Lock a file for each of ``threads`` threads and read what earlier, now dead, runs
         left in every unlocked file (files of threads this run does not have included, which
-        are then removed). A file a live process holds is left alone. A file that cannot be
+        are then removed). A file a live process holds is left alone, unless it is one of this
+        run's own: then another live process runs the app from this state directory, and
+        :class:`StateDirectoryInUse` is raised with nothing claimed. A file that cannot be
         made or read is logged and skipped: the session timeout then does the work."""
         files = cls(Path(state_dir) / application_id / MEMBERS_DIRECTORY)
         try:
@@ -147,6 +154,12 @@ class MemberFiles:
             index = _index_of(name)
             fd = files._lock(name)
             if fd is None:
+                if index is not None and index < threads and files._held(name):
+                    files.release()
+                    raise StateDirectoryInUse(
+                        f"another live process{files._holder(name)} runs application "
+                        f"{application_id!r} from state_dir {str(state_dir)!r}: give each "
+                        f"process on one host its own state_dir (RELAY_STATE_DIR)")
                 continue
             # Locked by nobody: whoever wrote it is dead, whatever its pid (a restarted
             # container often runs under the same one).
@@ -176,6 +189,32 @@ class MemberFiles:
             os.close(fd)
             return None
         return fd
+
+    def _held(self, name: str) -> bool:
+        """Whether a live process holds the lock of member file ``name`` (rather than the
+        file being unusable)."""
+        try:
+            fd = os.open(self.directory / name, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        return False
+
+    def _holder(self, name: str) -> str:
+        """`` (pid N)`` when the file names the process holding it, else nothing."""
+        try:
+            data = json.loads((self.directory / name).read_bytes() or b"{}")
+            pid = data.get("pid") if isinstance(data, dict) else None
+        except (OSError, ValueError):
+            return ""
+        return f" (pid {pid})" if isinstance(pid, int) else ""
 
     def record(self, index: int, member_id: str, static_id: str | None) -> None:
         """Thread ``index`` is now member ``member_id`` of the group."""

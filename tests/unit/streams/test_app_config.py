@@ -13,6 +13,7 @@ import pytest
 
 from streams.app import App
 from streams.config import AppConfig, ConfigError
+from streams.group.predecessors import MemberFiles
 
 
 def test_an_assignor_setting_is_a_config_error_when_the_app_is_built() -> None:
@@ -114,3 +115,20 @@ async def test_an_app_stopped_before_it_runs_does_not_start(tmp_path: Path) -> N
     app.stream("in").to("out")
     app.stop()
     await app.run_async()
+
+
+async def test_a_second_process_of_an_app_on_its_state_directory_is_refused_at_once(
+        tmp_path: Path) -> None:
+    """Another live run holds the app's member files in this state directory: the run is a
+    configuration error before it reaches for the broker (an address nothing listens on,
+    which would be reported as unreachable), not a failure at the first store both open."""
+    app = App("twice", bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    app.stream("in").to("out")
+    other_run = MemberFiles.claim(tmp_path, "twice", 1)
+    try:
+        with pytest.raises(ConfigError, match=r"another live process .*its own state_dir"):
+            await app.run_async()
+    finally:
+        other_run.release()
+    # The refused run kept nothing.
+    MemberFiles.claim(tmp_path, "twice", 2).release()

@@ -20,6 +20,7 @@ from streams.group.predecessors import (
     MEMBERS_DIRECTORY,
     MemberFiles,
     MemberRecord,
+    StateDirectoryInUse,
     Step,
     eviction_step,
     possible_leaders,
@@ -96,6 +97,24 @@ def test_a_dead_run_under_this_very_pid_is_still_a_predecessor(tmp_path: Path) -
     files = MemberFiles.claim(tmp_path, APP, 1)
     assert files.predecessors == [MemberRecord("m-0", None, os.getpid())]
     files.release()
+
+
+def test_a_second_live_run_of_the_app_on_one_state_directory_is_refused(
+        tmp_path: Path) -> None:
+    first = MemberFiles.claim(tmp_path, APP, 2)
+    first.record(0, "m-0", None)
+    # flock locks belong to an open file, so a second claim in this process stands for a
+    # second process.
+    with pytest.raises(StateDirectoryInUse, match=(
+            rf"another live process \(pid {os.getpid()}\) runs application '{APP}' from "
+            rf"state_dir '{tmp_path}': give each process on one host its own state_dir")):
+        MemberFiles.claim(tmp_path, APP, 1)
+    # Another app beside it is not in the way, and the refused claim kept nothing.
+    MemberFiles.claim(tmp_path, "another-app", 1).release()
+    first.release()
+    again = MemberFiles.claim(tmp_path, APP, 3)
+    assert again.predecessors == [MemberRecord("m-0", None, os.getpid())]
+    again.release()
 
 
 @pytest.mark.asyncio

@@ -18,7 +18,7 @@ from statestore.record_size import MAX_RECORD_BYTES, check_record_size
 from statestore.serdes import MsgPackSerde, Serde, TimestampedSerde
 from statestore.store import KeyValueStore
 from streams.dsl.punctuation import Punctuations, PunctuationType, Schedule
-from streams.dsl.windows import HoppingWindows, Windowed, windowed_key_serde
+from streams.dsl.windows import HoppingWindows, Windowed, row_key, windowed_key_serde
 
 log = logging.getLogger(__name__)
 
@@ -447,7 +447,8 @@ class TableNode(Node):
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         if not _has_key(self, ctx, key, "a table"):
             return
-        ctx.store(self.store).put_timestamped(key, value, ctx.timestamp_ms)  # None deletes
+        # None deletes; a windowed table's rows are kept under (key, start, end).
+        ctx.store(self.store).put_timestamped(row_key(key), value, ctx.timestamp_ms)
         self.forward(ctx, key, value)
 
     def store_names(self) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from statestore.serdes import MsgPackSerde, Serde, serde_from_name
+from statestore.serdes import BytesSerde, MsgPackSerde, Serde, StrSerde, serde_from_name
 from streams.dsl.deprecated import DeprecatedTableOperations
 from streams.dsl.fk_joins import (
     ForeignKeyJoin,
@@ -68,21 +68,26 @@ class Stream:
     """
 
     def __init__(self, topology: Topology, node: Node, key_changed: bool = False,
-                 key_serde: Serde | None = None, open_repartition: str | None = None) -> None:
+                 key_serde: Serde | None = None, open_repartition: str | None = None,
+                 windowed_keys: bool = False) -> None:
         self._topology = topology
         self._node = node
         self._key_changed = key_changed
         self._key_serde = key_serde
         self._open_repartition = open_repartition
+        #: Its keys are ``Windowed`` (a windowed table's updates), until a step sets new ones.
+        self._windowed_keys = windowed_keys
 
     def _then(self, node: Node, key_changed: bool | None = None) -> Stream:
         self._node.add_child(node)
         changed = self._key_changed if key_changed is None else key_changed
-        return self._like(node, changed)
+        stream = self._like(node, changed)
+        stream._windowed_keys = self._windowed_keys and not key_changed
+        return stream
 
     def _like(self, node: Node, key_changed: bool) -> Stream:
         return Stream(self._topology, node, key_changed, self._key_serde,
-                      self._open_repartition)
+                      self._open_repartition, self._windowed_keys)
 
     def _name(self, kind: str) -> str:
         return self._topology.node_name(kind)
@@ -147,6 +152,13 @@ class Stream:
         ``app.topic(name, partitions=N)``); serdes default to the topic's declared ones."""
         name = topic_name(topic)
         keys, values = self._topology.serdes_for(name, key_serde, value_serde)
+        if self._windowed_keys and isinstance(keys, StrSerde | BytesSerde):
+            # Caught here rather than as one dead letter per record, each update lost.
+            raise TopologyError(
+                f"to({name!r}): the keys here are Windowed (a windowed table's updates), which "
+                f"the {type(keys).__name__} cannot write; write them with key_serde='msgpack', "
+                f"'json' or 'windowed' (as [key, start_ms, end_ms]), or set plain keys first: "
+                f".map(lambda w, v: (w.key, v))")
         self._node.add_child(SinkNode(self._name("sink"), name, keys, values))
 
     def repartition(
@@ -424,6 +436,8 @@ class Table(DeprecatedTableOperations):
         # A table read from a stream (``to_table``, an aggregation) is partitioned as the
         # stream was, by its keys encoded with the stream's key serde.
         self.key_serde = key_serde if key_serde is not None else stream._key_serde
+        #: Its keys are ``Windowed``: a windowed aggregation's table, or one derived from it.
+        self.windowed_keys = windows is not None
         #: The windows of a windowed aggregation's table (what suppression waits for).
         self.windows = windows
         #: Whether Kafka Streams would know a row's previous value here (its parent sends old
@@ -437,13 +451,14 @@ class Table(DeprecatedTableOperations):
 
     def to_stream(self) -> Stream:
         return Stream(self._topology, self._node, False, self.key_serde,
-                      self._stream._open_repartition)
+                      self._stream._open_repartition, self.windowed_keys)
 
     def _then(self, node: Node, store: str | None = None) -> Table:
         self._node.add_child(node)
         table = Table(Stream(self._topology, node), store,
                       knows_old_rows=store is not None or self.knows_old_rows)
         table.key_serde = self.key_serde
+        table.windowed_keys = self.windowed_keys
         if store is None:
             table.forgetful_filters = self.forgetful_filters
         return table

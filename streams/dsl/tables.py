@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streams.dsl.processors import Node, ProcessorContext, _has_key, stamped
+from streams.dsl.windows import row_key
 
 #: The two sides of a table-table join in its store's keys.
 LEFT, RIGHT = 0, 1
@@ -51,7 +52,7 @@ class TableFilterNode(Node):
         if value is not None and bool(self.predicate(key, value)) != self.keep:
             value = None
         if (value is None and self.rows_store is not None and key is not None
-                and ctx.store(self.rows_store).get(key) is None):
+                and ctx.store(self.rows_store).get(row_key(key)) is None):
             return  # process() forwards nothing either
         prepare_children(self, ctx, key, value)
 
@@ -60,11 +61,11 @@ class TableFilterNode(Node):
             value = None
         if self.rows_store is not None and key is not None:
             rows = ctx.store(self.rows_store)
-            held = rows.get(key) is not None
+            held = rows.get(row_key(key)) is not None
             if value is None and not held:
                 return  # not in the filtered table before, nor now
             if (value is not None) != held:
-                rows.put(key, None if value is None else 1)
+                rows.put(row_key(key), None if value is None else 1)
         self.forward(ctx, key, value)
 
 

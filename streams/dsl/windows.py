@@ -96,6 +96,12 @@ class WindowedSerde:
         return Windowed(key, decoded[1], decoded[2])
 
 
+def row_key(key: Any) -> Any:
+    """A table row's key as a key-value store keeps it: a windowed table's ``Windowed`` key
+    as the tuple ``(key, start, end)``."""
+    return (key.key, key.start, key.end) if isinstance(key, Windowed) else key
+
+
 def windowed_key_serde(key_serde: Serde) -> Serde:
     """The serde a sink writes a ``Windowed`` key with, given the topic's key serde: msgpack and
     json carry the ``[key, start, end]`` array; any other serde gets the key as it is."""

@@ -150,3 +150,44 @@ def test_suppress_needs_a_windowed_table_to_wait_for_windows() -> None:
         table.suppress(until_window_closes=True)
     with pytest.raises(TopologyError, match="needs"):
         table.suppress()
+
+
+def test_windowed_keys_sent_to_a_str_keyed_topic_are_refused_when_the_app_is_built() -> None:
+    a = app()
+    a.topic("per-minute", key_serde="str")
+    counts = (a.stream("clicks").group_by_key().windowed_by(TumblingWindows(60_000))
+              .count(store="per-minute"))
+    for windowed in (counts.to_stream(), counts.filter(lambda _k, n: n > 1).to_stream(),
+                     counts.suppress(until_window_closes=True).to_stream().map_values(str)):
+        with pytest.raises(TopologyError, match=r"to\('per-minute'\): the keys here are "
+                                                r"Windowed .* \.map\(lambda w, v"):
+            windowed.to("per-minute")
+        with pytest.raises(TopologyError, match="the BytesSerde cannot write"):
+            windowed.to("elsewhere", key_serde="bytes")
+    # Plain keys again, or a serde that writes windows: accepted, and written as promised.
+    counts.to_stream().map(lambda w, n: (f"{w.key}@{w.start}", n)).to("per-minute")
+    counts.to_stream().to("windows-json", key_serde="json")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("clicks", "ann", 1, timestamp_ms=61_000)
+        assert driver.read_key_values("per-minute") == [("ann@60000", 1)]
+        assert driver.read_key_values("windows-json") == [(["ann", 60_000, 120_000], 1)]
+        assert driver.dead_letters == []
+
+
+def test_a_windowed_table_filtered_or_mapped_into_a_store_keeps_every_window() -> None:
+    a = app()
+    counts = (a.stream("clicks").group_by_key().windowed_by(TumblingWindows(60_000))
+              .count(store="per-minute"))
+    counts.filter(lambda _k, n: n > 1).to_stream().to("busy")
+    counts.map_values(lambda n: n * 10, store="tens").to_stream().to("tens")
+    counts.filter(lambda _k, n: n > 1, store="busy-store")
+    with TopologyTestDriver(a) as driver:
+        for ts in (61_000, 62_000, 130_000):
+            driver.pipe("clicks", "ann", 1, timestamp_ms=ts)
+        assert driver.dead_letters == []
+        # The filter's parent is stored, so a window that never passed gives no tombstone.
+        assert outputs(driver, "busy") == [(W("ann", 60_000, 120_000), 2, 62_000)]
+        assert [v for _, v, _ in outputs(driver, "tens")] == [10, 20, 10]
+        assert driver.store("tens").to_dict() == {("ann", 60_000, 120_000): 20,
+                                                  ("ann", 120_000, 180_000): 10}
+        assert driver.store("busy-store").to_dict() == {("ann", 60_000, 120_000): 2}

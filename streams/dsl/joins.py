@@ -45,6 +45,7 @@ from typing import Any
 
 from streams.dsl.processors import Node, ProcessorContext, _has_key
 from streams.dsl.sessions import purge_due
+from streams.dsl.windows import whole_ms
 
 LEFT, RIGHT = 0, 1
 #: The side's rank in the outer store: Kafka Streams writes a right record's side as 0 and a
@@ -113,6 +114,7 @@ class JoinWindows:
     grace_ms: int = 0
 
     def __post_init__(self) -> None:
+        whole_ms(self, "before_ms", "after_ms", "grace_ms")
         if self.after_ms is None:
             object.__setattr__(self, "after_ms", self.before_ms)
         if self.before_ms < 0 or self.after < 0:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streams.dsl.processors import ProcessorContext, WindowedAggregation, _has_key
-from streams.dsl.windows import Windowed
+from streams.dsl.windows import Windowed, whole_ms
 
 #: Above every timestamp: the upper bound of a key's range scan.
 _MAX_TIME = 1 << 62
@@ -42,6 +42,7 @@ class SessionWindows:
     grace_ms: int = 0
 
     def __post_init__(self) -> None:
+        whole_ms(self, "inactivity_gap_ms", "grace_ms")
         if self.inactivity_gap_ms <= 0:
             raise ValueError(f"inactivity_gap_ms must be > 0, not {self.inactivity_gap_ms}")
         if self.grace_ms < 0:

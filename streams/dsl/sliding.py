@@ -19,7 +19,7 @@ from typing import Any
 from statestore.store import KeyValueStore
 from streams.dsl.processors import ProcessorContext, WindowedAggregation
 from streams.dsl.sessions import purge_due
-from streams.dsl.windows import Windowed
+from streams.dsl.windows import Windowed, whole_ms
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class SlidingWindows:
     grace_ms: int = 0
 
     def __post_init__(self) -> None:
+        whole_ms(self, "time_difference_ms", "grace_ms")
         if self.time_difference_ms <= 0:
             raise ValueError(f"time_difference_ms must be > 0, not {self.time_difference_ms}")
         if self.grace_ms < 0:

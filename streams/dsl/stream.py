@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from statestore.serdes import BytesSerde, MsgPackSerde, Serde, StrSerde, serde_from_name
+from streams.dsl.checks import functions_checked
 from streams.dsl.deprecated import DeprecatedTableOperations
 from streams.dsl.fk_joins import (
     ForeignKeyJoin,
@@ -58,6 +59,7 @@ from streams.dsl.topology import TopicDecl, Topology, TopologyError
 from streams.dsl.windows import HoppingWindows
 
 
+@functions_checked
 class Stream:
     """A stream of (key, value) records.
 
@@ -321,6 +323,7 @@ class Stream:
                       open_repartition=None if key_serde is not None else topic)
 
 
+@functions_checked
 class GroupedStream:
     """A stream grouped by key, ready for an aggregation into a named store."""
 
@@ -363,6 +366,7 @@ class GroupedStream:
         return WindowedStream(self, windows)
 
 
+@functions_checked
 class WindowedStream:
     """A grouped stream cut into time windows (by record timestamp). Its aggregations are
     tables keyed by ``Windowed(key, start, end)``, kept in a store keyed
@@ -419,6 +423,7 @@ class WindowedStream:
         return self.aggregate(lambda: sentinel, reduce_or_first, store, merger=merge)
 
 
+@functions_checked
 class Table(DeprecatedTableOperations):
     """The latest value per key, kept in a store (or, for a filtered or mapped table, derived
     from its parent's updates); its updates can be read as a stream. A None value is a
@@ -598,6 +603,7 @@ class Table(DeprecatedTableOperations):
                      knows_old_rows=self.knows_old_rows)
 
 
+@functions_checked
 class GroupedTable:
     """A table re-grouped by ``selector``, ready for an aggregation with a subtractor."""
 

@@ -34,6 +34,21 @@ class Windowed:
     end: int
 
 
+def whole_ms(window: object, *names: str) -> None:
+    """Each field ``names`` of the frozen dataclass ``window`` is a whole number of
+    milliseconds: an int, or a float without a fraction (made an int); else a ``TypeError``
+    naming the field, when the app is built rather than at its first record."""
+    for name in names:
+        value = getattr(window, name)
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            continue
+        if isinstance(value, float) and value.is_integer():
+            object.__setattr__(window, name, int(value))
+            continue
+        raise TypeError(f"{type(window).__name__}: {name} must be a whole number of "
+                        f"milliseconds, not {value!r}")
+
+
 @dataclass(frozen=True)
 class HoppingWindows:
     """Windows of ``size_ms`` starting every ``advance_ms``; a record falls in
@@ -44,6 +59,7 @@ class HoppingWindows:
     grace_ms: int = 0
 
     def __post_init__(self) -> None:
+        whole_ms(self, "size_ms", "advance_ms", "grace_ms")
         if self.size_ms <= 0:
             raise ValueError(f"window size_ms must be > 0, not {self.size_ms}")
         if not 0 < self.advance_ms <= self.size_ms:
@@ -66,6 +82,12 @@ class HoppingWindows:
     @property
     def retention_ms(self) -> int:
         return self.size_ms + self.grace_ms
+
+    def __repr__(self) -> str:
+        if self.advance_ms == self.size_ms:
+            return f"TumblingWindows(size_ms={self.size_ms}, grace_ms={self.grace_ms})"
+        return (f"HoppingWindows(size_ms={self.size_ms}, advance_ms={self.advance_ms}, "
+                f"grace_ms={self.grace_ms})")
 
 
 def TumblingWindows(size_ms: int, grace_ms: int = 0) -> HoppingWindows:

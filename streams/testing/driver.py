@@ -163,6 +163,7 @@ class TopologyTestDriver:
         #: The wall-clock time processors see (``advance_wall_clock`` moves it).
         self.wall_clock_ms = 0
         self.tasks: dict[str, StreamTask] = {}
+        self._closed = False
         self._own_state_dir = state_dir is None
         self.state_dir = Path(tempfile.mkdtemp(prefix="relay-driver-") if state_dir is None
                               else state_dir)
@@ -209,6 +210,7 @@ class TopologyTestDriver:
         headers: Iterable[tuple[str, bytes]] = (),
     ) -> None:
         """Like :meth:`pipe` with the key and value already encoded (to test bad input)."""
+        self._check_open("pipe")
         if topic in self._global:
             self._global[topic].apply_or_skip(key, value, f"{topic} (piped)")
             return
@@ -252,6 +254,7 @@ class TopologyTestDriver:
         """Move every task's stream time (and :attr:`clock_ms`) to at least ``to_ms``, as if a
         record that late had reached each task, then purge the windows past retention as the
         runtime does at a commit. Windows that closed no longer accept records."""
+        self._check_open("advance_stream_time")
         self.flush()
         self.clock_ms = max(self.clock_ms, to_ms)
         for task in self.tasks.values():
@@ -264,6 +267,7 @@ class TopologyTestDriver:
     def advance_wall_clock(self, now_ms: int) -> None:
         """Fire every task's wall-clock punctuations due at ``now_ms`` (as the stream
         thread's loop does with the clock), and process what they lead to."""
+        self._check_open("advance_wall_clock")
         self.wall_clock_ms = now_ms
         pending: deque[ConsumerRecord] = deque()
         for task in self.tasks.values():
@@ -321,6 +325,7 @@ class TopologyTestDriver:
 
     def store(self, name: str) -> StoreView:
         """What the store ``name`` holds, across all the tasks that have it."""
+        self._check_open("store")
         self.flush()
         stores = [task.stores[name] for _, task in sorted(self.tasks.items())
                   if name in task.stores]
@@ -351,6 +356,7 @@ class TopologyTestDriver:
     def commit(self) -> None:
         """What the runtime does at a commit: purge expired windows, then flush every store
         and write its checkpoint."""
+        self._check_open("commit")
         self.flush()
         for task in self.tasks.values():
             task.purge_expired_windows()
@@ -371,6 +377,7 @@ class TopologyTestDriver:
         self._open_tasks(from_changelog=from_changelog)
 
     def close(self) -> None:
+        self._closed = True
         for task in self.tasks.values():
             task.close()
         self.tasks = {}
@@ -388,6 +395,11 @@ class TopologyTestDriver:
         self.close()
 
     # -- inside ------------------------------------------------------------------------------
+
+    def _check_open(self, call: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{call}() on a closed TopologyTestDriver: call it inside the "
+                               f"driver's with-block (what it wrote stays readable after)")
 
     def _count_of(self, topic: str) -> int:
         declared = self.topology.topics.get(topic)

@@ -3,6 +3,7 @@ runtime's own tasks, processors and RocksDB stores, without a broker."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgpack
@@ -10,7 +11,7 @@ import pytest
 from aiokafka.structs import ConsumerRecord
 
 from statestore.errors import StateStoreError
-from streams import App, TopologyTestDriver, TumblingWindows, Windowed
+from streams import App, JoinWindows, TopologyTestDriver, TumblingWindows, Windowed
 from streams.dsl.topology import TopologyError
 from streams.dsl.windows import HoppingWindows
 
@@ -349,6 +350,20 @@ def test_the_driver_refuses_topics_the_app_does_not_read() -> None:
         driver.pipe("nope", "k", 1)
 
 
+def test_a_closed_driver_says_so_and_keeps_its_outputs_readable() -> None:
+    a = app()
+    a.stream("in").group_by_key().count(store="counts").to_stream().to("out")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("in", "k", 1)
+    assert driver.read_key_values("out") == [("k", 1)]
+    for call in (lambda: driver.pipe("in", "k", 2), lambda: driver.store("counts"),
+                 lambda: driver.advance_stream_time(5), lambda: driver.advance_wall_clock(5),
+                 lambda: driver.restart()):
+        with pytest.raises(RuntimeError, match=r"on a closed TopologyTestDriver: call it "
+                                               r"inside the driver's with-block"):
+            call()
+
+
 def test_the_driver_names_the_outputs_when_asked_for_a_topic_the_app_does_not_write() -> None:
     a = app()
     a.stream("in").filter(lambda _k, v: v > 0).to("out")
@@ -383,3 +398,33 @@ def test_a_custom_processor_sees_where_its_record_was_read() -> None:
         driver.pipe("in", "c", 3, partition=0, timestamp_ms=7)
         assert driver.read_key_values("out") == [
             ("a", ["in", 1, 0, 5]), ("b", ["in", 1, 1, 6]), ("c", ["in", 0, 0, 7])]
+
+
+def test_a_value_where_a_function_belongs_is_refused_when_the_app_is_built() -> None:
+    a = app()
+    s = a.stream("in")
+    table = s.to_table()
+    cases = [
+        (lambda: s.branch(lambda _k, v: v > 1, "amount > 100"),
+         "Stream.branch(): predicates must be a function, not str 'amount > 100'"),
+        (lambda: s.filter(None), "Stream.filter(): predicate must be a function, not NoneType"),
+        (lambda: s.group_by_key().aggregate(0, lambda _k, _v, n: n, store="s"),
+         "GroupedStream.aggregate(): initializer must be a function, not int 0"),
+        (lambda: table.join(table, lambda x, _y: x, foreign_key="sku"),
+         "Table.join(): foreign_key must be a function, not str 'sku'"),
+    ]
+    for call, message in cases:
+        with pytest.raises(TopologyError, match=re.escape(message)):
+            call()
+    # None where a function is optional stays the default.
+    table.join(table, lambda x, _y: x, foreign_key=None).to_stream().to("out")
+
+
+def test_windows_take_whole_milliseconds_and_say_what_they_are() -> None:
+    assert repr(TumblingWindows(60_000.0)) == "TumblingWindows(size_ms=60000, grace_ms=0)"
+    assert TumblingWindows(60_000.0).size_ms == 60_000
+    assert repr(HoppingWindows(10, 5)) == "HoppingWindows(size_ms=10, advance_ms=5, grace_ms=0)"
+    with pytest.raises(TypeError, match=r"size_ms must be a whole number of milli.*, not 1\.5"):
+        TumblingWindows(1.5)
+    with pytest.raises(TypeError, match="before_ms must be a whole number of milliseconds"):
+        JoinWindows("5")  # type: ignore[arg-type]

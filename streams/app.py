@@ -25,7 +25,7 @@ import uuid
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Never
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
@@ -40,7 +40,7 @@ from statestore.topics import (
     ensure_topics,
     existing_partition_counts,
 )
-from streams.config import AppConfig, ConfigError
+from streams.config import AppConfig, ConfigError, UnknownSettingError
 from streams.dsl.describe import TopologyDescription, describe
 from streams.dsl.global_tables import GlobalTable
 from streams.dsl.stream import Stream, Table, stream_from_topic, table_from_topic
@@ -189,7 +189,10 @@ class App:
         query_port: int | None = None,
         query_host: str | None = None,
         query_advertised_host: str | None = None,
+        **misspelt: Never,
     ) -> None:
+        if misspelt:
+            raise UnknownSettingError(misspelt)
         self.config = AppConfig.from_env(
             application_id=application_id, bootstrap_servers=bootstrap_servers,
             state_dir=state_dir, snapshot_dir=snapshot_dir, num_threads=num_threads,

@@ -16,6 +16,7 @@ import os
 import re
 import socket
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -49,6 +50,24 @@ REPARTITION_PURGE_INTERVAL_MS = 30_000
 
 class ConfigError(ValueError):
     """A setting has a wrong type or value."""
+
+
+class UnknownSettingError(ConfigError, TypeError):
+    """Keywords of ``App()`` that name no setting (misspelt ones): a ``TypeError`` too, as
+    Python's own for an unexpected keyword argument is."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = sorted(names)
+        super().__init__(self.describe())
+
+    def describe(self, where: str = "") -> str:
+        """The message; ``where`` (`` (file, line N)``) follows the names when known."""
+        known = {f.name for f in fields(AppConfig)}
+        hints = [f"did you mean {closest}?" for name in self.names
+                 if (closest := closest_setting(name, known))]
+        settings = "setting" if len(self.names) == 1 else "settings"
+        return (f"App() has no {settings} {', '.join(map(repr, self.names))}{where}; "
+                + (" ".join(hints) or "see docs/configuration.md"))
 
 
 @dataclass(frozen=True)

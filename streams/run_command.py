@@ -9,15 +9,13 @@ another name. Every failure it knows is one line and an exit code from
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
-import re
 import sys
 from typing import TYPE_CHECKING
 
 import click
 
-from streams.config import ConfigError, closest_setting
+from streams.config import ConfigError, UnknownSettingError
 from streams.dsl.topology import TopologyError
 from streams.exit_codes import ExitCode, summary
 
@@ -73,11 +71,9 @@ def load_app(target: str) -> App:
         raise click.BadParameter(
             f"cannot import {module_name!r}: {exc.msg} ({exc.filename}, line {exc.lineno}){line}",
             param_hint="APP") from None
-    except TypeError as exc:
-        setting = unknown_app_setting(exc)
-        if setting is None:
-            raise  # a bug of the app's module: its traceback says where
-        raise RunError(f"configuration error: {setting}", ExitCode.CONFIG) from None
+    except UnknownSettingError as exc:
+        raise RunError(f"configuration error: {exc.describe(caller_of_app(exc))}",
+                       ExitCode.CONFIG) from None
     except ConfigError as exc:
         raise RunError(f"configuration error: {exc}", ExitCode.CONFIG) from None
     except TopologyError as exc:
@@ -94,25 +90,18 @@ def load_app(target: str) -> App:
     return app
 
 
-def unknown_app_setting(exc: TypeError) -> str | None:
-    """What to say of ``App(..., a_misspelt_setting=...)``, a typo as common as a misspelt
-    ``RELAY_*`` variable; None for any other TypeError."""
-    from streams.app import App
-
-    found = re.match(r"App\.__init__\(\) got an unexpected keyword argument '(\w+)'",
-                     str(exc))
-    if found is None:
-        return None
-    name = found.group(1)
-    known = set(inspect.signature(App.__init__).parameters) - {"self", "application_id"}
-    closest = closest_setting(name, known)
-    hint = f"; did you mean {closest}?" if closest else " (see docs/configuration.md)"
+def caller_of_app(exc: UnknownSettingError) -> str:
+    """`` (file, line N)`` of the ``App(...)`` call a misspelt setting was given to: the
+    frame before ``App.__init__`` in the error's traceback."""
+    frames = []
     frame = exc.__traceback__
-    while frame is not None and frame.tb_next is not None:
+    while frame is not None:
+        frames.append(frame)
         frame = frame.tb_next
-    where = (f" ({frame.tb_frame.f_code.co_filename}, line {frame.tb_lineno})"
-             if frame is not None else "")
-    return f"App() has no setting {name!r}{where}{hint}"
+    if len(frames) < 2:
+        return ""
+    caller = frames[-2]
+    return f" ({caller.tb_frame.f_code.co_filename}, line {caller.tb_lineno})"
 
 
 @click.command(short_help="Run an app (module:attribute) until SIGINT or SIGTERM.",

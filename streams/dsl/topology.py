@@ -8,6 +8,7 @@ mismatch is an error at start.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 
 from statestore.serdes import Serde, serde_from_name
@@ -207,9 +208,13 @@ class Topology:
                     if topic in self.repartition_partitions:
                         counts[topic] = self.repartition_partitions[topic]
                 elif topic not in external_counts:
+                    known = (set(self.topics) | set(external_counts)) - {topic}
+                    close = difflib.get_close_matches(topic, sorted(known), n=1, cutoff=0.75)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
                     raise TopologyError(
-                        f"source topic {topic} does not exist; create it first, or declare it "
-                        f"with app.topic({topic!r}, partitions=N) so that the app creates it"
+                        f"source topic {topic} does not exist{hint}; create it first, or "
+                        f"declare it with app.topic({topic!r}, partitions=N) so that the app "
+                        f"creates it"
                     )
                 else:
                     counts[topic] = external_counts[topic]

@@ -35,6 +35,7 @@ from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, sto
 from streams.dsl.processors import (
     CustomProcessorNode,
     MissingKeyError,
+    Node,
     ProcessorContext,
     SourceNode,
     WindowAggregateNode,
@@ -53,8 +54,11 @@ class RecordError(Exception):
 
     def __init__(self, stage: str, record: ConsumerRecord, cause: BaseException,
                  index: int = 0) -> None:
+        #: The topology step whose code raised, when a step's did.
+        self.step = raising_step(cause)
+        where = f" in step {self.step}" if self.step else ""
         super().__init__(
-            f"{stage} failed for {record.topic}[{record.partition}]@{record.offset}: "
+            f"{stage} failed for {record.topic}[{record.partition}]@{record.offset}{where}: "
             f"{type(cause).__name__}: {cause}"
         )
         self.stage = stage
@@ -74,7 +78,22 @@ class RecordError(Exception):
             ("relay.topic", record.topic.encode()),
             ("relay.partition", str(record.partition).encode()),
             ("relay.offset", str(record.offset).encode()),
+            *([("relay.step", self.step.encode())] if self.step else []),
         ]
+
+
+def raising_step(error: BaseException) -> str | None:
+    """The name of the innermost topology step the error's traceback passes through: the
+    step whose function (a user's filter, joiner, aggregator) raised. Read off the traceback
+    once an error happened, so that processing a record pays nothing for it."""
+    step = None
+    frame = error.__traceback__
+    while frame is not None:
+        owner = frame.tb_frame.f_locals.get("self")
+        if isinstance(owner, Node):
+            step = owner.name
+        frame = frame.tb_next
+    return step
 
 
 #: What the ``relay.error`` header keeps of an error's text.

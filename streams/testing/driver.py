@@ -84,6 +84,8 @@ class DeadLetter:
     value: bytes | None
     stage: str
     error: str
+    #: The topology step whose code raised (``filter-0003``), when a step's did.
+    step: str | None = None
 
 
 @dataclass
@@ -502,7 +504,7 @@ class TopologyTestDriver:
         record = error.record
         self._dead_letters.append(DeadLetter(
             record.topic, record.partition, record.offset, record.key, record.value,
-            error.stage, f"{type(error.cause).__name__}: {error.cause}",
+            error.stage, f"{type(error.cause).__name__}: {error.cause}", error.step,
         ))
         key, value, cut = truncated_payload(record.key, record.value)
         self._append(self.dead_letter_topic, key, value, record.timestamp, 0,

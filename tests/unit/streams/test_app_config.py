@@ -35,11 +35,17 @@ def test_the_assignor_config_is_derived_from_the_app_config() -> None:
 
 def test_app_takes_every_setting_as_a_keyword() -> None:
     parameters = inspect.signature(App).parameters
-    assert set(parameters) == {f.name for f in fields(AppConfig)}
+    settings = {n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    assert settings == {f.name for f in fields(AppConfig)}
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY
-               for name, p in parameters.items() if name != "application_id")
+               for name, p in parameters.items()
+               if name != "application_id" and name in settings)
+    # A misspelt keyword names the setting meant; a TypeError too, as Python's own would be.
+    with pytest.raises(ConfigError, match=r"App\(\) has no settings 'num_thread', 'zzz'; "
+                                          r"did you mean num_threads\?$"):
+        App("a", num_thread=2, zzz=1)
     with pytest.raises(TypeError):
-        App("a", num_thread=2)  # type: ignore[call-arg]
+        App("a", num_thread=2)
 
 
 def test_a_misspelt_variable_gets_a_warning_naming_the_closest_setting(

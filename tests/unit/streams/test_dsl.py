@@ -258,7 +258,8 @@ def test_bad_records_are_dead_lettered_with_their_origin_or_stop_the_app() -> No
     from streams.runtime.task import RecordError
 
     with TopologyTestDriver(a, on_error="stop") as driver, pytest.raises(
-            RecordError, match=r"process failed for in\[0\]@0: ZeroDivisionError"):
+            RecordError, match=r"process failed for in\[0\]@0 in step map-values-0002: "
+                                r"ZeroDivisionError"):
         driver.pipe("in", "z", 0)
 
 
@@ -428,3 +429,19 @@ def test_windows_take_whole_milliseconds_and_say_what_they_are() -> None:
         TumblingWindows(1.5)
     with pytest.raises(TypeError, match="before_ms must be a whole number of milliseconds"):
         JoinWindows("5")  # type: ignore[arg-type]
+
+
+def test_a_dead_letter_names_the_step_whose_function_raised() -> None:
+    a = app()
+    a.stream("in").filter(lambda _k, v: v["a"] > 1).map_values(lambda v: v["b"]["c"]).to("out")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("in", "k", {"x": 2})
+        driver.pipe("in", "k", {"a": 2, "b": None})
+        driver.pipe_raw("in", b"\xc1", b"\x01")  # not msgpack: no step ran
+        first, second, third = driver.dead_letters
+        headers = dict(driver.read_output(driver.dead_letter_topic, "bytes", "bytes")[1].headers)
+    assert (first.step, first.error) == ("filter-0002", "KeyError: 'a'")
+    assert (second.step, second.error) == (
+        "map-values-0003", "TypeError: 'NoneType' object is not subscriptable")
+    assert headers["relay.step"] == b"map-values-0003"
+    assert (third.stage, third.step) == ("deserialize", None)

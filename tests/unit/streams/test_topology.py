@@ -49,6 +49,14 @@ def test_missing_source_topic_is_a_clear_error() -> None:
         a.topology.assign_partitions(a.topology.sub_topologies(), {}, default=4)
 
 
+def test_a_misspelt_source_topic_names_the_topic_meant() -> None:
+    a = app()
+    a.stream("reading").to("out")
+    with pytest.raises(TopologyError, match=r"source topic reading does not exist \(did you "
+                                            r"mean 'readings'\?\); create it first"):
+        a.topology.assign_partitions(a.topology.sub_topologies(), {"readings": 4}, default=4)
+
+
 def test_declared_topics_with_a_partition_count_are_the_ones_the_app_creates() -> None:
     a = app()
     a.topic("lines", key_serde="str", partitions=3)

@@ -82,7 +82,12 @@ from streams.group.warm_up import (
 )
 from streams.metrics import Metrics, MetricsServer, serve_metrics
 from streams.queries.routing import RoutingTable, StatusFollower
-from streams.queries.store_query import LocalStores, StoreQuery, UnknownStoreError
+from streams.queries.store_query import (
+    GlobalStoreQuery,
+    LocalStores,
+    StoreQuery,
+    UnknownStoreError,
+)
 from streams.quirks.detect import broker_quirks
 from streams.quirks.hooks import RoundHooks, hooks_for
 from streams.quirks.task_positions import TaskPositions, positions_topic_name
@@ -244,7 +249,7 @@ class App:
         #: Serving them while the app runs with ``metrics_port`` set.
         self.metrics_server: MetricsServer | None = None
         #: What the threads hold, for interactive queries (``store``).
-        self.local_stores = LocalStores(lambda: self.threads)
+        self.local_stores = LocalStores(lambda: self.threads, lambda: self.global_tables)
         #: Serving queries while the app runs with ``query_port`` set.
         self.query_server: QueryServer | None = None
         #: Where the group's members hold their tasks, followed while queries are served.
@@ -310,13 +315,18 @@ class App:
         return describe(self.topology, tuple(f"{t.store} (topic: {t.topic})"
                                              for t in self.global_tables))
 
-    def store(self, name: str) -> StoreQuery:
+    def store(self, name: str) -> StoreQuery | GlobalStoreQuery:
         """Interactive queries of store ``name`` held by this process: ``get(key)``,
         ``read(key)`` (with the copy that answered and its lag) and ``range(start, end)``
-        over committed state (see :mod:`streams.queries.store_query`). An unknown name raises
+        over committed state (see :mod:`streams.queries.store_query`); a global table's
+        store answers every key in every process. An unknown name raises
         :class:`streams.queries.store_query.UnknownStoreError`."""
+        table = self.local_stores.global_table(name)
+        if table is not None:
+            return GlobalStoreQuery(table)
         if name not in self.topology.stores:
-            known = ", ".join(sorted(self.topology.stores)) or "none"
+            known = ", ".join(sorted([*self.topology.stores,
+                                      *(t.store for t in self.global_tables)])) or "none"
             raise UnknownStoreError(f"the app declares no store {name!r} (stores: {known})")
         return StoreQuery(name, self.local_stores)
 

@@ -35,6 +35,7 @@ from streams.environment import UnservableAddressError
 from streams.queries.routing import Route, RoutingTable, now_ms
 from streams.queries.store_layout import StoreKeyError, StoreLayout
 from streams.queries.store_query import (
+    GlobalStoreQuery,
     KeyReading,
     LocalStores,
     StoreQuery,
@@ -168,6 +169,9 @@ class QueryService:
         try:
             query = parse_request(request.match_info["store"], request.match_info["key"],
                                   dict(request.query))
+            table = None if self.local is None else self.local.global_table(query.store)
+            if table is not None:
+                return self._answer_global(GlobalStoreQuery(table), query)
             layout = self.layout(query.store)
             task = layout.task_of(query.key)
         except BadQuery as exc:
@@ -190,6 +194,23 @@ class QueryService:
             if forwarded_by is not None or local_refusal.reason == "restoring":
                 return unavailable(str(local_refusal), local_refusal.reason, task)
         return await self._forward(request, query, task, local_refusal)
+
+    def _answer_global(self, store: GlobalStoreQuery, query: QueryRequest) -> web.Response:
+        """A global table's key, answered here: this process holds every key of it."""
+        try:
+            reading = store.read(query.key)
+        except StoreKeyError as exc:
+            return bad(400, str(exc))
+        except StoreUnavailable as exc:
+            return unavailable(str(exc), exc.reason, None)
+        body = reading.to_json()
+        if not reading.found:
+            body["reason"] = "not_found"
+            body["hint"] = (f"not in global table {store.name}, which every instance holds "
+                            f"whole: no record of its topic has this key")
+        body["owner"] = {"member": None, "instance_id": self.instance_id,
+                         "endpoint": self._endpoint()}
+        return web.json_response(body, status=200 if reading.found else 404, dumps=_dumps)
 
     def _answer(self, reading: KeyReading, partition: int) -> web.Response:
         body = reading.to_json()

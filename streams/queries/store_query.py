@@ -34,10 +34,13 @@ from streams.runtime.transitions import Role
 
 if TYPE_CHECKING:
     from statestore.store import KeyValueStore
+    from streams.dsl.global_tables import GlobalTable
     from streams.runtime.thread import StreamThread
 
 #: A range read returns at most this many entries unless told otherwise.
 DEFAULT_RANGE_LIMIT = 1_000
+#: The task and the role a global table's readings name: every process holds all of it.
+GLOBAL = "global"
 
 
 class UnknownStoreError(KeyError):
@@ -157,9 +160,15 @@ class LocalStores:
     """What the process's stream threads hold, for queries: the layouts of the app's stores
     and, per task, each thread's copy."""
 
-    def __init__(self, threads: Callable[[], Sequence[StreamThread]]) -> None:
+    def __init__(self, threads: Callable[[], Sequence[StreamThread]],
+                 global_tables: Callable[[], Sequence[GlobalTable]] = lambda: ()) -> None:
         self._threads = threads
+        self._global_tables = global_tables
         self._layouts: dict[str, StoreLayout] | None = None
+
+    def global_table(self, store: str) -> GlobalTable | None:
+        """The global table kept in ``store``, if it is one."""
+        return next((t for t in self._global_tables() if t.store == store), None)
 
     def layouts(self) -> dict[str, StoreLayout]:
         threads = self._threads()
@@ -299,4 +308,57 @@ class StoreQuery:
             raise StoreUnavailable(self.name, holding.task, "moving",
                                    f"task {holding.task}'s store {self.name} is not open "
                                    f"here right now; retry")
+        return store
+
+
+class GlobalStoreQuery:
+    """``app.store(name)`` of a global table. Every process holds all of the table, so any
+    process answers every key, from the table's committed state (committed every second).
+    The keyword arguments of :class:`StoreQuery`'s reads are taken and have nothing to
+    choose: there is one copy here, always complete."""
+
+    def __init__(self, table: GlobalTable) -> None:
+        self.name = table.store
+        self._table = table
+
+    def get(self, key: Any, default: Any = None, *, allow_standby: bool = False,
+            max_lag: int | None = None) -> Any:
+        reading = self.read(key)
+        return reading.value if reading.found else default
+
+    def read(self, key: Any, *, allow_standby: bool = False,
+             max_lag: int | None = None) -> KeyReading:
+        sentinel = object()
+        try:
+            value = self._store().get_committed(key, sentinel)
+        except SerdeError as exc:
+            raise StoreKeyError(f"store {self.name}: cannot encode key {key!r}: {exc}") \
+                from None
+        found = value is not sentinel
+        return KeyReading(self.name, key, value if found else None, found, GLOBAL, GLOBAL,
+                          0, GLOBAL)
+
+    def range(self, start: Any = None, end: Any = None, *, allow_standby: bool = False,
+              max_lag: int | None = None, limit: int = DEFAULT_RANGE_LIMIT) -> RangeReading:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, not {limit}")
+        entries: list[tuple[Any, Any]] = []
+        truncated = False
+        try:
+            for entry in self._store().range_committed(start, end):
+                if len(entries) >= limit:
+                    truncated = True
+                    break
+                entries.append(entry)
+        except SerdeError as exc:
+            raise StoreKeyError(f"store {self.name}: cannot encode the range's bounds: "
+                                f"{exc}") from None
+        return RangeReading(self.name, entries, {}, {}, truncated)
+
+    def _store(self) -> KeyValueStore:
+        store = self._table.opened
+        if store is None or not store.is_open:
+            raise StoreUnavailable(self.name, None, "not_running",
+                                   f"global table {self.name} is not open here: the app is "
+                                   f"not running yet, or still reading the table; retry")
         return store

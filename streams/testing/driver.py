@@ -331,8 +331,10 @@ class TopologyTestDriver:
         self.flush()
         stores = [task.stores[name] for _, task in sorted(self.tasks.items())
                   if name in task.stores]
+        stores += [t.opened for t in self._global.values() if t.store == name and t.opened]
         if not stores:
-            raise KeyError(f"the app has no store {name!r}; stores: {sorted(self.topology.stores)}")
+            known = sorted([*self.topology.stores, *(t.store for t in self._global.values())])
+            raise KeyError(f"the app has no store {name!r}; stores: {known}")
         return StoreView(name, stores)
 
     def changelog(self, store: str) -> list[tuple[bytes, bytes | None]]:

@@ -193,6 +193,9 @@ async def test_a_global_table_is_restored_from_its_topic_and_followed_while_runn
         await wait_until(lambda: table.opened is not None
                          and table.get("s99") == "product-99", timeout_s=30,
                          message="the new product in the global table")
+        # Queried as any store, once committed (every second): this process holds it all.
+        await wait_until(lambda: app.store("products").get("s99") == "product-99",
+                         timeout_s=30, message="the global table's store answering a query")
         await produce(bootstrap, orders, [(3, {"sku": "s99", "n": 4})])
         await wait_until(lambda: joined([(1, "2xproduct-7"), (3, "4xproduct-99")]),
                          timeout_s=30, message="the order joined with the new product")

@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from streams import App
 from streams.group.partition_assignor import TaskLayout
 from streams.queries.routing import RoutingTable, StatusFollower
 from streams.queries.server import FORWARDED_HEADER, QueryService, make_query_app
 from streams.queries.store_layout import store_layouts
-from streams.queries.store_query import LocalStores
+from streams.queries.store_query import LocalStores, StoreUnavailable
 from streams.runtime.transitions import Role
 from streams.testing import TopologyTestDriver
 from tests.unit.streams.test_queries import FakeThread, word_count_app
@@ -310,3 +311,34 @@ async def test_a_malformed_request_is_a_400_and_one_warning_line(
         assert answer.split(b"\r\n")[0].endswith(b" 404 Not Found")
     finally:
         await server.close()
+
+
+async def test_a_global_tables_keys_are_answered_by_any_process_that_holds_it(
+        tmp_path: Path) -> None:
+    app = App("global-queries", bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    app.topic("rates", key_serde="str", value_serde="json")
+    rates = app.global_table("rates", store="rates")
+    app.stream("payments").left_join(rates, lambda _k, v: v["currency"],
+                                     lambda p, r: [p, r]).to("out")
+    unopened = app.store("rates")
+    with pytest.raises(StoreUnavailable, match="global table rates is not open here"):
+        unopened.get("EUR")
+    with TopologyTestDriver(app, state_dir=tmp_path / "driver") as driver:
+        driver.pipe("rates", "EUR", {"usd": 1.1})
+        driver.pipe("rates", "GBP", {"usd": 1.3})
+        assert driver.store("rates").to_dict() == {"EUR": {"usd": 1.1}, "GBP": {"usd": 1.3}}
+        # What the driver opened is what a running app's process holds: all of the table.
+        assert rates.opened is not None
+        rates.opened.commit()
+        store = app.store("rates")
+        assert store.get("EUR") == {"usd": 1.1} and store.get("JPY", "none") == "none"
+        assert store.range("A", "F").entries == [("EUR", {"usd": 1.1})]
+        service = QueryService(RoutingTable(), app.local_stores, instance_id="w1")
+        async with TestClient(TestServer(make_query_app(service))) as client:
+            found = await client.get("/stores/rates/GBP")
+            body = await found.json()
+            assert found.status == 200 and body["value"] == {"usd": 1.3}
+            assert (body["task"], body["role"]) == ("global", "global")
+            missing = await client.get("/stores/rates/JPY")
+            assert missing.status == 404
+            assert "every instance holds whole" in (await missing.json())["hint"]

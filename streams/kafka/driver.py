@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -73,9 +74,17 @@ class GroupConsumer:
     """A group member's consumer, and what the runtime needs to know about its group."""
 
     def __init__(self, consumer: AIOKafkaConsumer, committed_by_markers: bool = False,
-                 turn_ms: int = 0, clock: Callable[[], float] | None = None) -> None:
+                 turn_ms: int = 0, clock: Callable[[], float] | None = None,
+                 refetch_skipped: bool = False) -> None:
         self._consumer = consumer
         self._committed_by_markers = committed_by_markers
+        #: ``skipped-batches``: a fetch that skipped offsets is made again (see
+        #: :func:`skipped_batches`); the gaps seen, with when each was first seen.
+        self._refetch_skipped = refetch_skipped
+        self._gaps: dict[tuple[TopicPartition, int, int], float] = {}
+        #: Partitions sought since the positions were read: their records start where the
+        #: seek said, not where the position was.
+        self._sought: set[TopicPartition] = set()
         self._round_listener: Callable[[int], None] | None = None
         self._rejoin_waiter: Callable[[], Awaitable[None]] | None = None
         # How long a partition number keeps its turn at the fetched records at most
@@ -121,6 +130,8 @@ class GroupConsumer:
             await asyncio.sleep(timeout_ms / 1000)
             self._coordinator.check_errors()
             return {}
+        positions = self._positions() if self._refetch_skipped else None
+        self._sought.clear()
         buffered = self._fetch_buffer()
         if buffered is not None:
             # Fetched since the last call: a partition handed nothing yet goes first.
@@ -144,7 +155,62 @@ class GroupConsumer:
                 list(buffered), list(batches), self._turns, self._clock(), self._turn_s,
                 assignment() if assignment is not None else None)
             hand_out_in(buffered, order)
+        if positions is not None and batches:
+            self._refetch_skipped_batches(batches, positions)
         return batches
+
+    def _positions(self) -> dict[TopicPartition, int]:
+        """aiokafka's position of each assigned partition (its subscription's private
+        state): the offset of the next record it hands out."""
+        subscription = getattr(getattr(self._consumer, "_subscription", None),
+                               "subscription", None)
+        assignment = getattr(subscription, "assignment", None)
+        if assignment is None:
+            return {}
+        positions: dict[TopicPartition, int] = {}
+        for tp in assignment.tps:
+            state = assignment.state_value(tp)
+            if state is not None and state.has_valid_position:
+                positions[tp] = state.position
+        return positions
+
+    def _refetch_skipped_batches(self, batches: dict[TopicPartition, list[Any]],
+                                 positions: dict[TopicPartition, int]) -> None:
+        """The ``skipped-batches`` quirk: where a partition's records jump past the next
+        offset (at their start, from its position, or between two batches of one fetch),
+        the records from the jump on are not handed out and the partition is sought back to
+        the missing offset, until the gap has stood :data:`GAP_SETTLE_S` (then it is one
+        Kafka has too: a transaction's marker)."""
+        now = self._clock()
+        for tp in list(batches):
+            records = batches[tp]
+            expected = positions.get(tp)
+            if not records or expected is None or tp in self._sought:
+                continue
+            for index, record in enumerate(records):
+                offset = record.offset
+                if offset != expected:
+                    key = (tp, expected, offset)
+                    decision = skipped_batches(expected, offset, self._gaps.get(key), now)
+                    if decision is GapDecision.ACCEPT:
+                        del self._gaps[key]
+                        log.info("%s: offsets %d to %d stayed missing for %.1fs: taken as "
+                                 "a gap of the log", tp, expected, offset - 1, GAP_SETTLE_S)
+                    elif decision is GapDecision.REFETCH:
+                        if key not in self._gaps:
+                            self._gaps[key] = now
+                            log.info("%s: fetched records jump from offset %d to %d: "
+                                     "fetched again (skipped-batches)", tp, expected, offset)
+                        if index:
+                            batches[tp] = records[:index]
+                        else:
+                            del batches[tp]
+                        self._consumer.seek(tp, expected)
+                        break
+                expected = offset + 1
+        if len(self._gaps) > 1_000:  # gaps seen once and filled: forget the oldest
+            for key in sorted(self._gaps, key=self._gaps.__getitem__)[:500]:
+                del self._gaps[key]
 
     async def _getmany_unheld(self, timeout_ms: int, max_records: int,
                               ) -> dict[TopicPartition, list[Any]]:
@@ -206,9 +272,10 @@ class GroupConsumer:
         assigned = self._consumer.assignment()
         for tp, records in batches.items():
             if records and tp in assigned:
-                self._consumer.seek(tp, records[0].offset)
+                self.seek(tp, records[0].offset)
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._sought.add(tp)
         self._consumer.seek(tp, offset)
 
     async def seek_to_beginning(self, tp: TopicPartition) -> None:
@@ -216,6 +283,7 @@ class GroupConsumer:
         fetcher does not fetch the partition before it has resolved the position, and
         waiting (up to a fetch's max wait, 0.5 s) would hold the thread's processing of its
         other tasks meanwhile."""
+        self._sought.add(tp)
         fetcher = getattr(self._consumer, "_fetcher", None)
         if fetcher is None or tp not in self._consumer.assignment():
             await self._consumer.seek_to_beginning(tp)  # raises for a partition not assigned
@@ -469,6 +537,33 @@ def install_read_committed_records() -> None:
         fetcher_module.PartitionRecords = ReadCommittedRecords  # type: ignore[misc]
 
 
+#: How long a gap in a partition's offsets is fetched again before it is taken as the
+#: log's own (``skipped-batches``): Tansu makes a batch appended by another producer
+#: readable within milliseconds.
+GAP_SETTLE_S = 0.3
+
+
+class GapDecision(enum.Enum):
+    NONE = "no gap"
+    REFETCH = "fetch again"
+    ACCEPT = "a gap of the log"
+
+
+def skipped_batches(expected: int, first: int, first_seen: float | None,
+                    now: float) -> GapDecision:
+    """What to do with fetched records starting at ``first`` where the partition's position
+    was ``expected``. On Tansu a fetch at the end of a partition several producers append
+    to can return a later batch while an earlier one is not yet readable, and a consumer
+    that takes it never reads the earlier one: the gap is fetched again until it has stood
+    :data:`GAP_SETTLE_S` since ``first_seen`` (None: not seen before). Apache Kafka leaves
+    gaps only where the log has them (compaction, transaction markers)."""
+    if first <= expected:
+        return GapDecision.NONE
+    if first_seen is not None and now - first_seen >= GAP_SETTLE_S:
+        return GapDecision.ACCEPT
+    return GapDecision.REFETCH
+
+
 def hand_out_in(buffered: dict[TopicPartition, Any], order: list[TopicPartition]) -> None:
     """Reorder the fetcher's buffer (a dict in hand-out order) to ``order``, in place."""
     if list(buffered) != order:
@@ -486,10 +581,13 @@ def _retrieve_outcome(future: Any) -> None:
 def new_group_consumer(
     config: AppConfig, bootstrap_servers: str, static_id: str | None, index: int,
     assignor: AbstractPartitionAssignor, committed_by_markers: bool = False,
+    refetch_skipped: bool = False,
 ) -> GroupConsumer:
     """A consumer in the app's group, with the cooperative coordinator installed.
     ``committed_by_markers``: exactly-once input read by markers (see
-    :func:`read_committed_by_markers`)."""
+    :func:`read_committed_by_markers`). ``refetch_skipped``: gaps in a partition's offsets
+    fetched again (:func:`skipped_batches`), at-least-once only: an exactly-once member
+    meets a gap at every transaction's marker."""
     cooperative.install()
     install_read_committed_records()
     return GroupConsumer(AIOKafkaConsumer(
@@ -513,7 +611,8 @@ def new_group_consumer(
         max_partition_fetch_bytes=(READ_COMMITTED_PARTITION_FETCH_BYTES if config.exactly_once
                                    else DEFAULT_PARTITION_FETCH_BYTES),
     ), committed_by_markers=committed_by_markers and config.exactly_once,
-        turn_ms=config.commit_interval_ms)
+        turn_ms=config.commit_interval_ms,
+        refetch_skipped=refetch_skipped and not config.exactly_once)
 
 
 def new_producer(bootstrap_servers: str) -> AIOKafkaProducer:

@@ -75,6 +75,8 @@ class RoundHooks:
     positions: TaskPositions | None = None
     #: ``no-delete-records``: repartition topics are not purged after commits.
     keeps_repartition_records: bool = False
+    #: ``skipped-batches``: a fetch that skipped offsets is made again.
+    refetch_skipped: bool = False
 
     # -- the leader's assignor ------------------------------------------------------------
 
@@ -337,5 +339,6 @@ def hooks_for(quirks: BrokerQuirks, control: ControlSender | None = None) -> Rou
         committed_by_markers=Quirk.STUCK_LAST_STABLE_OFFSET in quirks,
         records_positions=Quirk.DEFERRED_TRANSACTIONAL_OFFSETS in quirks,
         keeps_repartition_records=Quirk.NO_DELETE_RECORDS in quirks,
+        refetch_skipped=Quirk.SKIPPED_BATCHES in quirks,
     )
 

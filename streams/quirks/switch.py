@@ -35,8 +35,13 @@ has a name here, lives in one module, and is on only when the broker needs it:
 - ``no-delete-records`` (:mod:`streams.runtime.repartition_purge`): the broker lists
   DeleteRecords among its API versions but closes the connection when asked for it, so
   repartition topics are not purged after commits (they grow until deleted by hand).
+- ``skipped-batches`` (:func:`streams.kafka.driver.skipped_batches`): a fetch at the end of a
+  partition that several producers append to (a repartition topic) can return a later
+  batch while an earlier one is not yet readable, and a consumer taking it never reads the
+  earlier one; so an at-least-once member fetches a gap in a partition's offsets again
+  until the missing records come, or the gap has stood long enough to be the log's own.
 
-Tansu (the embedded broker) needs all eight. Apache Kafka needs none of them; they are
+Tansu (the embedded broker) needs all nine. Apache Kafka needs none of them; they are
 harmless there but cost messages and waits. The setting ``broker_quirks`` chooses: ``auto``
 (detected: all for the embedded broker and for brokers whose cluster id says Tansu, none
 otherwise), ``all``, ``none``, or a comma-separated list of names.
@@ -66,6 +71,7 @@ class Quirk(StrEnum):
     DEFERRED_TRANSACTIONAL_OFFSETS = "deferred-transactional-offsets"
     LEAVE_NEEDS_MEMBER_ID = "leave-needs-member-id"
     NO_DELETE_RECORDS = "no-delete-records"
+    SKIPPED_BATCHES = "skipped-batches"
 
 
 #: Cluster ids (prefixes, lower case) of brokers that have every quirk.

@@ -141,7 +141,7 @@ def build_stream_thread(
     by_markers = hooks.committed_by_markers
     consumer = clients.consumer or new_group_consumer(
         config, bootstrap_servers, static_id, index, assignor,  # type: ignore[arg-type]
-        committed_by_markers=by_markers)
+        committed_by_markers=by_markers, refetch_skipped=hooks.refetch_skipped)
     # Checked against None: a producer with an empty queue has length 0.
     producer = (clients.producer if clients.producer is not None
                 else new_producer(bootstrap_servers))  # type: ignore[arg-type]

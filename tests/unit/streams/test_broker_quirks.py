@@ -159,6 +159,11 @@ def test_no_delete_records_keeps_the_repartition_topics_records(on: bool) -> Non
     assert hooks_for(quirks_with(Quirk.NO_DELETE_RECORDS, on)).keeps_repartition_records is on
 
 
+@pytest.mark.parametrize("on", [True, False], ids=["on", "off"])
+def test_skipped_batches_switches_the_refetch_of_gaps(on: bool) -> None:
+    assert hooks_for(quirks_with(Quirk.SKIPPED_BATCHES, on)).refetch_skipped is on
+
+
 async def assign_to(thread: StreamThread, consumer: FakeConsumer, **extra: object) -> None:
     assignment = MemberAssignment(**extra)  # type: ignore[arg-type]
     thread.assignor.on_assignment(ConsumerProtocolMemberAssignment(

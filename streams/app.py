@@ -95,7 +95,7 @@ from streams.runtime.factory import build_stream_thread
 from streams.runtime.global_tables import GlobalTables
 from streams.runtime.store_handover import ProcessStores
 from streams.runtime.supervision import supervise
-from streams.runtime.thread import FatalThreadError, StreamThread
+from streams.runtime.thread import StreamThread
 from streams.runtime.transactions import OffsetsEvidence
 
 # The deprecated path of an app given no bootstrap servers (an embedded broker of its own).
@@ -682,7 +682,8 @@ class App:
         for key, record in sorted(first.items()):
             now = again.get(key)
             if now is not None and now.get("updated_ms", 0) > record.get("updated_ms", 0):
-                raise FatalThreadError(
+                # A configuration error: restarting as it is meets the same live process.
+                raise ConfigError(
                     f"duplicate group instance id {key}: process {now.get('pid')} "
                     f"(instance {now.get('instance_id')}) is running it; give this instance "
                     f"another group_instance_id, or stop the other one first"

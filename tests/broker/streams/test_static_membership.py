@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.runtime.thread import FatalThreadError
+from streams.config import ConfigError
 from tests.broker.streams.harness import (
     Launched,
     counting_app,
@@ -103,7 +103,7 @@ async def test_duplicate_group_instance_id_fails_the_newcomer_fast(
                      timeout_s=120, message="the first member to run both tasks")
     await published(bootstrap, app_id, {"node-a-thread-0": 2})
     second = counting_app(app_id, bootstrap, tmp_path / "b", source, sink, "node-a")
-    with pytest.raises(FatalThreadError, match="duplicate group instance id node-a-thread-0"):
+    with pytest.raises(ConfigError, match="duplicate group instance id node-a-thread-0"):
         await asyncio.wait_for(second.run_async(), 60)
     assert first.threads[0].tasks and not run_first.done()  # the first one runs on
 

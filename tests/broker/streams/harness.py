@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -340,16 +340,19 @@ async def exact_counts(bootstrap: str, sink: str, produced: dict[str, int]) -> N
 
 
 
-async def published(bootstrap: str, app_id: str, active: dict[str, int]) -> None:
+async def published(bootstrap: str, app_id: str,
+                    active: dict[str, int] | Callable[[], dict[str, int]]) -> None:
     """Wait until each member (``<instance>-thread-<n>``) published its status with this many
-    active tasks: the tools read the status topic."""
+    active tasks: the tools read the status topic. ``active`` may be a function, asked again
+    at each look, for members whose tasks may still move meanwhile."""
+    wanted = active if callable(active) else lambda: active
 
     async def seen() -> bool:
         status = await read_status(bootstrap, app_id)
         return all(len(status.get(member, {}).get("active", [])) == count
-                   for member, count in active.items())
+                   for member, count in wanted().items())
 
-    await wait_until(seen, timeout_s=30, message=f"the status of {sorted(active)}")
+    await wait_until(seen, timeout_s=30, message=f"the status of {sorted(wanted())}")
 
 
 async def run_relay(*args: str, bootstrap: str | None = None) -> tuple[int, str]:

@@ -4,6 +4,7 @@ one, and a worker killed and restarted on the broker removing its dead member.""
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -42,14 +43,17 @@ def test_member_files_tell_a_dead_run_from_a_live_one(tmp_path: Path) -> None:
     assert sorted(p.name for p in directory.iterdir()) == ["thread-0.json"]
     files.record(0, "me-0", None)
     assert json.loads((directory / "thread-0.json").read_text())["member_id"] == "me-0"
-    # A process started meanwhile on the same directory finds a live holder: nothing.
+    # A process started meanwhile on the same directory finds a live holder: refused.
     probe = _run(f"""
-        from streams.group.predecessors import MemberFiles
-        files = MemberFiles.claim({str(tmp_path)!r}, {APP!r}, 1)
-        print(len(files.predecessors))
+        from streams.group.predecessors import MemberFiles, StateDirectoryInUse
+        try:
+            MemberFiles.claim({str(tmp_path)!r}, {APP!r}, 1)
+        except StateDirectoryInUse as exc:
+            print(type(exc).__name__, exc)
     """)
     out, _ = probe.communicate(timeout=30)
-    assert out.decode().strip() == "0"
+    assert out.decode().startswith(f"StateDirectoryInUse another live process (pid "
+                                   f"{os.getpid()}) runs application {APP!r}")
     # Stopped cleanly: nothing left to remove.
     files.clear(0)
     files.release()

@@ -26,10 +26,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, unquote_to_bytes
 
 import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from yarl import URL
 
 from streams.environment import UnservableAddressError
 from streams.queries.routing import Route, RoutingTable, now_ms
@@ -67,6 +69,20 @@ class BadQuery(ValueError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def path_key(raw_path: str) -> str:
+    """The key segment of a ``/stores/<store>/<key>`` path as it was sent, percent-decoded as
+    UTF-8. A key whose escapes are not UTF-8 (``%ff``) has no one text: read leniently, it
+    would name one key here and another on the worker it is forwarded to."""
+    raw_key = raw_path.split("/", 3)[3]
+    try:
+        return unquote_to_bytes(raw_key).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadQuery(400, f"key {raw_key!r} is not UTF-8 once its %-escapes are decoded "
+                            f"(byte {exc.object[exc.start]:#04x}): percent-encode the key's "
+                            f"UTF-8 bytes, or send a non-text key with key_format=json"
+                       ) from None
 
 
 def parse_request(store: str, raw_key: str, query: dict[str, str]) -> QueryRequest:
@@ -167,8 +183,8 @@ class QueryService:
 
     async def handle(self, request: web.Request) -> web.Response:
         try:
-            query = parse_request(request.match_info["store"], request.match_info["key"],
-                                  dict(request.query))
+            query = parse_request(request.match_info["store"],
+                                  path_key(request.rel_url.raw_path), dict(request.query))
             table = None if self.local is None else self.local.global_table(query.store)
             if table is not None:
                 return self._answer_global(GlobalStoreQuery(table), query)
@@ -249,7 +265,10 @@ class QueryService:
                                f"store {query.store} right now (it may be moving, or its "
                                f"owner does not set query_port); retry", "no_owner", task)
         route = candidates[0]
-        url = route.endpoint.rstrip("/") + request.rel_url.raw_path_qs
+        # The key is sent as this process read it, so that its owner reads the same key.
+        path = (f"/stores/{quote(query.store, safe='')}/"
+                f"{quote(path_key(request.rel_url.raw_path), safe='')}")
+        url = URL(route.endpoint.rstrip("/") + path, encoded=True).with_query(request.query)
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S))

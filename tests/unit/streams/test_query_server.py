@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from yarl import URL
 
 from streams import App
 from streams.group.partition_assignor import TaskLayout
@@ -157,6 +158,25 @@ async def test_bad_requests_get_a_4xx_with_a_message(
         assert message in body["error"], (path, body)
     response = await a.client.post("/stores/word-counts/fig")
     assert response.status == 405 and "error" in await response.json()
+
+
+async def test_a_key_is_read_alike_by_every_worker_whatever_its_escapes(
+        driver: TopologyTestDriver, workers: tuple[Worker, Worker]) -> None:
+    """A path is sent as typed (lower-case escapes kept): the worker that forwards it and the
+    owner that answers must read the same key from it."""
+    a, b = workers
+    driver.pipe("lines", "line-x", "café %ff a/b")
+    driver.commit()
+    for raw, key in (("caf%c3%a9", "café"), ("%25ff", "%ff"), ("a%2fb", "a/b")):
+        for asked in (a, b):
+            response = await asked.client.get(URL(f"/stores/word-counts/{raw}", encoded=True))
+            body = await response.json()
+            assert (response.status, body["key"], body["value"]) == (200, key, 1), (raw, body)
+    for asked in (a, b):
+        response = await asked.client.get(URL("/stores/word-counts/%ff%fe", encoded=True))
+        body = await response.json()
+        assert response.status == 400, body
+        assert "'%ff%fe' is not UTF-8" in body["error"] and "key_format=json" in body["error"]
 
 
 async def test_a_json_key_reaches_the_task_of_that_key(

@@ -29,6 +29,11 @@ from tools.web.model import (
 
 log = logging.getLogger(__name__)
 RETRY_S = 2.0
+#: How often the follower asks the broker for the topics' ends, and how long it waits for an
+#: answer: a consumer whose broker went away just fetches nothing, so silence alone cannot
+#: tell an idle group from a lost broker.
+PROBE_EVERY_S = 5.0
+PROBE_TIMEOUT_S = 5.0
 
 
 def to_model_record(status_topic: str, record: ConsumerRecord,
@@ -83,6 +88,7 @@ class GroupFollower:
         self.routes = routes
         self.error: str | None = None
         self.caught_up = False
+        self._answered_ms: int | None = None
         self._status = status_topic_name(model.app)
         self._control = control_topic_name(model.app)
 
@@ -110,7 +116,12 @@ class GroupFollower:
             consumer.assign(tps)
             await self._seek_start(consumer, tps)
             self.error = None
+            self._answered_ms = int(time.time() * 1000)
+            next_probe = time.monotonic() + PROBE_EVERY_S
             while not stop.is_set():
+                if time.monotonic() >= next_probe:
+                    await self._probe(consumer, tps)
+                    next_probe = time.monotonic() + PROBE_EVERY_S
                 batches = await consumer.getmany(timeout_ms=500)
                 records = sorted((r for rs in batches.values() for r in rs),
                                  key=lambda r: r.timestamp)
@@ -127,6 +138,26 @@ class GroupFollower:
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
+
+    async def _probe(self, consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> None:
+        """Sets :attr:`error` while the broker does not answer (the view is frozen as of its
+        last answer), and clears it once it answers again."""
+        try:
+            await asyncio.wait_for(consumer.end_offsets(tps), PROBE_TIMEOUT_S)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            if self._answered_ms is not None and self.error is None:
+                since = time.strftime("%H:%M:%S", time.localtime(self._answered_ms / 1000))
+                self.error = (f"no answer from the broker at {self.bootstrap} since {since} "
+                              f"({exc or type(exc).__name__}): the view shows the group as "
+                              f"of then; retrying")
+                log.warning("%s", self.error)
+                self.on_change()
+            return
+        self._answered_ms = int(time.time() * 1000)
+        if self.error is not None:
+            log.info("the broker at %s answers again", self.bootstrap)
+            self.error = None
+            self.on_change()
 
     async def _seek_start(self, consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> None:
         """Marks are read from the start (a mark stays valid however old); the status topic

@@ -1,15 +1,17 @@
 """The web view knows every record kind Relay writes to the control topic: its own messages
-are skipped, leaving marks read, and only a record of no known kind is reported."""
+are skipped, leaving marks read, and only a record of no known kind is reported; a broker
+that stops answering is reported too, and cleared once it answers again."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 import pkgutil
 
 import msgpack
 import pytest
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 import streams.group
 from streams.app import App
@@ -17,7 +19,8 @@ from streams.group.control import CONTROL_MESSAGE_KEYS, control_topic_name
 from streams.group.promotion_asks import PromotionAsk, encode_ask
 from streams.group.status_topic import status_topic_name
 from streams.group.topology_record import TOPOLOGY_KEY, encode_topology_record
-from tools.web.follower import to_model_record
+from tools.web import follower
+from tools.web.follower import GroupFollower, to_model_record
 from tools.web.model import GroupModel, TopologyRecord
 
 
@@ -93,3 +96,35 @@ def test_a_corrupt_or_newer_topology_record_is_skipped_with_a_warning(
     assert model.topology is not None and model.topology.instance_id == "node-a"
     assert to_model_record("app-status", record("app-control", TOPOLOGY_KEY, None),
                            model) is None
+
+
+class SilentBroker:
+    """A consumer whose broker is gone: it asks and never hears back, until it is back."""
+
+    def __init__(self) -> None:
+        self.back = False
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        if not self.back:
+            await asyncio.Event().wait()
+        return dict.fromkeys(tps, 0)
+
+
+async def test_the_view_says_when_its_broker_stops_answering_and_when_it_answers_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(follower, "PROBE_TIMEOUT_S", 0.001)
+    changes: list[str | None] = []
+    watcher = GroupFollower("127.0.0.1:9", GroupModel("app"), lambda: changes.append(
+        watcher.error))
+    watcher._answered_ms = 1_000
+    broker = SilentBroker()
+    tps = [TopicPartition(status_topic_name("app"), 0)]
+    await watcher._probe(broker, tps)  # type: ignore[arg-type]
+    assert watcher.error is not None and changes == [watcher.error]
+    assert "no answer from the broker at 127.0.0.1:9 since" in watcher.error
+    assert "the view shows the group as of then" in watcher.error
+    await watcher._probe(broker, tps)  # type: ignore[arg-type]
+    assert len(changes) == 1  # said once, not at every probe
+    broker.back = True
+    await watcher._probe(broker, tps)  # type: ignore[arg-type]
+    assert watcher.error is None and changes[-1] is None

@@ -148,8 +148,8 @@ class GroupFollower:
             if self._answered_ms is not None and self.error is None:
                 since = time.strftime("%H:%M:%S", time.localtime(self._answered_ms / 1000))
                 self.error = (f"no answer from the broker at {self.bootstrap} since {since} "
-                              f"({exc or type(exc).__name__}): the view shows the group as "
-                              f"of then; retrying")
+                              f"({str(exc) or type(exc).__name__}): the view shows the "
+                              f"group as of then; retrying")
                 log.warning("%s", self.error)
                 self.on_change()
             return

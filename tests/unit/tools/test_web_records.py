@@ -122,7 +122,7 @@ async def test_the_view_says_when_its_broker_stops_answering_and_when_it_answers
     await watcher._probe(broker, tps)  # type: ignore[arg-type]
     assert watcher.error is not None and changes == [watcher.error]
     assert "no answer from the broker at 127.0.0.1:9 since" in watcher.error
-    assert "the view shows the group as of then" in watcher.error
+    assert "(TimeoutError): the view shows the group as of then" in watcher.error
     await watcher._probe(broker, tps)  # type: ignore[arg-type]
     assert len(changes) == 1  # said once, not at every probe
     broker.back = True

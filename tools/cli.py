@@ -25,6 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from assignor import task_sort_key
@@ -160,6 +161,18 @@ bootstrap_option = click.option(
 )
 
 
+def print_whole(table: Table) -> None:
+    """Prints ``table`` at its natural width, wider than the terminal if need be: member and
+    instance names cut to fit 80 columns would tell no member apart."""
+    natural = Measurement.get(console, console.options.update(width=10_000), table).maximum
+    width = console.width
+    console.width = max(width, natural)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
 @cli.command()
 @click.argument("app")
 @bootstrap_option
@@ -197,7 +210,7 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
         table.add_row(member, s["instance_id"], str(s["thread"]), str(s["pid"]),
                       str(s["generation"]), "yes" if s.get("leader") else "",
                       ", ".join(s["active"]) or "-", "yes" if s["leaving"] else "")
-    console.print(table)
+    print_whole(table)
     tasks = Table(title="tasks")
     for column in ("task", "active", "learners (lag, ready)", "standbys (lag, ready)"):
         tasks.add_column(column)
@@ -210,13 +223,14 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
                              for c in view[kind]) or "-"
 
         tasks.add_row(task, active, copies("learners"), copies("standbys"))
-    console.print(tasks)
+    print_whole(tasks)
     if result["unowned"]:
         console.print(f"[red]not run by any member: {', '.join(result['unowned'])}[/]",
                       highlight=False)
     if result["broker_members"] is None:
-        console.print("the broker keeps no member metadata: members as they report "
-                      "themselves only", highlight=False)
+        console.print("this broker keeps no member metadata (the embedded one does not): "
+                      "the tables show what the members report on the status topic",
+                      highlight=False)
         return
     broker_table = Table(title="the last round, as the broker holds it")
     for column in ("member", "member id", "assigned active", "learners", "standbys"):
@@ -228,7 +242,7 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
             ", ".join(m["learners"]) or "-", ", ".join(m["standbys"]) or "-")
         if m["problem"]:
             console.print(f"[red]{m['member_id']}: {m['problem']}[/]", highlight=False)
-    console.print(broker_table)
+    print_whole(broker_table)
 
 
 @cli.command()
@@ -334,7 +348,7 @@ def mark_leaving(app: str, instances: tuple[str, ...], bootstrap: str | None,
         if unknown:
             raise ToolError(
                 f"unknown instance(s) of {app}: {', '.join(unknown)}; running instances: "
-                f"{', '.join(sorted(known)) or 'none'} (leaving needs a group_instance_id)",
+                f"{', '.join(sorted(known)) or 'none'} (as `relay describe` names them)",
                 ExitCode.USAGE,
             )
         # With no instance staying, the learners have nowhere to go: the marked instances

@@ -1,8 +1,15 @@
 """``relay describe``'s task view from status records (no broker): tasks that no member runs
-are listed."""
+are listed, and its tables are printed whole however narrow the terminal."""
 
 from __future__ import annotations
 
+import io
+
+import pytest
+from rich.console import Console
+from rich.table import Table
+
+from tools import cli
 from tools.cli import task_view, unowned_tasks
 
 
@@ -24,3 +31,20 @@ def test_records_without_the_app_tasks_still_describe() -> None:
     old = member(["0_0"])
     del old["app_tasks"]
     assert unowned_tasks(task_view({"a-thread-0": old})) == []
+
+
+def test_a_table_wider_than_the_terminal_is_printed_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    narrow = Console(width=80, file=io.StringIO())
+    monkeypatch.setattr(cli, "console", narrow)
+    table = Table(title="members")
+    for column in ("member", "instance", "generation", "active"):
+        table.add_column(column)
+    table.add_row("checkout-eu-west-1a-7f9c-thread-0", "checkout-eu-west-1a-7f9c", "17",
+                  "0_0, 0_1, 1_0, 1_3, 2_2, 2_5")
+    cli.print_whole(table)
+    printed = narrow.file.getvalue()  # type: ignore[attr-defined]
+    for whole in ("checkout-eu-west-1a-7f9c-thread-0", "generation",
+                  "0_0, 0_1, 1_0, 1_3, 2_2, 2_5"):
+        assert whole in printed
+    assert "…" not in printed and narrow.width == 80

@@ -430,11 +430,15 @@ class App:
             member_files.release()
             raise
         bootstrap = str(self.bootstrap_servers)
+        control: ControlChannel | None = None
         try:
             self.metrics_server = serve_metrics(self.metrics, self.config.metrics_port,
                                                 self.config.metrics_host)
             if self.metrics_server is not None:
                 log.info("serving metrics at %s", self.metrics_server.url)
+            # Before any Kafka client is made: a query port in use stops the app here,
+            # cleanly, with nothing left unclosed.
+            follower = await self._serve_queries(bootstrap)
             admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
             try:
                 await admin.start()
@@ -483,9 +487,6 @@ class App:
             # Exactly-once: what one thread saw tells the others' hung sendings of offsets.
             offsets_evidence = OffsetsEvidence()
             gate = WarmUpGate(warm_up, self.config.num_threads) if warm_up is not None else None
-            # Before any thread's clients are made: a query port in use stops the app here,
-            # cleanly, with nothing left unclosed.
-            follower = await self._serve_queries(bootstrap)
             self.threads = [
                 build_stream_thread(
                     self.config, i, subs, bootstrap_servers=bootstrap,
@@ -527,10 +528,13 @@ class App:
             if all(t.shutdown_requested for t in self.threads):
                 await listener.clear_mark()
                 log.info("instance %s left the group after handing over its tasks",
-                         self.config.group_instance_id)
+                         self.instance_id)
             if error is not None:
                 raise error
         finally:
+            if control is not None:
+                # A start that failed after the topology was sent: its send ends first.
+                await control.drain(timeout_s=2.0)
             if self._global_tables is not None:
                 await self._global_tables.close()
                 self._global_tables = None

@@ -486,7 +486,10 @@ class GroupModel:
     def view(self, now_ms: int, window_ms: int | None = None) -> dict[str, Any]:
         """The view's data at ``now_ms`` (plain JSON types), timeline over ``window_ms``."""
         window = self.window_ms if window_ms is None else window_ms
-        members = {m: e for m, e in self._members.items()}
+        # A member silent for longer than the view's window is gone (a crashed dynamic
+        # member never publishes under its name again); the timeline keeps its last events.
+        members = {m: e for m, e in self._members.items()
+                   if now_ms - e.at_ms <= max(self.window_ms, STALE_AFTER_MS)}
         instance_of = {m: e.status.instance_id for m, e in members.items()}
         leaving = self._leaving(now_ms)
         instances: dict[str, dict[str, Any]] = {}
@@ -500,7 +503,8 @@ class GroupModel:
             age = now_ms - entry.at_ms
             inst["threads"].append({
                 "member": member, "static_id": s.static_id, "thread": s.thread, "pid": s.pid,
-                "member_id": s.member_id, "generation": s.generation, "leader": s.leader,
+                "member_id": s.member_id, "generation": s.generation,
+                "leader": s.leader and age < STALE_AFTER_MS,
                 "active": list(s.active), "restoring": list(s.restoring),
                 "learners": dict(sorted(s.learners.items())),
                 "standbys": dict(sorted(s.standbys.items())),

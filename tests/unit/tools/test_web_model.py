@@ -393,3 +393,22 @@ def test_a_stateless_task_restoring_a_moment_is_stateless_once_the_members_list_
     assert task(view, "0_0")["isStateful"] is False
     assert task(view, "0_0")["tags"] == []
     assert task(view, "1_0")["isStateful"] is True
+
+
+def test_a_silent_member_is_no_leader_and_is_gone_after_the_window() -> None:
+    model = GroupModel("app", window_ms=600_000)
+    model.apply(status("crashed", active=("0_0",), leader=True, at=1_000))
+    model.apply(status("alive", active=("0_1",), at=1_000))
+    for at in range(2_000, 700_000, 10_000):
+        model.apply(status("alive", active=("0_0", "0_1"), at=at, generation=2))
+
+    def threads(view: dict[str, Any]) -> dict[str, bool]:
+        return {t["member"]: t["leader"] for i in view["instances"] for t in i["threads"]}
+
+    assert threads(model.view(1_000 + STALE_AFTER_MS - 1)) == {
+        "crashed-thread-0": True, "alive-thread-0": False}
+    stale = model.view(1_000 + STALE_AFTER_MS)
+    assert threads(stale) == {"crashed-thread-0": False, "alive-thread-0": False}
+    gone = model.view(1_000 + 600_001)
+    assert threads(gone) == {"alive-thread-0": False}
+    assert any("crashed" in e["text"] for e in model.view(1_000 + 600_001, 10**9)["timeline"])

@@ -19,7 +19,7 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import (
@@ -31,6 +31,9 @@ from prometheus_client.exposition import (
 )
 
 from streams.environment import UnservableAddressError
+
+if TYPE_CHECKING:
+    from streams.runtime.task import TaskCounts
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,11 @@ class Metrics:
             "Input records of a stateful task whose key murmur2 places in another partition "
             "than the one they came from (a producer with another partitioner); one record "
             "in 128 is checked.", ["thread", "task"], registry=r)
+        self.skipped = Counter(
+            "relay_skipped_records",
+            "Input records fetched again that the task had already processed (after a seek "
+            "back: a rebalance's or a transaction's rollback, a fetch repeated), passed over "
+            "so that none is counted twice.", ["thread", "task"], registry=r)
         self.loop = Histogram(
             "relay_process_loop_seconds",
             "Time of one pass of the process loop: fetch, process and ship a batch.",
@@ -167,14 +175,20 @@ class Metrics:
         if self._count("misrouted records", n):
             self.misrouted.labels(thread, task).inc(n)
 
-    def record_task_counts(self, thread: str, counts: Iterable[tuple[str, dict[str, int], int]],
-                           ) -> None:
-        """Per task: ``(task, dropped by reason, misrouted)`` counted since the last call."""
-        for task, dropped, misrouted in counts:
-            for reason, n in dropped.items():
-                self.record_dropped(thread, task, reason, n)
-            if misrouted:
-                self.record_misrouted(thread, task, misrouted)
+    def record_skipped(self, thread: str, task: str, n: int) -> None:
+        if self._count("skipped records", n):
+            self.skipped.labels(thread, task).inc(n)
+
+    def record_task_counts(self, thread: str, counts: Iterable[TaskCounts]) -> None:
+        """Per task: what it dropped (by reason), saw misrouted and skipped since the last
+        call."""
+        for counted in counts:
+            for reason, n in counted.dropped.items():
+                self.record_dropped(thread, counted.task, reason, n)
+            if counted.misrouted:
+                self.record_misrouted(thread, counted.task, counted.misrouted)
+            if counted.skipped:
+                self.record_skipped(thread, counted.task, counted.skipped)
 
     def observe_loop(self, thread: str, seconds: float) -> None:
         if self._seconds("process loop latency", seconds):

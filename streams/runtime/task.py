@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,10 +130,22 @@ STREAM_TIME_ENTRY = "stream-time"
 NODE_STREAM_TIME_PREFIX = f"{STREAM_TIME_ENTRY}@"
 
 
-def task_counts(tasks: Iterable[StreamTask]) -> list[tuple[str, dict[str, int], int]]:
-    """What each task dropped (by reason) and saw misrouted since the last call, for the
-    metrics."""
-    return [(task.task_id, *task.take_counts()) for task in tasks]
+@dataclass(frozen=True)
+class TaskCounts:
+    """What one task counted since the metrics last took its counts."""
+
+    task: str
+    dropped: dict[str, int]  # reason -> records
+    misrouted: int
+    #: Records fetched again that the task had processed already (a seek back after a
+    #: rollback or a rebalance), passed over so that none counts twice.
+    skipped: int
+
+
+def task_counts(tasks: Iterable[StreamTask]) -> list[TaskCounts]:
+    """What each task dropped (by reason), saw misrouted and skipped as already processed
+    since the last call, for the metrics."""
+    return [task.take_counts() for task in tasks]
 
 
 def status_figures(tasks: Iterable[StreamTask]) -> dict[str, dict[str, Any]]:
@@ -209,6 +222,7 @@ class StreamTask:
         self._until_misroute_check = 0
         self._reported: dict[str, int] = {}
         self._reported_misrouted = 0
+        self._reported_skipped = 0
 
     def process(self, record: ConsumerRecord) -> bool:
         """Run one record through the topology; False if it was already processed (dropped).
@@ -323,15 +337,17 @@ class StreamTask:
                 "logged once per task)", self.task_id, record.topic, record.partition,
                 record.offset, expected, MISROUTE_SAMPLE)
 
-    def take_counts(self) -> tuple[dict[str, int], int]:
-        """Records dropped, by reason, and misrouted records counted since the last call."""
+    def take_counts(self) -> TaskCounts:
+        """Records dropped (by reason), misrouted and skipped since the last call."""
         dropped = {reason: n - self._reported.get(reason, 0)
                    for reason, n in self.context.dropped.items()
                    if n > self._reported.get(reason, 0)}
         self._reported = dict(self.context.dropped)
         misrouted, self._reported_misrouted = (self.misrouted - self._reported_misrouted,
                                                self.misrouted)
-        return dropped, misrouted
+        skipped, self._reported_skipped = (self.records_skipped - self._reported_skipped,
+                                           self.records_skipped)
+        return TaskCounts(self.task_id, dropped, misrouted, skipped)
 
     def record_input_position(self) -> None:
         """Write the input offsets processed so far and the stream time into every store,

@@ -149,6 +149,15 @@ async def test_drops_and_misrouted_keys_are_on_metrics_and_in_the_status(
         # Counted once: a second commit adds nothing.
         await r.thread.committer.commit()
         assert value("relay_dropped_records_total", task="0_0", reason="late") == 1
+        assert value("relay_skipped_records_total", task="0_0") is None
+        # Fetched again (a seek back): passed over, and counted as skipped.
+        r.consumer.feed({TopicPartition(SOURCE, 0): [
+            raw(0, i, home, 5 * MINUTE) for i in range(1, 4)]})
+        task = r.thread.registry.active["0_0"]
+        await wait_until(lambda: task.records_skipped == 3, timeout_s=5, message="skipped")
+        await r.thread.committer.commit()
+        assert value("relay_skipped_records_total", task="0_0") == 3
+        assert value("relay_records_processed_total", task="0_0") == MISROUTE_SAMPLE + 2
     finally:
         r.thread.stop()
         await asyncio.wait_for(run, 15)

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statestore.store import KeyValueStore
-from streams.runtime.delivery_errors import judge, producer_lost
+from streams.runtime.delivery_errors import described, judge, producer_lost
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +300,7 @@ class Deliveries:
         if errors:
             log.warning("%d records of tasks %s were not delivered (%s): their input since "
                         "the last commit is processed again", len(errors),
-                        sorted({task_id for task_id, _ in errors}), errors[0][1])
+                        sorted({task_id for task_id, _ in errors}), described(errors[0][1]))
         # Settled: a task whose records did not get through is revived (new stores) or is
         # no longer this thread's; nothing of its old stores is acknowledged.
         self._errors.clear()

@@ -48,6 +48,15 @@ def producer_lost(err: Any) -> bool:
     return callable(code) and code() in PRODUCER_LOST_CODES
 
 
+def described(err: Any) -> str:
+    """A delivery error as an operator should read it: librdkafka words a fenced idempotent
+    producer as a transactional one, which an at-least-once app does not use."""
+    if producer_lost(err):
+        return (f"the broker no longer takes this thread's idempotent producer, as after a "
+                f"pause past the session; a new producer sends again (librdkafka: {err})")
+    return str(err)
+
+
 def not_delivered(err: Any) -> bool:
     """The record of this delivery report was not delivered and is not being sent again: its
     input must be processed again. Anything without a Kafka error code counts as refused."""

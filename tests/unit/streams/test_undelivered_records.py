@@ -20,7 +20,13 @@ from streams.runtime.delivery import (
     flush_timeout_s,
     message_timeout_ms,
 )
-from streams.runtime.delivery_errors import DeliveryVerdict, judge, not_delivered, producer_lost
+from streams.runtime.delivery_errors import (
+    DeliveryVerdict,
+    described,
+    judge,
+    not_delivered,
+    producer_lost,
+)
 from tests.unit.streams.fakes import (
     SINK,
     SOURCE,
@@ -254,6 +260,9 @@ def test_a_fenced_or_fatal_producer_is_lost_not_refused() -> None:
     fenced = KafkaError(KafkaError.PRODUCER_FENCED)
     assert judge([("0_0", fenced), ("0_1", timed_out())], ["0_0", "0_1"]) == DeliveryVerdict(
         frozenset({"0_0", "0_1"}), producer_lost=True)
+    # An at-least-once app uses no transactions: the log says what befell its producer.
+    assert described(fenced).startswith("the broker no longer takes this thread's idempotent")
+    assert described(timed_out()) == str(timed_out())
 
 
 async def test_a_task_whose_producer_was_fenced_runs_again_with_a_new_producer(

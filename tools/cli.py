@@ -416,10 +416,15 @@ def unmark_leaving(app: str, instances: tuple[str, ...], bootstrap: str | None) 
 @click.argument("app")
 @click.argument("instances", nargs=-1, required=True)
 @bootstrap_option
-def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) -> None:
+@click.option("--force", is_flag=True,
+              help="Remove instances that still publish their status (they rejoin at once).")
+def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None,
+                   force: bool) -> None:
     """Remove static members of APP now (KIP-345), for instances gone for good.
 
     INSTANCES are group instance ids; every thread of each (``<id>-thread-<n>``) is removed.
+    An instance still running is refused without --force: removed, it would rejoin at once
+    and its tasks would move twice (stop it, or scale it down with mark-leaving).
     """
 
     async def work(address: str) -> dict[str, str | None]:
@@ -440,6 +445,8 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) 
                         ExitCode.USAGE,
                     )
                 pairs.extend(found)
+            if not force:
+                refuse_running(app, instances, live(await read_member_status(address, app)))
             if Quirk.LEAVE_NEEDS_MEMBER_ID not in await broker_quirks("auto", None, address,
                                                                       embedded=False):
                 # KIP-345: the instance id alone removes whichever member holds it now.
@@ -459,6 +466,27 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None) 
         console.print(f"{static_id}: {message}", highlight=False)
     if not all(removed for removed, _message in results.values()):
         sys.exit(ExitCode.FAILED)
+
+
+def refuse_running(app: str, instances: tuple[str, ...],
+                   live_status: dict[str, dict[str, Any]]) -> None:
+    """A :class:`ToolError` for instances among ``instances`` whose threads published their
+    status lately: they are running, not gone."""
+    now = time.time() * 1000
+    ages = {}
+    for status in live_status.values():
+        instance = status.get("instance_id")
+        if instance in instances:
+            age = (now - status.get("updated_ms", 0)) / 1000
+            ages[instance] = min(age, ages.get(instance, age))
+    if ages:
+        running = ", ".join(f"{i} (published its status {max(a, 0):.0f} s ago)"
+                            for i, a in sorted(ages.items()))
+        raise ToolError(
+            f"{running} of {app} is running: removed, it would rejoin at once and its tasks "
+            f"would move twice. Stop its process first (a static member's tasks wait for it "
+            f"until its session expires), or scale it down with `relay mark-leaving {app} "
+            f"{' '.join(sorted(ages))}`; --force removes it anyway", ExitCode.USAGE)
 
 
 def removal_outcome(answers: dict[str, str | None],

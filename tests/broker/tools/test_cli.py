@@ -93,6 +93,9 @@ async def test_describe_and_remove_members(
 
             code, out = await run_relay("remove-members", app_id, "node-zzz", bootstrap=bootstrap)
             assert code == 2 and "node-zzz" in out and "not a member" in out
+            # A running instance is not removed: it would rejoin at once.
+            code, out = await run_relay("remove-members", app_id, "node-a", bootstrap=bootstrap)
+            assert code == 2 and "node-a (published its status" in out and "--force" in out
             # Marking every instance would leave the tasks nowhere to go: refused.
             code, out = await run_relay("mark-leaving", app_id, "node-a", "node-b",
                                         bootstrap=bootstrap)

@@ -1,11 +1,15 @@
 """``relay remove-members`` reports what happened to the group, whatever the broker answered:
 a member gone after the removal is removed (exit 0) even when the broker answered with an
-error, as Tansu does for a departed leader it keeps; a member still there is a failure."""
+error, as Tansu does for a departed leader it keeps; a member still there is a failure; an instance still running is refused."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
 from streams.kafka.membership import GroupMember
-from tools.cli import removal_outcome, static_members
+from tools.cli import ToolError, refuse_running, removal_outcome, static_members
 
 UUID = "39a6908a-da3c-406a-bd44-ca779e506ffb"
 
@@ -28,3 +32,17 @@ def test_static_members_of_one_instance_or_of_all() -> None:
     assert static_members(members, "app", "s1") == [(f"s1-thread-0-{UUID}", "s1-thread-0")]
     assert [s for _m, s in static_members(members, "app", "")] == ["s1-thread-0",
                                                                      "s12-thread-1"]
+
+
+def test_an_instance_that_still_publishes_its_status_is_refused() -> None:
+    now = time.time() * 1000
+    live = {"api-7-thread-0": {"instance_id": "api-7", "updated_ms": now - 2_000},
+            "api-7-thread-1": {"instance_id": "api-7", "updated_ms": now - 4_000},
+            "api-8-thread-0": {"instance_id": "api-8", "updated_ms": now - 1_000}}
+    with pytest.raises(ToolError) as refused:
+        refuse_running("orders", ("api-7", "api-9"), live)
+    assert refused.value.exit_code == 2
+    message = refused.value.message
+    assert message.startswith("api-7 (published its status 2 s ago) of orders is running")
+    assert "relay mark-leaving orders api-7" in message and "--force" in message
+    refuse_running("orders", ("api-9",), live)  # gone: nothing to refuse

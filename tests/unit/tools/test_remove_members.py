@@ -1,6 +1,7 @@
 """``relay remove-members`` reports what happened to the group, whatever the broker answered:
 a member gone after the removal is removed (exit 0) even when the broker answered with an
-error, as Tansu does for a departed leader it keeps; a member still there is a failure; an instance still running is refused."""
+error, as Tansu does for a departed leader it keeps; a member still there is a failure; an
+instance still running is refused."""
 
 from __future__ import annotations
 

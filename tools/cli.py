@@ -4,7 +4,8 @@ Commands: ``run`` (run an app, :mod:`streams.run_command`), ``broker`` (a broker
 port, for development: the embedded one, or Apache Kafka with ``--engine kafka``),
 ``describe`` (the group as Relay sees it), ``web`` (a live web view of the group, see
 :mod:`tools.web`), ``mark-leaving`` (announce a scale-down), ``unmark-leaving`` (take it back),
-``remove-members`` (remove static members for good) and ``snapshot build|list`` (store
+``remove-members`` (remove static members for good), ``reset`` (process the input again
+from the start, :mod:`tools.reset`) and ``snapshot build|list`` (store
 snapshots built with Spark, see :mod:`tools.snapshot`). Exit codes: one table for every
 command, :class:`streams.exit_codes.ExitCode`.
 """
@@ -17,6 +18,7 @@ import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -40,6 +42,8 @@ from streams.kafka.membership import MembershipError, describe_group, leave_grou
 from streams.quirks.detect import broker_quirks
 from streams.quirks.switch import Quirk
 from streams.run_command import run as run_command
+from tools.reset import ResetPlan, ResetRefused, plan_json
+from tools.reset import reset as reset_app
 from tools.snapshot import snapshot
 
 #: What a command that talks to a broker says without an address.
@@ -466,6 +470,42 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None,
         console.print(f"{static_id}: {message}", highlight=False)
     if not all(removed for removed, _message in results.values()):
         sys.exit(ExitCode.FAILED)
+
+
+@cli.command()
+@click.argument("app")
+@bootstrap_option
+@click.option("--state-dir", "state_dirs", multiple=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="Also delete the app's local state under this state directory "
+                   "(repeatable; one per process on this machine).")
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of lines.")
+def reset(app: str, bootstrap: str | None, state_dirs: tuple[Path, ...], dry_run: bool,
+          as_json: bool) -> None:
+    """Make APP process its input again from the start (every instance stopped).
+
+    Deletes APP's consumer group (its committed offsets: every source is read again from
+    its earliest offset) and its internal topics (repartition topics, changelogs), as the
+    topology APP last published names them. Sources, sinks and other apps' topics are kept.
+    Local state left on other machines is discarded by their next run.
+    """
+
+    async def work(address: str) -> ResetPlan:
+        status = await read_status(address, app)
+        return await reset_app(address, app, live(status), state_dirs, dry_run)
+
+    try:
+        plan = run(bootstrap, work)
+    except ResetRefused as exc:
+        raise ToolError(f"reset refused, nothing changed: {exc}", ExitCode.USAGE) from None
+    if as_json:
+        click.echo(json.dumps(plan_json(plan, dry_run), indent=2))
+        return
+    for line in plan.lines():
+        click.echo(f"would delete: {line.replace(': deleted', '')}" if dry_run else line)
+    if not dry_run:
+        click.echo(f"{app} reset: its next run processes its input from the start")
 
 
 def refuse_running(app: str, instances: tuple[str, ...],

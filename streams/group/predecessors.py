@@ -175,6 +175,20 @@ class MemberFiles:
                     (files.directory / name).unlink()
         return files
 
+    @classmethod
+    def live_holder(cls, state_dir: Path, application_id: str) -> str | None:
+        """Who runs ``application_id`` from ``state_dir`` now (``"a live process (pid N)"``),
+        or None when no live process holds any of its member files."""
+        files = cls(Path(state_dir) / application_id / MEMBERS_DIRECTORY)
+        try:
+            names = sorted(p.name for p in files.directory.iterdir() if p.suffix == ".json")
+        except OSError:
+            return None
+        for name in names:
+            if files._held(name):
+                return f"a live process{files._holder(name)}"
+        return None
+
     def _lock(self, name: str) -> int | None:
         try:
             fd = os.open(self.directory / name, os.O_RDWR | os.O_CREAT, 0o644)

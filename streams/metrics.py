@@ -16,18 +16,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import (
     CONTENT_TYPE_LATEST,
+    ThreadingWSGIServer,
     generate_latest,
     make_asgi_app,
     make_wsgi_app,
-    start_http_server,
 )
 
 from streams.environment import UnservableAddressError
@@ -318,8 +320,37 @@ class Metrics:
     def serve(self, port: int, host: str = "0.0.0.0") -> MetricsServer:
         """Serve ``/metrics`` on ``host:port`` (0: any free port) from a daemon thread, so
         that scrapes never wait on the event loop."""
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)[0][0]
+        server_class = type("MetricsWSGIServer", (ThreadingWSGIServer,),
+                            {"address_family": family})
+        server = make_server(host, port, metrics_only(make_wsgi_app(self.registry)),
+                             server_class, handler_class=QuietHandler)
+        thread = threading.Thread(target=server.serve_forever, name="relay-metrics",
+                                  daemon=True)
+        thread.start()
         return MetricsServer(server, thread, host, server.server_port)
+
+
+class QuietHandler(WSGIRequestHandler):
+    """Scrapes are not logged: one line per scrape would drown the app's log."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def metrics_only(app: Callable[..., Any]) -> Callable[..., Any]:
+    """``app`` on ``/metrics``, a 404 saying where the metrics are on any other path: a
+    scraper pointed at a wrong path learns of it rather than reading the metrics anyway."""
+
+    def routed(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ.get("PATH_INFO", "") in ("/metrics", "/metrics/"):
+            return app(environ, start_response)
+        body = f"no metrics at {environ.get('PATH_INFO', '')}: they are at /metrics\n".encode()
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8"),
+                                         ("Content-Length", str(len(body)))])
+        return [body]
+
+    return routed
 
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
@@ -125,6 +126,19 @@ def test_names_follow_prometheus_conventions(served: tuple[Metrics, MetricsServe
         if family.type in ("histogram", "gauge") and family.name != "relay_assigned_tasks":
             assert family.name.endswith(("_seconds", "_records", "_per_second",
                                          "_timestamp_seconds")), family.name
+
+
+def test_only_metrics_is_served_and_another_path_says_where_they_are(
+        served: tuple[Metrics, MetricsServer]) -> None:
+    _, server = served
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics?x=1",
+                                timeout=10) as r:
+        assert r.status == 200 and b"relay_" in r.read()
+    for path in ("/", "/metrics-typo", "/favicon.ico"):
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=10)
+        assert missing.value.code == 404
+        assert missing.value.read() == f"no metrics at {path}: they are at /metrics\n".encode()
 
 
 def test_series_of_tasks_no_longer_held_disappear(served: tuple[Metrics, MetricsServer]) -> None:

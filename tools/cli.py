@@ -432,6 +432,7 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None,
     """
 
     async def work(address: str) -> dict[str, str | None]:
+        status = await read_status(address, app)  # an unknown app is said as elsewhere
         client = AIOKafkaClient(bootstrap_servers=address)
         await client.bootstrap()
         try:
@@ -450,7 +451,7 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None,
                     )
                 pairs.extend(found)
             if not force:
-                refuse_running(app, instances, live(await read_member_status(address, app)))
+                refuse_running(app, instances, live(status))
             if Quirk.LEAVE_NEEDS_MEMBER_ID not in await broker_quirks("auto", None, address,
                                                                       embedded=False):
                 # KIP-345: the instance id alone removes whichever member holds it now.

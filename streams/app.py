@@ -90,6 +90,7 @@ from streams.queries.store_query import (
 )
 from streams.quirks.detect import broker_quirks
 from streams.quirks.hooks import RoundHooks, hooks_for
+from streams.quirks.switch import static_session_warning
 from streams.quirks.task_positions import TaskPositions, positions_topic_name
 from streams.runtime.factory import build_stream_thread
 from streams.runtime.global_tables import GlobalTables
@@ -448,6 +449,10 @@ class App:
                     f"bootstrap_servers {bootstrap!r}: no Kafka broker answers ({exc})") from None
             quirks = await broker_quirks(self.config.broker_quirks,
                                          self.config.static_follower_digests, bootstrap, embedded)
+            advice = static_session_warning(quirks, self.config.group_instance_id,
+                                            self.config.session_timeout_ms)
+            if advice is not None:
+                log.warning("%s", advice)
             control_listener = ControlListener(
                 bootstrap, self.config.application_id, self.instance_id, self._on_mark,
                 self._on_rebalance_request)

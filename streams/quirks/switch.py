@@ -99,6 +99,28 @@ class BrokerQuirks:
         return ", ".join(sorted(self.enabled)) or "none"
 
 
+#: Static membership on a broker with late follower syncs (Tansu) holds with sessions this
+#: long or more: its rounds run on its timers (a JoinGroup answered half a session after it
+#: is sent, a static member's SyncGroup 3 s after), so that with shorter ones a restarting
+#: member can be evicted before its round ends, and the group rejoins again and again.
+STATIC_SESSION_FLOOR_MS = 30_000
+
+
+def static_session_warning(quirks: BrokerQuirks, group_instance_id: str | None,
+                           session_timeout_ms: int) -> str | None:
+    """What to tell an app whose static membership will not hold on this broker; None when
+    it will."""
+    if (group_instance_id is None or Quirk.LATE_FOLLOWER_SYNC not in quirks
+            or session_timeout_ms >= STATIC_SESSION_FLOOR_MS):
+        return None
+    return (f"group_instance_id {group_instance_id!r} with a {session_timeout_ms} ms session "
+            f"on a broker whose rounds run on its timers (the embedded Tansu): a static "
+            f"member that restarts or joins can be evicted before its round ends, its tasks "
+            f"moving and the group rejoining for tens of seconds; give static members "
+            f"sessions of {STATIC_SESSION_FLOOR_MS} ms or more (RELAY_SESSION_TIMEOUT_MS), or "
+            f"run them on Apache Kafka")
+
+
 def parse_setting(setting: str) -> BrokerQuirks | None:
     """The quirks a ``broker_quirks`` setting names; None for ``auto`` (detect them).
 

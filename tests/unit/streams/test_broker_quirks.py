@@ -20,6 +20,7 @@ from streams.quirks.switch import (
     detected,
     parse_setting,
     resolve,
+    static_session_warning,
 )
 from streams.runtime.factory import ThreadClients, build_stream_thread
 from streams.runtime.thread import StreamThread
@@ -88,6 +89,16 @@ def thread_with(hooks: RoundHooks, tmp_path: Path, consumer: FakeConsumer | None
     return build_stream_thread(config(tmp_path, **settings), 0, counting_subs(),
                                clients=clients, instance_id="unit-instance",
                                control=FakeControl(), hooks=hooks)
+
+
+def test_static_members_with_short_sessions_are_warned_on_tansu_only() -> None:
+    tansu = BrokerQuirks.every()
+    warning = static_session_warning(tansu, "node-2", 10_000)
+    assert warning is not None and "'node-2' with a 10000 ms session" in warning
+    assert "30000 ms or more" in warning and "RELAY_SESSION_TIMEOUT_MS" in warning
+    assert static_session_warning(tansu, "node-2", 30_000) is None
+    assert static_session_warning(tansu, None, 10_000) is None  # dynamic members
+    assert static_session_warning(BrokerQuirks(), "node-2", 10_000) is None  # Apache Kafka
 
 
 def test_where_the_broker_needs_nothing_the_hooks_add_nothing() -> None:

@@ -304,6 +304,10 @@ def assign(
     by_key = {m.key: m for m in valid}
     formed_at = memory.formed_at_ms if memory.formed_at_ms is not None else now_ms
 
+    if not valid:
+        # Nobody to give anything to (the leader is a member, so only a caller outside a
+        # group asks this): nothing is assigned, and what the leader remembered stands.
+        return dict(errors), memory
     owner, conflicts = _current_owners(valid, stateful, memory)
     _revoke_stale_claims(owner, conflicts, instances, by_key, memory, config, now_ms,
                          owners_noted_at(valid) if rebuilt else None)
@@ -647,6 +651,10 @@ def _place_actives(
             continue
         if destination != inst.instance_id:
             plan.promoted[task] = destination
+        elif (held := memory.lost.get(task)) is not None and held[0] == current.key:
+            # Held for this member, which is back from a pause still running it: all it
+            # held stays with it this round, as with a member that restarts.
+            plan.returning.add(task)
         plan.target[task] = destination
     load.add_running(plan.target, stateful)
 
@@ -783,9 +791,16 @@ def _balance_totals(
                 continue
             cap_h, t_h = load.cap[heavy], total(heavy)
             for light in by_total:
+                if light == heavy:
+                    break
                 cap_l, t_l = load.cap[light], total(light)
-                if t_h * cap_l - t_l * cap_h <= tolerance * cap_h * cap_l:
+                # Two instances within the tolerance of each other trade a task only for
+                # the group's extremes: the heaviest, or the lightest when the heaviest has
+                # nothing it may give (its stateless task would unbalance that kind).
+                if (t_h * cap_l - t_l * cap_h <= tolerance * cap_h * cap_l
+                        and heavy != top and light != bottom):
                     break  # the lighter ones after it are nearer still
+                # Each move lowers the sum of total²/capacity: the loop ends.
                 if (2 * t_h - 1) * cap_l <= (2 * t_l + 1) * cap_h:
                     continue
                 before = stateless_spread_after(heavy, heavy)
@@ -884,11 +899,13 @@ def _place_learners(
             current = owner.get(task)
             if (current is None or current.instance_id == heavy) and (
                     plan.target[task] == heavy and task not in plan.learners
-                    and task not in plan.promoted):
+                    and task not in plan.promoted and task not in plan.returning):
                 if current is not None:
                     per_member[current.member_id] += 1
                 candidates.append(task)
         if not candidates:
+            if any(t in plan.returning for t in load.tasks[(heavy, True)]):
+                plan.over_returned.add(heavy)
             return
         copies_on_light = {t: standby_lags[t][light] for t in candidates
                            if light in standby_lags.get(t, {})}
@@ -1211,7 +1228,10 @@ def _assignments(
     notes = build_notes(noted_at, formed_at, members, actives_by_key, incoming, held_for)
 
     def ordered(tasks: Iterable[str]) -> tuple[str, ...]:
-        return tuple(sorted(tasks, key=order.__getitem__))
+        # A task the app no longer has (a member of an older topology reports it) is revoked
+        # too, after the app's own.
+        return tuple(sorted(tasks, key=lambda t: (0, order[t], "") if t in order
+                            else (1, 0, t)))
 
     learned = set(plan.learners)
     result: dict[str, MemberAssignment] = {}

@@ -128,12 +128,18 @@ def _partitions(raw: Any) -> list[Any]:
     raise ProtocolError("task list entries must be sub-topology -> partitions")
 
 
+def _is_count(value: Any) -> bool:
+    """A sub-topology or partition number: msgpack's booleans are Python ints, and a corrupt
+    byte can make one (``True_1`` is no task)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _unpack_tasks(raw: Any) -> tuple[str, ...]:
     if not isinstance(raw, dict):
         raise ProtocolError(f"task list must be a map, not {type(raw).__name__}")
     tasks = []
     for sub, partitions in raw.items():
-        if not isinstance(sub, int):
+        if not _is_count(sub):
             raise ProtocolError("task list entries must be sub-topology -> partitions")
         for partition in _partitions(partitions):
             if not isinstance(partition, int) or isinstance(partition, bool) or (
@@ -156,7 +162,7 @@ def _unpack_lags(raw: Any) -> dict[str, int]:
         raise ProtocolError(f"lag map must be a map, not {type(raw).__name__}")
     lags = {}
     for sub, entries in raw.items():
-        if not isinstance(sub, int) or sub < 0:
+        if not _is_count(sub):
             raise ProtocolError("lag entries must be sub-topology -> (partition, lag) pairs")
         if isinstance(entries, bytes):
             numbers = _from_varints(entries)

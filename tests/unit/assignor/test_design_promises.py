@@ -174,6 +174,36 @@ def test_a_member_given_back_more_than_balance_allows_asks_for_the_round_that_mo
     assert balanced(group, 1), group.active_by_instance()
 
 
+def test_a_member_back_from_a_pause_keeps_all_it_held_though_a_caught_up_standby_waits(
+) -> None:
+    """A paused past its session, its tasks held with standbys caught up on the others; C
+    joins meanwhile. A comes back still running them, more than its share now: it keeps
+    them all in that round (the caught-up standby on C does not take one over at once), and
+    is told to rejoin, so that the next round moves the excess."""
+    tasks = [Task(f"0_{n}") for n in range(6)]
+    group = Group(tasks, AssignorConfig(lost_task_delay_ms=120_000, num_standbys=2))
+    group.join("A")
+    group.join("B")
+    settle(group)
+    owned = group.active_by_instance()["A"]
+    paused = group.members.pop("A-0")
+    group.now_ms = 10_000
+    group.round()
+    assert set(owned) <= set(group.memory.lost)
+    group.join("C")
+    group.now_ms = 13_000
+    settle(group)
+    assert all(group.members["C-0"].standbys.get(t) == 0 for t in owned)
+    group.members["A-0"] = paused  # back, still running what it ran
+    group.now_ms = 60_000
+    out = group.round()
+    assert sorted(out["A-0"].active) == owned and out["A-0"].revoked == ()
+    assert out["A-0"].rejoin_after_ms == 0
+    group.now_ms = 63_000
+    settle(group)
+    assert balanced(group)
+
+
 def test_a_task_whose_hold_ends_without_its_member_is_spread_by_balance() -> None:
     """An instance of three threads crashes and one comes back: when the holds of the two
     others end, their stateless tasks are not given back to the one thread there is (they
@@ -276,6 +306,27 @@ def test_instances_are_balanced_in_total_too() -> None:
     settle(group)
     assert balanced(group)
     assert moves({t.task_id: "A" for t in tasks}, placement(group)) == 4
+
+
+def test_the_totals_are_balanced_by_lifting_the_lightest_when_the_heaviest_cannot_shed(
+) -> None:
+    # api-1's one thread runs the one stateful task and a stateless one: moving that stateless
+    # task would unbalance the stateless kind, so api-1 stays at 2 tasks a thread. node-x7
+    # (3 threads) joins: the totals balance only if node-x7 takes 3 of the stateless tasks,
+    # one of them from api-2, which is within one task a thread of node-x7 by itself.
+    stateless = ("0_0", "0_1", "0_2", "0_3", "1_4", "2_6")
+    group = Group([Task("1_5"), *(Task(t, stateful=False) for t in stateless)],
+                  AssignorConfig())
+    group.join("api-1", active=("0_0", "1_5"))
+    group.join_thread("api-2", 0, ("0_1", "0_3", "2_6"))
+    group.join_thread("api-2", 1, ("0_2", "1_4"))
+    group.round()
+    group.join("node-x7", threads=3)
+    settle(group)
+    assert balanced(group)
+    by_instance = group.active_by_instance()
+    assert by_instance["api-1"] == ["0_0", "1_5"]  # the stateful task did not move
+    assert (len(by_instance["api-2"]), len(by_instance["node-x7"])) == (2, 3)
 
 
 def test_a_caught_up_standby_takes_a_task_over_in_the_round_that_balances() -> None:
@@ -859,3 +910,16 @@ def test_a_leaving_owner_gets_back_a_task_it_gave_up_for_a_learner_that_could_no
     out, _ = assign(tasks, [late, b_leaving, replace(c, notes=first["C-0"].notes)],
                     config, 5_000, memory)
     assert "0_0" in out["C-0"].active
+
+
+def test_a_task_the_app_no_longer_has_is_revoked_and_no_member_is_no_assignment() -> None:
+    # A member of an older topology (partitions or a sub-topology removed since) reports a
+    # task the app does not have: it is revoked, after the app's own, and the round goes on.
+    tasks = [Task("0_0"), Task("0_1")]
+    members = [Member("m-1", "node-x7", 0, active=frozenset({"0_0", "0_5", "3_1"}))]
+    out, _ = assign(tasks, members, AssignorConfig(), 0, None)
+    assert out["m-1"].active == ("0_0", "0_1") and out["m-1"].revoked == ("0_5", "3_1")
+    # No member: nothing to give, and what the leader remembered stands.
+    config = AssignorConfig(num_standbys=1, lost_task_delay_ms=10_000)
+    _, memory = assign(tasks, members, config, 0, None)
+    assert assign(tasks, [], config, 1_000, memory) == ({}, memory)

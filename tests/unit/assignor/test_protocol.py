@@ -107,6 +107,13 @@ def test_wrong_field_types_are_refused() -> None:
     payload["a"], payload["R"] = {}, ["0_1"]
     with pytest.raises(ProtocolError, match="task list must be a map"):
         decode_subscription(good[:2] + msgpack.packb(payload))
+    # A corrupt byte can make a sub-topology key a boolean, which msgpack gives as an int:
+    # still no task (there is no task True_1).
+    del payload["R"]
+    for field, value in (("a", {True: [1]}), ("R", {True: [1]}), ("s", {True: [[4, 5]]}),
+                         ("l", {False: [[2, 0]]})):
+        with pytest.raises(ProtocolError, match="sub-topology"):
+            decode_subscription(good[:2] + msgpack.packb({**payload, field: value}))
 
 
 def test_a_member_vouches_only_for_learners_it_holds() -> None:

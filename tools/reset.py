@@ -33,8 +33,10 @@ from aiokafka.protocol.admin import DeleteGroupsRequest
 
 from streams.dsl.describe import TopologyDescription
 from streams.group.control import control_topic_name
+from streams.group.member_id import instance_of, static_id_of
 from streams.group.predecessors import MemberFiles
 from streams.group.topology_record import TOPOLOGY_KEY, decode_topology_record
+from streams.kafka.membership import describe_group
 from streams.kafka.topic_reader import read_to_end
 from streams.quirks.task_positions import positions_topic_name
 
@@ -120,14 +122,18 @@ async def delete_group(bootstrap: str, app: str) -> None:
     try:
         coordinator = await client.coordinator_lookup(0, app)
         response = await client.send(coordinator, DeleteGroupsRequest([app]))
+        [(_group, code)] = response.results
+        members = (await describe_group(client, app)).members if code == NON_EMPTY_GROUP \
+            else []
     finally:
         await client.close()
-    [(_group, code)] = response.results
     if code == NON_EMPTY_GROUP:
+        instances = sorted({instance_of(static_id_of(m.member_id) or m.member_id)
+                            for m in members})
         raise ResetRefused(
-            f"the broker still counts members in group {app}: static members stay until "
-            f"their session expires after a stop; wait for it, or remove them with `relay "
-            f"remove-members {app} INSTANCE...`")
+            f"the broker still counts members in group {app} ({', '.join(instances)}): static "
+            f"members stay until their session expires after a stop; wait for it, or remove "
+            f"them with `relay remove-members {app} {' '.join(instances) or 'INSTANCE...'}`")
     if code not in (0, GROUP_ID_NOT_FOUND):
         raise ResetRefused(f"the broker refused to delete group {app} (error code {code})")
 

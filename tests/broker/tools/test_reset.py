@@ -21,7 +21,7 @@ from tests.broker.streams.harness import (
     run_relay,
     running,
 )
-from tests.conftest import wait_until
+from tests.conftest import on_tansu, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -87,3 +87,28 @@ async def test_a_reset_app_counts_its_input_again_from_the_start(
 def tasks(app: object) -> list[StreamTask]:
     return [task for thread in app.threads  # type: ignore[attr-defined]
             for task in thread.tasks.values()]
+
+
+async def test_a_reset_waits_for_stopped_static_members_and_names_them(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str]
+) -> None:
+    """A static member stays in the group after a clean stop, until its session expires: the
+    reset is refused naming it, with the command that removes it; then it goes through.
+    (The embedded broker deletes a group with stopped static members in it.)"""
+    if on_tansu(bootstrap):
+        pytest.skip("the embedded broker deletes a group whose static members stopped")
+    app_id = unique("reset-static")
+    source, sink = f"{app_id}-in", f"{app_id}-out"
+    await create_topics(bootstrap, {source: 1, sink: 1})
+    await produce(bootstrap, source, [("k", i) for i in range(5)])
+    app = counting_app(app_id, bootstrap, tmp_path / "s", source, sink, "node-q")
+    async with running(app):
+        await wait_until(lambda: sum(t.records_processed for t in tasks(app)) == 5,
+                         timeout_s=60, message="the app to count")
+    code, out = await run_relay("reset", app_id, bootstrap=bootstrap)
+    assert code == 2 and "(node-q)" in out, out
+    assert f"relay remove-members {app_id} node-q" in out
+    code, out = await run_relay("remove-members", app_id, "node-q", bootstrap=bootstrap)
+    assert code == 0, out
+    code, out = await run_relay("reset", app_id, bootstrap=bootstrap)
+    assert code == 0 and f"topic {app_id}-counts-changelog: deleted" in out, out

@@ -13,11 +13,28 @@ from streams.dsl.topology import TopologyError
 
 C = TypeVar("C", bound=type)
 
+#: What the DSL's functions are called with, for the error that says a function cannot be.
+_ARGUMENTS = {
+    ("filter", "predicate"): "key, value", ("filter_not", "predicate"): "key, value",
+    ("map", "fn"): "key, value", ("map_values", "fn"): "value",
+    ("flat_map", "fn"): "key, value", ("flat_map_values", "fn"): "value",
+    ("select_key", "fn"): "key, value", ("group_by", "key_selector"): "key, value",
+    ("group_by", "selector"): "key, value", ("aggregate", "initializer"): "no arguments",
+    ("aggregate", "aggregator"): "key, value, aggregate", ("reduce", "reducer"):
+    "aggregate, value", ("aggregate", "merger"): "key, aggregate, aggregate",
+    ("aggregate", "adder"): "key, value, aggregate",
+    ("aggregate", "subtractor"): "key, value, aggregate",
+    ("join", "joiner"): "left value, right value",
+    ("left_join", "joiner"): "left value, right value",
+    ("outer_join", "joiner"): "left value, right value",
+}
 
-def _function_parameters(method: Callable[..., Any]) -> dict[str, bool]:
+
+def _function_parameters(method: Callable[..., Any]) -> dict[str, tuple[bool, int | None]]:
     """The parameters of ``method`` that take a function (annotated ``Callable[...]``, or
-    ``Callable[...] | None``), each with whether None is allowed."""
-    found: dict[str, bool] = {}
+    ``Callable[...] | None``), each with whether None is allowed and how many arguments the
+    function is called with (None for ``Callable[..., R]``: it varies)."""
+    found: dict[str, tuple[bool, int | None]] = {}
     for name, param in inspect.signature(method).parameters.items():
         annotation = param.annotation
         if not isinstance(annotation, str):
@@ -25,8 +42,42 @@ def _function_parameters(method: Callable[..., Any]) -> dict[str, bool]:
         alternatives = [a.strip() for a in annotation.split(" | ")]
         if alternatives and alternatives[0].startswith("Callable[") and all(
                 a == "None" for a in alternatives[1:]):
-            found[name] = "None" in alternatives[1:]
+            found[name] = ("None" in alternatives[1:], _arity(alternatives[0]))
     return found
+
+
+def _arity(annotation: str) -> int | None:
+    """How many arguments ``Callable[[A, B], R]`` takes: 2 (None for ``Callable[..., R]``)."""
+    inner = annotation[len("Callable["):]
+    if not inner.startswith("["):
+        return None
+    depth, count, empty = 0, 1, True
+    for char in inner[1:]:
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            if depth == 0:
+                return 0 if empty else count
+            depth -= 1
+        elif char == "," and depth == 0:
+            count += 1
+        elif not char.isspace():
+            empty = False
+    return None
+
+
+def arity_problem(fn: Callable[..., Any], arguments: int) -> str | None:
+    """Why ``fn`` cannot be called with ``arguments`` positional arguments, or None when it
+    can (or its signature cannot be read: a builtin type, say)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*([None] * arguments))
+    except TypeError as exc:
+        return str(exc)
+    return None
 
 
 def _checked(owner: str, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -38,18 +89,27 @@ def _checked(owner: str, method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def check_then_call(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind_partial(*args, **kwargs)
-        for name, optional in parameters.items():
+        for name, (optional, arguments) in parameters.items():
             if name not in bound.arguments:
                 continue
             given = bound.arguments[name]
             values = given if signature.parameters[name].kind is (
                 inspect.Parameter.VAR_POSITIONAL) else (given,)
             for value in values:
-                if callable(value) or (optional and value is None):
+                if optional and value is None:
                     continue
-                raise TopologyError(
-                    f"{owner}.{method.__name__}(): {name} must be a function, not "
-                    f"{type(value).__name__} {value!r:.60}")
+                if not callable(value):
+                    raise TopologyError(
+                        f"{owner}.{method.__name__}(): {name} must be a function, not "
+                        f"{type(value).__name__} {value!r:.60}")
+                problem = None if arguments is None else arity_problem(value, arguments)
+                if problem is not None:
+                    described = _ARGUMENTS.get((method.__name__, name),
+                                               f"{arguments} arguments")
+                    raise TopologyError(
+                        f"{owner}.{method.__name__}(): {name} is called as {name}"
+                        f"({'' if described == 'no arguments' else described}), but "
+                        f"{getattr(value, '__name__', repr(value))} cannot be: {problem}")
         return method(*args, **kwargs)
 
     return check_then_call

@@ -44,11 +44,13 @@ class HeadersPeekNode(Node):
 
 
 def wants_headers(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` takes a third positional argument (the headers)."""
+    """Whether ``fn`` asks for the headers: a third positional parameter without a default,
+    or one named ``headers``. ``print`` (``*args``) or a third parameter with a default of
+    its own does not: it would be handed the headers where it meant something else."""
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return False
-    positional = [p for p in parameters
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
-    return len(positional) >= 3 or any(p.kind is p.VAR_POSITIONAL for p in positional)
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    return len(required) >= 3 or any(p.name == "headers" for p in positional[2:])

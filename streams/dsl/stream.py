@@ -123,12 +123,20 @@ class Stream:
             MapNode(self._name("select-key"), lambda k, v: (fn(k, v), v)), key_changed=True
         )
 
+    def foreach(self, fn: Callable[..., None]) -> None:
+        """``fn(key, value)`` (or ``fn(key, value, headers)``) for each record, for its side
+        effect; nothing follows (Kafka Streams' ``KStream.foreach``)."""
+        self._peek("foreach", fn)
+
     def peek(self, fn: Callable[..., None]) -> Stream:
         """``fn(key, value)``, or ``fn(key, value, headers)`` to read the record's headers,
         for its side effect; the record goes on unchanged."""
+        return self._peek("peek", fn)
+
+    def _peek(self, kind: str, fn: Callable[..., None]) -> Stream:
         if wants_headers(fn):
-            return self._then(HeadersPeekNode(self._name("peek"), fn))
-        return self._then(PeekNode(self._name("peek"), fn))
+            return self._then(HeadersPeekNode(self._name(kind), fn))
+        return self._then(PeekNode(self._name(kind), fn))
 
     def branch(self, *predicates: Callable[[Any, Any], bool]) -> list[Stream]:
         """One stream per predicate; a record goes to the first branch whose predicate holds."""
@@ -651,7 +659,17 @@ class GroupedTable:
 
 
 def topic_name(topic: str | TopicDecl) -> str:
-    return topic.name if isinstance(topic, TopicDecl) else topic
+    """The name of ``topic``; a :class:`TopologyError` for anything but a name or a declared
+    topic (a function, as Kafka Streams' per-record topic choice, is not supported)."""
+    if isinstance(topic, TopicDecl):
+        return topic.name
+    if isinstance(topic, str):
+        return topic
+    hint = (" (a topic chosen per record, as Kafka Streams' TopicNameExtractor, is not "
+            "supported: send each kind of record to its own topic with branch())"
+            if callable(topic) else "")
+    raise TopologyError(f"a topic is named by a str or app.topic(...), not "
+                        f"{type(topic).__name__} {topic!r:.60}{hint}")
 
 
 def stream_from_topic(

@@ -76,6 +76,8 @@ class Topology:
     #: Each repartition topic's sink (writing it) and source (reading it back).
     repartition_nodes: dict[str, tuple[SinkNode, SourceNode]] = field(default_factory=dict)
     _counter: int = 0
+    #: Topics read or written with the default (msgpack) serdes for want of a declaration.
+    _defaulted: dict[str, set[str]] = field(default_factory=dict)
 
     def node_name(self, kind: str) -> str:
         self._counter += 1
@@ -85,6 +87,12 @@ class Topology:
         known = self.topics.get(decl.name)
         if known is not None and _shape(known) != _shape(decl):
             raise TopologyError(f"topic {decl.name} is declared twice, differently")
+        defaulted = self._defaulted.get(decl.name, set())
+        if ("key" in defaulted and decl.key_serde) or ("value" in defaulted and decl.value_serde):
+            raise TopologyError(
+                f"topic {decl.name} is declared after a stream, table or to() of it was made "
+                f"with the default msgpack serdes, which its declaration would not change: "
+                f"call app.topic({decl.name!r}, ...) before using the topic")
         self.topics[decl.name] = decl
         return decl
 
@@ -96,6 +104,10 @@ class Topology:
         decl = self.topics.get(topic)
         key = key_serde if key_serde is not None else decl and decl.key_serde
         value = value_serde if value_serde is not None else decl and decl.value_serde
+        if not key:
+            self._defaulted.setdefault(topic, set()).add("key")
+        if not value:
+            self._defaulted.setdefault(topic, set()).add("value")
         return serde_from_name(key or "msgpack"), serde_from_name(value or "msgpack")
 
     def set_repartition_key_serde(self, topic: str, serde: Serde) -> None:

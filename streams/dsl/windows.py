@@ -45,8 +45,10 @@ def whole_ms(window: object, *names: str) -> None:
         if isinstance(value, float) and value.is_integer():
             object.__setattr__(window, name, int(value))
             continue
-        raise TypeError(f"{type(window).__name__}: {name} must be a whole number of "
-                        f"milliseconds, not {value!r}")
+        # As its repr names it: tumbling windows are hopping ones that advance by their size.
+        kind = repr(window).split("(", 1)[0]
+        raise TypeError(f"{kind}: {name} must be a whole number of milliseconds, not "
+                        f"{value!r}")
 
 
 @dataclass(frozen=True)

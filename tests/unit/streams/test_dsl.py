@@ -421,11 +421,60 @@ def test_a_value_where_a_function_belongs_is_refused_when_the_app_is_built() -> 
     table.join(table, lambda x, _y: x, foreign_key=None).to_stream().to("out")
 
 
+def test_a_function_that_cannot_take_its_arguments_is_refused_when_the_app_is_built() -> None:
+    # Kafka Streams habits (a predicate of the value alone) and slips: each was one dead
+    # letter per record, the whole input lost to the dead-letter topic.
+    a = app()
+    s = a.stream("in")
+    cases = [
+        (lambda: s.filter(lambda v: v),
+         "Stream.filter(): predicate is called as predicate(key, value), but <lambda> "
+         "cannot be: too many positional arguments"),
+        (lambda: s.map_values(lambda k, v: v), "Stream.map_values(): fn is called as fn(value)"),
+        (lambda: s.group_by_key().aggregate(lambda k: 0, lambda k, v, n: n, store="s"),
+         "GroupedStream.aggregate(): initializer is called as initializer(), but"),
+        (lambda: s.group_by_key().aggregate(lambda: 0, lambda agg, v: agg, store="s"),
+         "aggregator is called as aggregator(key, value, aggregate)"),
+        (lambda: s.to(lambda k, v: f"out-{v}"), "TopicNameExtractor, is not supported"),
+        (lambda: s.to(42), "a topic is named by a str or app.topic(...), not int 42"),
+    ]
+    for call, message in cases:
+        with pytest.raises(TopologyError, match=re.escape(message)):
+            call()
+    seen: list[tuple[object, ...]] = []
+
+    def show(*args: object) -> None:  # print's shape: not a request for the headers
+        seen.append(args)
+
+    got: list[object] = []
+    # Functions that can take their arguments pass, builtins whose signature is unknown too.
+    (s.flat_map_values(str.split).map_values(int).peek(show)
+     .foreach(lambda _k, _v, headers: got.append(headers)))
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("in", "k", "7", headers=[("h", b"1")])
+    assert seen == [("k", 7)] and got == [(("h", b"1"),)]
+
+
+def test_a_topic_declared_after_it_was_used_with_default_serdes_is_refused() -> None:
+    a = app()
+    a.stream("late").to("out")
+    with pytest.raises(TopologyError, match=r"topic late is declared after a stream, table "
+                                            r"or to\(\) of it was made"):
+        a.topic("late", key_serde="str", value_serde="json")
+    with pytest.raises(TopologyError, match="topic out is declared after"):
+        a.topic("out", value_serde="json")
+    # What the declaration would not change is no mistake: the stream named its serdes.
+    a.stream("named", key_serde="str", value_serde="str").to("elsewhere", value_serde="str")
+    a.topic("named", key_serde="str", value_serde="json", partitions=2)
+    a.topic("out", partitions=1)
+
+
 def test_windows_take_whole_milliseconds_and_say_what_they_are() -> None:
     assert repr(TumblingWindows(60_000.0)) == "TumblingWindows(size_ms=60000, grace_ms=0)"
     assert TumblingWindows(60_000.0).size_ms == 60_000
     assert repr(HoppingWindows(10, 5)) == "HoppingWindows(size_ms=10, advance_ms=5, grace_ms=0)"
-    with pytest.raises(TypeError, match=r"size_ms must be a whole number of milli.*, not 1\.5"):
+    with pytest.raises(TypeError, match=r"^TumblingWindows: size_ms must be a whole number of "
+                                        r"milli.*, not 1\.5"):
         TumblingWindows(1.5)
     with pytest.raises(TypeError, match="before_ms must be a whole number of milliseconds"):
         JoinWindows("5")  # type: ignore[arg-type]

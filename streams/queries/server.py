@@ -252,6 +252,18 @@ class QueryService:
                        and (query.max_lag is None or r.lag <= query.max_lag)]
         return chosen, restoring
 
+    def _copy_hint(self, query: QueryRequest, task: str) -> str:
+        """Where a copy could answer the query now, if the caller allowed copies."""
+        if query.allow_standby:
+            return ""
+        copies = [r for r in self.table.routes(task, self._clock())
+                  if r.role in ("standby", "learner") and r.lag is not None]
+        if not copies:
+            return ""
+        best = min(copies, key=lambda r: (r.lag, r.member))
+        return (f", or read the {best.role} copy on {best.member} (lag {best.lag}) with "
+                f"allow_standby=true")
+
     async def _forward(self, request: web.Request, query: QueryRequest, task: str,
                        local_refusal: StoreUnavailable | None) -> web.Response:
         candidates, restoring = self._candidates(query, task)
@@ -279,9 +291,11 @@ class QueryService:
                 status = response.status
                 retry_after = response.headers.get("Retry-After")
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            why = (f"within {FORWARD_TIMEOUT_S:g} s" if isinstance(exc, TimeoutError)
+                   else f"({str(exc) or type(exc).__name__})")
             return unavailable(f"the owner of task {task} ({route.member} at "
-                               f"{route.endpoint}) did not answer: {exc or type(exc).__name__}"
-                               f"; retry", "owner_unreachable", task)
+                               f"{route.endpoint}) did not answer {why}; retry"
+                               f"{self._copy_hint(query, task)}", "owner_unreachable", task)
         try:
             body = json.loads(text)
         except ValueError:

@@ -20,6 +20,7 @@ from yarl import URL
 
 from streams import App
 from streams.group.partition_assignor import TaskLayout
+from streams.queries import server
 from streams.queries.routing import RoutingTable, StatusFollower
 from streams.queries.server import FORWARDED_HEADER, QueryService, make_query_app
 from streams.queries.store_layout import store_layouts
@@ -213,6 +214,30 @@ async def test_a_key_nobody_can_answer_now_is_a_503_with_retry_after(
     code, body, _ = await get(a, f"/stores/word-counts/{word}")
     assert (code, body["reason"]) == (503, "owner_unreachable")
     assert dead in body["error"]
+
+
+async def test_an_owner_that_does_not_answer_is_named_with_the_copy_that_could(
+        driver: TopologyTestDriver, workers: tuple[Worker, Worker],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frozen owner (SIGSTOP) accepts the connection and says nothing: the answer says it
+    did not answer in time, and where a copy could answer with allow_standby=true."""
+    monkeypatch.setattr(server, "FORWARD_TIMEOUT_S", 0.005)
+    a, b = workers
+    word = word_on(driver, b)
+    task = task_of(driver, word)
+    now = int(time.time() * 1000)
+    with socket.socket() as frozen:
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen()  # connections wait in the backlog, never answered
+        endpoint = f"http://127.0.0.1:{frozen.getsockname()[1]}"
+        a.table.apply("b-thread-0", status(b, driver, query_endpoint=endpoint), now)
+        a.table.apply("c-thread-0", status(b, driver, active=[], standbys={task: 3},
+                                           instance_id="c"), now)
+        code, body, _ = await get(a, f"/stores/word-counts/{word}")
+    assert (code, body["reason"]) == (503, "owner_unreachable")
+    assert f"({'b-thread-0'} at {endpoint}) did not answer within 0.005 s; retry" in body["error"]
+    assert body["error"].endswith(
+        "or read the standby copy on c-thread-0 (lag 3) with allow_standby=true")
 
 
 async def test_a_forwarded_request_is_never_forwarded_again(

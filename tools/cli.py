@@ -50,6 +50,9 @@ from tools.snapshot import snapshot
 NO_BOOTSTRAP = ("no broker address: pass --bootstrap host:port or set RELAY_BOOTSTRAP_SERVERS "
                 "(for development, `relay broker` runs a broker on 127.0.0.1:9092)")
 STALE_AFTER_MS = 15_000
+#: A member that published its status this lately is taken for running: members publish
+#: every second, so a crashed one falls silent within a few.
+RUNNING_WITHIN_MS = 5_000
 console = Console()
 T = TypeVar("T")
 
@@ -165,6 +168,13 @@ bootstrap_option = click.option(
 )
 
 
+def heard(age_ms: float) -> str:
+    """How long ago a member last published its status; silent for a few seconds, it may be
+    dead (members publish every second), which the table says before the group does."""
+    text = f"{max(age_ms, 0) / 1000:.0f} s ago"
+    return text if age_ms < RUNNING_WITHIN_MS else f"[yellow]{text} (silent)[/]"
+
+
 def print_whole(table: Table) -> None:
     """Prints ``table`` at its natural width, wider than the terminal if need be: member and
     instance names cut to fit 80 columns would tell no member apart."""
@@ -207,13 +217,16 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
     table = Table(title=f"{app}: group {result['state']} ({result['protocol'] or '-'})")
-    columns = ("member", "instance", "thread", "pid", "generation", "leader", "active", "leaving")
+    columns = ("member", "instance", "thread", "pid", "generation", "leader", "active", "leaving",
+               "heard")
     for column in columns:
         table.add_column(column)
+    now_ms = time.time() * 1000
     for member, s in sorted(result["members"].items()):
         table.add_row(member, s["instance_id"], str(s["thread"]), str(s["pid"]),
                       str(s["generation"]), "yes" if s.get("leader") else "",
-                      ", ".join(s["active"]) or "-", "yes" if s["leaving"] else "")
+                      ", ".join(s["active"]) or "-", "yes" if s["leaving"] else "",
+                      heard(now_ms - s.get("updated_ms", 0)))
     print_whole(table)
     tasks = Table(title="tasks")
     for column in ("task", "active", "learners (lag, ready)", "standbys (lag, ready)"):
@@ -451,7 +464,7 @@ def remove_members(app: str, instances: tuple[str, ...], bootstrap: str | None,
                     )
                 pairs.extend(found)
             if not force:
-                refuse_running(app, instances, live(status))
+                refuse_running(app, instances, status)
             if Quirk.LEAVE_NEEDS_MEMBER_ID not in await broker_quirks("auto", None, address,
                                                                       embedded=False):
                 # KIP-345: the instance id alone removes whichever member holds it now.
@@ -510,24 +523,25 @@ def reset(app: str, bootstrap: str | None, state_dirs: tuple[Path, ...], dry_run
 
 
 def refuse_running(app: str, instances: tuple[str, ...],
-                   live_status: dict[str, dict[str, Any]]) -> None:
+                   status: dict[str, dict[str, Any]]) -> None:
     """A :class:`ToolError` for instances among ``instances`` whose threads published their
-    status lately: they are running, not gone."""
+    status within :data:`RUNNING_WITHIN_MS`: they look alive (members publish every second),
+    and a crashed one is silent after a few seconds."""
     now = time.time() * 1000
     ages = {}
-    for status in live_status.values():
-        instance = status.get("instance_id")
-        if instance in instances:
-            age = (now - status.get("updated_ms", 0)) / 1000
-            ages[instance] = min(age, ages.get(instance, age))
+    for record in status.values():
+        instance = record.get("instance_id")
+        age = now - record.get("updated_ms", 0)
+        if instance in instances and age < RUNNING_WITHIN_MS:
+            ages[instance] = min(age / 1000, ages.get(instance, age / 1000))
     if ages:
         running = ", ".join(f"{i} (published its status {max(a, 0):.0f} s ago)"
                             for i, a in sorted(ages.items()))
         raise ToolError(
-            f"{running} of {app} is running: removed, it would rejoin at once and its tasks "
-            f"would move twice. Stop its process first (a static member's tasks wait for it "
-            f"until its session expires), or scale it down with `relay mark-leaving {app} "
-            f"{' '.join(sorted(ages))}`; --force removes it anyway", ExitCode.USAGE)
+            f"{running} of {app} looks alive: removed, it would rejoin at once and its tasks "
+            f"would move twice. Stop its process first, or scale it down with `relay "
+            f"mark-leaving {app} {' '.join(sorted(ages))}`; if its process is gone, retry in "
+            f"a few seconds, or pass --force", ExitCode.USAGE)
 
 
 def removal_outcome(answers: dict[str, str | None],

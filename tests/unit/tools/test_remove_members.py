@@ -37,13 +37,16 @@ def test_static_members_of_one_instance_or_of_all() -> None:
 
 def test_an_instance_that_still_publishes_its_status_is_refused() -> None:
     now = time.time() * 1000
-    live = {"api-7-thread-0": {"instance_id": "api-7", "updated_ms": now - 2_000},
-            "api-7-thread-1": {"instance_id": "api-7", "updated_ms": now - 4_000},
-            "api-8-thread-0": {"instance_id": "api-8", "updated_ms": now - 1_000}}
+    status = {"api-7-thread-0": {"instance_id": "api-7", "updated_ms": now - 2_000},
+              "api-7-thread-1": {"instance_id": "api-7", "updated_ms": now - 4_000},
+              "api-8-thread-0": {"instance_id": "api-8", "updated_ms": now - 1_000},
+              "api-6-thread-0": {"instance_id": "api-6", "updated_ms": now - 6_000}}
     with pytest.raises(ToolError) as refused:
-        refuse_running("orders", ("api-7", "api-9"), live)
+        refuse_running("orders", ("api-7", "api-9"), status)
     assert refused.value.exit_code == 2
     message = refused.value.message
-    assert message.startswith("api-7 (published its status 2 s ago) of orders is running")
+    assert message.startswith("api-7 (published its status 2 s ago) of orders looks alive")
     assert "relay mark-leaving orders api-7" in message and "--force" in message
-    refuse_running("orders", ("api-9",), live)  # gone: nothing to refuse
+    refuse_running("orders", ("api-9",), status)  # gone: nothing to refuse
+    # Silent for 6 s (SIGKILLed, say): taken for gone, though its session may still run.
+    refuse_running("orders", ("api-6",), status)

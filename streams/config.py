@@ -274,7 +274,14 @@ class AppConfig:
                 values[name] = raw
             elif key not in OTHER_RELAY_VARIABLES:
                 warn_unknown_variable(key, known)
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        for name in sorted(set(given) & set(values)):
+            if str(values[name]) != str(given[name]):
+                # An operator who sets the variable expects it to count: say it does not.
+                log.warning("environment variable %s%s=%s is ignored: the app sets %s=%r "
+                            "itself (an argument wins over its variable)", ENV_PREFIX,
+                            name.upper(), values[name], name, given[name])
+        values.update(given)
         unknown = set(values) - known
         if unknown:
             raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")

@@ -60,6 +60,20 @@ def test_a_misspelt_variable_gets_a_warning_naming_the_closest_setting(
     assert "RELAY_NUM_THREAD" in messages[0] and "RELAY_NUM_THREADS" in messages[0]
 
 
+def test_a_variable_the_app_overrides_gets_a_warning_that_it_is_ignored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    environ = {"RELAY_NUM_STANDBYS": "-1", "RELAY_NUM_THREADS": "2",
+               "RELAY_COMMIT_INTERVAL_MS": "500"}
+    with caplog.at_level(logging.WARNING, logger="streams.config"):
+        config = AppConfig.from_env(environ, application_id="a", num_standbys=1,
+                                    num_threads=2)
+    assert (config.num_standbys, config.num_threads, config.commit_interval_ms) == (1, 2, 500)
+    assert [r.getMessage() for r in caplog.records] == [
+        "environment variable RELAY_NUM_STANDBYS=-1 is ignored: the app sets num_standbys=1 "
+        "itself (an argument wins over its variable)"]
+
+
 def test_static_follower_digests_reads_booleans() -> None:
     with pytest.warns(DeprecationWarning, match="use broker_quirks"):
         assert AppConfig.from_env({"RELAY_STATIC_FOLLOWER_DIGESTS": "off"},

@@ -18,6 +18,7 @@ import click
 from streams.config import ConfigError, UnknownSettingError
 from streams.dsl.topology import TopologyError
 from streams.exit_codes import ExitCode, summary
+from streams.kafka import client_log
 
 if TYPE_CHECKING:
     from streams.app import App
@@ -123,6 +124,7 @@ def run(target: str, log_level: str) -> None:
 
     logging.basicConfig(level=log_level,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    client_log.install()
     app = load_app(target)
     if app.config.bootstrap_servers is None:
         raise RunError(NO_BOOTSTRAP, ExitCode.CONFIG)

@@ -54,10 +54,15 @@ class RecordError(Exception):
     """A record could not be deserialized or processed; carries where it came from."""
 
     def __init__(self, stage: str, record: ConsumerRecord, cause: BaseException,
-                 index: int = 0) -> None:
+                 index: int = 0, part: str | None = None) -> None:
         #: The topology step whose code raised, when a step's did.
         self.step = raising_step(cause)
+        #: For a record that could not be deserialized: ``"key"`` or ``"value"``.
+        self.part = part
         where = f" in step {self.step}" if self.step else ""
+        if part is not None:
+            raw = record.key if part == "key" else record.value
+            where += f" (its {part}, {len(raw or b'')} bytes)"
         super().__init__(
             f"{stage} failed for {record.topic}[{record.partition}]@{record.offset}{where}: "
             f"{type(cause).__name__}: {cause}"
@@ -80,7 +85,20 @@ class RecordError(Exception):
             ("relay.partition", str(record.partition).encode()),
             ("relay.offset", str(record.offset).encode()),
             *([("relay.step", self.step.encode())] if self.step else []),
+            *([("relay.part", self.part.encode())] if self.part else []),
         ]
+
+
+def failed_part(record: ConsumerRecord, loads_key: Any) -> str:
+    """Which part of a record that could not be deserialized failed: its key is read first,
+    so it is the value when the key reads. Asked only once a record failed, so that reading
+    one costs nothing more."""
+    try:
+        if record.key is not None:
+            loads_key(record.key)
+    except Exception:
+        return "key"
+    return "value"
 
 
 def raising_step(error: BaseException) -> str | None:
@@ -268,7 +286,8 @@ class StreamTask:
                     value = None if raw is None else loads_value(raw)
                 except Exception as exc:
                     processed[tp] = offset + 1  # type: ignore[index]
-                    raise RecordError("deserialize", record, exc, index) from exc
+                    raise RecordError("deserialize", record, exc, index,
+                                      failed_part(record, loads_key)) from exc
                 timestamp = record.timestamp
                 ctx.topic, ctx.partition, ctx.offset = topic, partition, offset
                 ctx.timestamp_ms = timestamp

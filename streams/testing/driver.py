@@ -86,6 +86,8 @@ class DeadLetter:
     error: str
     #: The topology step whose code raised (``filter-0003``), when a step's did.
     step: str | None = None
+    #: For a record that could not be deserialized: ``"key"`` or ``"value"``.
+    part: str | None = None
 
 
 @dataclass
@@ -507,6 +509,7 @@ class TopologyTestDriver:
         self._dead_letters.append(DeadLetter(
             record.topic, record.partition, record.offset, record.key, record.value,
             error.stage, f"{type(error.cause).__name__}: {error.cause}", error.step,
+            error.part,
         ))
         key, value, cut = truncated_payload(record.key, record.value)
         self._append(self.dead_letter_topic, key, value, record.timestamp, 0,

@@ -253,8 +253,13 @@ def test_bad_records_are_dead_lettered_with_their_origin_or_stop_the_app() -> No
         assert (first.key, first.value) == (b"\xa1a", b"\xc1not msgpack")
         headers = dict(first.headers)
         assert headers["relay.stage"] == b"deserialize" and headers["relay.offset"] == b"0"
-        assert headers["relay.topic"] == b"in"
+        assert headers["relay.topic"] == b"in" and headers["relay.part"] == b"value"
         assert b"ZeroDivisionError" in dict(second.headers)["relay.error"]
+        assert "relay.part" not in dict(second.headers)
+        # Which part could not be read: the key, here (a str where msgpack was expected).
+        driver.pipe_raw("in", b"acct1", b"\x01")
+        bad_key = driver.dead_letters[-1]
+        assert (bad_key.stage, bad_key.part) == ("deserialize", "key")
     from streams.runtime.task import RecordError
 
     with TopologyTestDriver(a, on_error="stop") as driver, pytest.raises(

@@ -232,7 +232,14 @@ class FlatMapNode(Node):
         self.fn = fn
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
-        for new_key, new_value in self.fn(key, value):
+        pairs = self.fn(key, value)
+        if isinstance(pairs, str | bytes):
+            # Iterable, but not a list of (key, value) pairs: a str of two-character words
+            # would make a record of each.
+            raise TypeError(f"{self.name}: the function returned a {type(pairs).__name__} "
+                            f"({pairs!r:.40}), not a list of (key, value) pairs: return "
+                            f"[(key, value)] for one record")
+        for new_key, new_value in pairs:
             self.forward(ctx, new_key, new_value)
 
 

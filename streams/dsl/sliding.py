@@ -55,7 +55,10 @@ class SlidingAggregateNode(WindowedAggregation):
         stream_time = self.advance_stream_time(ctx, t)
         close_time = stream_time - self.windows.grace_ms
         if t + 1 + d <= close_time:
-            ctx.drop_late(self.name, self.store, t - d, t, self.windows.grace_ms)
+            # Its left window; a record before d falls in the first window, [0, d].
+            start = max(t - d, 0)
+            ctx.drop_late(self.name, self.store, start, start + d, self.windows.grace_ms,
+                          end_included=True)
             return
         previous = ctx.timestamp_ms
         try:
@@ -156,7 +159,8 @@ class SlidingAggregateNode(WindowedAggregation):
                 start: int, window: list[Any], close_time: int, t: int) -> None:
         end = start + self.windows.time_difference_ms
         if end < close_time:
-            ctx.drop_late(self.name, self.store, start, end, self.windows.grace_ms)
+            ctx.drop_late(self.name, self.store, start, end, self.windows.grace_ms,
+                          end_included=True)
             return
         aggregate = self.aggregator(key, value, window[0])
         timestamp = max(t, window[1])

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from statestore.serdes import BytesSerde, MsgPackSerde, Serde, StrSerde, serde_from_name
-from streams.dsl.checks import functions_checked
+from streams.dsl.checks import arity_problem, functions_checked
 from streams.dsl.deprecated import DeprecatedTableOperations
 from streams.dsl.fk_joins import (
     ForeignKeyJoin,
@@ -114,7 +114,13 @@ class Stream:
 
     def flat_map_values(self, fn: Callable[[Any], Iterable[Any]]) -> Stream:
         def expand(key: Any, value: Any) -> Iterable[tuple[Any, Any]]:
-            return ((key, v) for v in fn(value))
+            values = fn(value)
+            if isinstance(values, str | bytes):
+                # Iterable, but surely not meant as one record per character.
+                raise TypeError(f"flat_map_values: the function returned a "
+                                f"{type(values).__name__} ({values!r:.40}), not a list of "
+                                f"values: return [value] for one record")
+            return ((key, v) for v in values)
 
         return self._then(FlatMapNode(self._name("flat-map-values"), expand))
 
@@ -238,18 +244,28 @@ class Stream:
 
     def _dispatch_join(self, other: Any, fn: Callable[..., Any], extra: Any,
                        kind: str) -> Stream:
+        call = f"Stream.{'join' if kind == 'inner' else f'{kind}_join'}()"
         if isinstance(other, Table):
+            if extra is not None:
+                # Kafka Streams' stream-table join takes no windows either: the record meets
+                # the table's row of the moment.
+                raise TopologyError(f"{call}: a stream-table join takes no {extra!r:.40}: each "
+                                    f"record joins the table's current row; join(table, joiner)")
+            _check_arity(call, "joiner", fn, "joiner(value, table_value)")
             return self._join(other, fn, left=kind == "left")
         if isinstance(other, Stream):
             if not isinstance(extra, JoinWindows):
                 raise TopologyError("a stream-stream join needs JoinWindows(before_ms, "
                                     "after_ms, grace_ms) as its third argument")
+            _check_arity(call, "joiner", fn, "joiner(value, other_value)")
             return self._stream_join(other, fn, extra, kind)
         join_global = getattr(other, "join_stream", None)
         if join_global is not None:
             if not callable(extra):
                 raise TopologyError("a global table join is join(global_table, key_selector, "
                                     "joiner)")
+            _check_arity(call, "key_selector", fn, "key_selector(key, value)")
+            _check_arity(call, "joiner", extra, "joiner(value, row)")
             return join_global(self, fn, extra, kind == "left")  # type: ignore[no-any-return]
         raise TopologyError(f"cannot join a stream with {type(other).__name__}")
 
@@ -656,6 +672,15 @@ class GroupedTable:
         node = TableAggregateNode(stream._name("table-aggregate"), store, initializer, adder,
                                   subtractor)
         return Table(stream._then(node), store)
+
+
+def _check_arity(call: str, name: str, fn: Callable[..., Any], shape: str) -> None:
+    """A :class:`TopologyError` when ``fn`` cannot be called as ``shape`` says."""
+    arguments = shape.count(",") + 1
+    problem = arity_problem(fn, arguments)
+    if problem is not None:
+        raise TopologyError(f"{call}: {name} is called as {shape}, but "
+                            f"{getattr(fn, '__name__', repr(fn))} cannot be: {problem}")
 
 
 def topic_name(topic: str | TopicDecl) -> str:

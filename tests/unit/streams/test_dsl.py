@@ -441,6 +441,10 @@ def test_a_function_that_cannot_take_its_arguments_is_refused_when_the_app_is_bu
         (lambda: s.group_by_key().aggregate(lambda: 0, lambda agg, v: agg, store="s"),
          "aggregator is called as aggregator(key, value, aggregate)"),
         (lambda: s.to(lambda k, v: f"out-{v}"), "TopicNameExtractor, is not supported"),
+        (lambda: s.join(a.table("rows", store="rows"), lambda v, r: [v, r], JoinWindows(100)),
+         "Stream.join(): a stream-table join takes no JoinWindows"),
+        (lambda: s.left_join(a.stream("other"), lambda v: v, JoinWindows(100)),
+         "Stream.left_join(): joiner is called as joiner(value, other_value)"),
         (lambda: s.to(42), "a topic is named by a str or app.topic(...), not int 42"),
     ]
     for call, message in cases:
@@ -458,6 +462,22 @@ def test_a_function_that_cannot_take_its_arguments_is_refused_when_the_app_is_bu
     with TopologyTestDriver(a) as driver:
         driver.pipe("in", "k", "7", headers=[("h", b"1")])
     assert seen == [("k", 7)] and got == [(("h", b"1"),)]
+
+
+def test_a_str_where_a_list_of_values_belongs_is_a_dead_letter_not_one_record_a_char(
+) -> None:
+    a = app()
+    a.stream("in").flat_map_values(lambda v: v.upper()).to("out")
+    a.stream("pairs").flat_map(lambda k, v: v).to("out2")
+    with TopologyTestDriver(a) as driver:
+        driver.pipe("in", "k", "abc")
+        driver.pipe("pairs", "k", "ab")
+        driver.pipe("pairs", "k", (("x", 1), ("y", 2)))  # a tuple of pairs is a list of pairs
+        assert driver.read_key_values("out") == []
+        assert driver.read_key_values("out2") == [("x", 1), ("y", 2)]
+        first, second = driver.dead_letters
+        assert "flat_map_values: the function returned a str ('ABC'), not a list" in first.error
+        assert "returned a str ('ab'), not a list of (key, value) pairs" in second.error
 
 
 def test_a_topic_declared_after_it_was_used_with_default_serdes_is_refused() -> None:

@@ -89,7 +89,7 @@ def test_a_session_aggregate_needs_a_merger() -> None:
         grouped.aggregate(lambda: 0, lambda _k, _v, n: n + 1, store="x")
 
 
-def test_sliding_windows_follow_kip_450() -> None:
+def test_sliding_windows_follow_kip_450(caplog: pytest.LogCaptureFixture) -> None:
     a = app()
     (a.stream("events").group_by_key()
      .windowed_by(SlidingWindows(time_difference_ms=10, grace_ms=20))
@@ -107,8 +107,12 @@ def test_sliding_windows_follow_kip_450() -> None:
             (W("a", 30, 40), 1, 40),
             (W("a", 21, 31), 2, 28), (W("a", 26, 36), 1, 28), (W("a", 18, 28), 3, 28),
         ]
-        driver.pipe("events", "a", 1, timestamp_ms=9)  # 9 + 1 + 10 <= 40 - 20: late
-        assert driver.late_records_dropped == 1
+        with caplog.at_level(logging.WARNING, logger="streams.dsl.processors"):
+            driver.pipe("events", "a", 1, timestamp_ms=9)  # 9 + 1 + 10 <= 40 - 20: late
+            driver.pipe("events", "c", 1, timestamp_ms=4)  # before d: the first window's
+        assert driver.late_records_dropped == 2
+        # The windows it falls in, both ends held: no [-6, 4).
+        assert "dropped as late for window [0, 10] of store sliding" in caplog.text
 
 
 def test_final_results_of_tumbling_windows_wait_for_the_grace_period() -> None:

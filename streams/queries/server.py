@@ -127,9 +127,16 @@ def _max_lag(raw: str | None) -> int | None:
     return value
 
 
-def not_found_hint(task: str, partition: int) -> str:
+def not_found_hint(task: str, partition: int, processor: bool = False) -> str:
     """What a 404 for a key says: where it was looked for, and the usual cause of a key
-    that was produced yet is not found (its records went to another partition)."""
+    that was produced yet is not found (its records went to another partition); for a
+    ``process()`` step's store, that its code may key it otherwise than its records."""
+    if processor:
+        return (f"not in task {task}, which holds partition {partition}: the partition the "
+                f"key would be if it were a record's key. This store belongs to a process() "
+                f"step, whose code may key it otherwise than its records (an event id in a "
+                f"store of records keyed by user): such keys can only be read in the process "
+                f"that holds them, with app.store(name).get or .range on each worker")
     return (f"not in task {task}, which holds partition {partition}: the partition that "
             f"murmur2 (Kafka's Java partitioner) gives the key's encoded bytes. If the key was "
             f"produced, its producer may partition otherwise (librdkafka's default does: set "
@@ -206,7 +213,7 @@ class QueryService:
             except StoreUnavailable as exc:
                 local_refusal = exc
             else:
-                return self._answer(reading, partition)
+                return self._answer(reading, partition, layout.processor)
             if forwarded_by is not None or local_refusal.reason == "restoring":
                 return unavailable(str(local_refusal), local_refusal.reason, task)
         return await self._forward(request, query, task, local_refusal)
@@ -228,12 +235,13 @@ class QueryService:
                          "endpoint": self._endpoint()}
         return web.json_response(body, status=200 if reading.found else 404, dumps=_dumps)
 
-    def _answer(self, reading: KeyReading, partition: int) -> web.Response:
+    def _answer(self, reading: KeyReading, partition: int,
+                processor: bool = False) -> web.Response:
         body = reading.to_json()
         body["partition"] = partition
         if not reading.found:
             body["reason"] = "not_found"
-            body["hint"] = not_found_hint(reading.task, partition)
+            body["hint"] = not_found_hint(reading.task, partition, processor)
         body["owner"] = {"member": reading.thread, "instance_id": self.instance_id,
                          "endpoint": self._endpoint()}
         return web.json_response(body, status=200 if reading.found else 404,

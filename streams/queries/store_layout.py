@@ -15,7 +15,7 @@ from typing import Any
 from aiokafka.partitioner import DefaultPartitioner
 
 from statestore.serdes import Serde, serde_from_name
-from streams.dsl.processors import WindowAggregateNode, walk_nodes
+from streams.dsl.processors import CustomProcessorNode, WindowAggregateNode, walk_nodes
 from streams.dsl.topology import SubTopology
 
 #: The runtime's producers pick partitions with aiokafka's default partitioner.
@@ -37,6 +37,9 @@ class StoreLayout:
     key_serde: Serde
     #: A windowed aggregate's store, keyed ``(key, window_start)``: partitioned by ``key``.
     windowed: bool = False
+    #: A ``process()`` step's own store, which its code may key otherwise than its records:
+    #: a key is still looked for in the task its record key would go to.
+    processor: bool = False
 
     def store_key(self, key: Any) -> Any:
         """The key as the store holds it (a windowed store's key becomes a tuple)."""
@@ -73,7 +76,7 @@ class StoreLayout:
             rebuilt = None
         return {"sub_topology": self.sub_topology, "partitions": self.partitions,
                 "key_serde": name if type(rebuilt) is type(self.key_serde) else None,
-                "windowed": self.windowed}
+                "windowed": self.windowed, "processor": self.processor}
 
     @classmethod
     def from_status(cls, store: str, value: Any) -> StoreLayout:
@@ -87,7 +90,8 @@ class StoreLayout:
         sub, partitions = value.get("sub_topology"), value.get("partitions")
         if not isinstance(sub, int) or not isinstance(partitions, int) or partitions < 1:
             raise ValueError(f"store {store}: layout {value!r} is malformed")
-        return cls(store, sub, partitions, serde_from_name(serde), bool(value.get("windowed")))
+        return cls(store, sub, partitions, serde_from_name(serde), bool(value.get("windowed")),
+                   bool(value.get("processor")))
 
 
 def store_layouts(subs: Iterable[SubTopology]) -> dict[str, StoreLayout]:
@@ -100,10 +104,12 @@ def store_layouts(subs: Iterable[SubTopology]) -> dict[str, StoreLayout]:
                 nodes = [n for n in walk_nodes([source]) if store in n.store_names()]
                 if nodes:
                     windowed = any(isinstance(n, WindowAggregateNode) for n in nodes)
+                    processor = all(isinstance(n, CustomProcessorNode) for n in nodes)
                     layouts[store] = StoreLayout(store, sub.id, sub.partitions,
-                                                 source.key_serde, windowed)
+                                                 source.key_serde, windowed, processor)
                     break
             else:  # a store no source reaches (a processor's own): the first source's key
                 first = sub.sources[sorted(sub.sources)[0]]
-                layouts[store] = StoreLayout(store, sub.id, sub.partitions, first.key_serde)
+                layouts[store] = StoreLayout(store, sub.id, sub.partitions, first.key_serde,
+                                             processor=True)
     return layouts

@@ -225,3 +225,30 @@ def test_a_layout_travels_through_the_status_record(driver: TopologyTestDriver) 
     with pytest.raises(ValueError, match="malformed"):
         StoreLayout.from_status("s", {"key_serde": "msgpack", "partitions": 0,
                                       "sub_topology": 0})
+
+
+class Seen:
+    """A process() step keeping events by their own id, not by the record's key."""
+
+    def init(self, context: Any) -> None:
+        self.context = context
+
+    def process(self, key: Any, value: Any) -> None:
+        self.context.store("seen").put(value["id"], key)
+
+
+def test_a_process_steps_store_is_known_as_one_and_its_404_says_why() -> None:
+    from streams.queries.server import not_found_hint
+
+    app = App("enrich", bootstrap_servers="127.0.0.1:1")
+    events = app.stream(app.topic("events", key_serde="str", partitions=2))
+    events.process(Seen, stores=("seen",))
+    events.group_by_key().count(store="per-user").to_stream().to("out")
+    with TopologyTestDriver(app) as driver:
+        layouts = store_layouts(driver.subs)
+    assert (layouts["seen"].processor, layouts["per-user"].processor) == (True, False)
+    published = StoreLayout.from_status("seen", layouts["seen"].to_status())
+    assert published.processor
+    hint = not_found_hint("0_1", 1, processor=True)
+    assert "belongs to a process() step" in hint and "app.store(name)" in hint
+    assert "partitioner" not in hint and "partitioner" in not_found_hint("0_1", 1)

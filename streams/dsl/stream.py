@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from statestore.serdes import BytesSerde, MsgPackSerde, Serde, StrSerde, serde_from_name
+from streams.config import topic_name_problem
 from streams.dsl.checks import arity_problem, functions_checked
 from streams.dsl.deprecated import DeprecatedTableOperations
 from streams.dsl.fk_joins import (
@@ -182,16 +183,21 @@ class Stream:
         partitions: int | None = None,
         key_serde: str | Serde | None = None,
         value_serde: str | Serde | None = None,
+        *,
+        name: str | None = None,
     ) -> Stream:
         """Write the stream to an internal topic and read it back, with ``partitions``
         partitions (by default what the step after it needs: a joined table's count).
 
         ``key_serde`` encodes the keys in that topic, and so picks each key's partition (the
         murmur2 hash of its bytes): by default the key serde of the table the stream is then
-        joined with, else msgpack. ``value_serde``: msgpack by default."""
+        joined with, else msgpack. ``value_serde``: msgpack by default. ``name``: the topic
+        is ``<app>-<name>-repartition`` (Kafka Streams' ``Repartitioned.as``), so that steps
+        added before it in a later version do not rename it."""
         if partitions is not None and partitions < 1:
             raise TopologyError(f"repartition(partitions=...) must be >= 1, not {partitions}")
-        return self._repartitioned("repartition", partitions, key_serde, value_serde)
+        return self._repartitioned("repartition", partitions, key_serde, value_serde,
+                                   named=_checked_name(name))
 
     def process(
         self, factory: Callable[[], Processor], stores: Iterable[str | StoreDecl] = ()
@@ -219,31 +225,35 @@ class Stream:
     # -- joins and grouping ---------------------------------------------------------------
 
     def join(self, other: Table | Stream | Any, joiner: Callable[..., Any],
-             windows: JoinWindows | Callable[..., Any] | None = None) -> Stream:
+             windows: JoinWindows | Callable[..., Any] | None = None, *,
+             name: str | None = None) -> Stream:
         """Inner join on the key. With a table, ``join(table, joiner)``: each record with the
         table's current value. With a stream, ``join(stream, joiner, JoinWindows(...))``:
         each pair of records within the window. With a global table,
         ``join(global_table, key_selector, joiner)``: ``key_selector(key, value)`` picks the
-        row. ``joiner(value, other_value)``."""
-        return self._dispatch_join(other, joiner, windows, "inner")
+        row. ``joiner(value, other_value)``. ``name`` names the join's stores and
+        repartition topics (Kafka Streams' ``StreamJoined.withName``), so that steps added
+        before it in a later version do not rename them."""
+        return self._dispatch_join(other, joiner, windows, "inner", _checked_name(name))
 
     def left_join(self, other: Table | Stream | Any, joiner: Callable[..., Any],
-                  windows: JoinWindows | Callable[..., Any] | None = None) -> Stream:
+                  windows: JoinWindows | Callable[..., Any] | None = None, *,
+                  name: str | None = None) -> Stream:
         """Like ``join``, and a record without a partner gives ``joiner(value, None)`` (with a
         stream, once its window closed)."""
-        return self._dispatch_join(other, joiner, windows, "left")
+        return self._dispatch_join(other, joiner, windows, "left", _checked_name(name))
 
     def outer_join(self, other: Stream, joiner: Callable[[Any, Any], Any],
-                   windows: JoinWindows) -> Stream:
+                   windows: JoinWindows, *, name: str | None = None) -> Stream:
         """Stream-stream outer join: unmatched records of either side are emitted joined with
         None once their window closed."""
         if not isinstance(other, Stream):
             raise TopologyError("outer_join takes a stream (a table outer join is "
                                 "Table.outer_join)")
-        return self._dispatch_join(other, joiner, windows, "outer")
+        return self._dispatch_join(other, joiner, windows, "outer", _checked_name(name))
 
     def _dispatch_join(self, other: Any, fn: Callable[..., Any], extra: Any,
-                       kind: str) -> Stream:
+                       kind: str, named: str | None = None) -> Stream:
         call = f"Stream.{'join' if kind == 'inner' else f'{kind}_join'}()"
         if isinstance(other, Table):
             if extra is not None:
@@ -252,13 +262,13 @@ class Stream:
                 raise TopologyError(f"{call}: a stream-table join takes no {extra!r:.40}: each "
                                     f"record joins the table's current row; join(table, joiner)")
             _check_arity(call, "joiner", fn, "joiner(value, table_value)")
-            return self._join(other, fn, left=kind == "left")
+            return self._join(other, fn, left=kind == "left", named=named)
         if isinstance(other, Stream):
             if not isinstance(extra, JoinWindows):
                 raise TopologyError("a stream-stream join needs JoinWindows(before_ms, "
                                     "after_ms, grace_ms) as its third argument")
             _check_arity(call, "joiner", fn, "joiner(value, other_value)")
-            return self._stream_join(other, fn, extra, kind)
+            return self._stream_join(other, fn, extra, kind, named)
         join_global = getattr(other, "join_stream", None)
         if join_global is not None:
             if not callable(extra):
@@ -270,14 +280,17 @@ class Stream:
         raise TopologyError(f"cannot join a stream with {type(other).__name__}")
 
     def _stream_join(self, other: Stream, joiner: Callable[[Any, Any], Any],
-                     windows: JoinWindows, kind: str) -> Stream:
+                     windows: JoinWindows, kind: str, named: str | None = None) -> Stream:
         topology = self._topology
-        name = self._name(f"stream-{kind}-join")
+        name = named or self._name(f"stream-{kind}-join")
         # Records without a key cross either side's repartition topic, as in Kafka Streams
         # (whose repartition topics filter nothing): the join counts their time, and a side
         # whose unmatched records are emitted answers them at once, with None (KIP-962).
-        left = self._repartitioned("join-left", requires_key=False) if self._key_changed else self
-        right = (other._repartitioned("join-right", requires_key=False)
+        left = (self._repartitioned("join-left", requires_key=False,
+                                    named=named and f"{named}-left")
+                if self._key_changed else self)
+        right = (other._repartitioned("join-right", requires_key=False,
+                                      named=named and f"{named}-right")
                  if other._key_changed else other)
         stores = (f"{name}-left", f"{name}-right")
         outer_store = None if kind == "inner" else f"{name}-outer"
@@ -292,13 +305,14 @@ class Stream:
         right_node._node.add_child(merged)
         return Stream(topology, merged, key_serde=left._key_serde)
 
-    def _join(self, table: Table, joiner: Callable[[Any, Any], Any], left: bool) -> Stream:
+    def _join(self, table: Table, joiner: Callable[[Any, Any], Any], left: bool,
+              named: str | None = None) -> Stream:
         # Both sides must put a key in the same partition: the stream's repartition topic
         # encodes keys as the table's topic does (a mismatch left is refused at start). A left
         # join answers records without a key too: they cross the repartition topic.
         if self._key_changed:
             source = self._repartitioned("join", key_serde=table.key_serde,
-                                         requires_key=not left)
+                                         requires_key=not left, named=named)
         else:
             source = self
             if self._open_repartition is not None and table.key_serde is not None:
@@ -311,28 +325,38 @@ class Stream:
 
     def group_by_key(
         self, key_serde: str | Serde | None = None, value_serde: str | Serde | None = None,
+        *, name: str | None = None,
     ) -> GroupedStream:
         """Group by the current key. The serdes encode the repartition topic an aggregation
-        of a re-keyed stream goes through (msgpack by default)."""
-        return GroupedStream(self, key_serde, value_serde)
+        of a re-keyed stream goes through (msgpack by default); ``name`` names it
+        ``<app>-<name>-repartition`` (Kafka Streams' ``Grouped.as``)."""
+        return GroupedStream(self, key_serde, value_serde, _checked_name(name))
 
     def group_by(
         self, fn: Callable[[Any, Any], Any],
         key_serde: str | Serde | None = None, value_serde: str | Serde | None = None,
+        *, name: str | None = None,
     ) -> GroupedStream:
         """Group by ``fn(key, value)``: the records go through a repartition topic encoded
-        with ``key_serde`` and ``value_serde`` (msgpack by default)."""
-        return GroupedStream(self.select_key(fn), key_serde, value_serde)
+        with ``key_serde`` and ``value_serde`` (msgpack by default), named
+        ``<app>-<name>-repartition`` with ``name`` (Kafka Streams' ``Grouped.as``)."""
+        return GroupedStream(self.select_key(fn), key_serde, value_serde, _checked_name(name))
 
     def _repartitioned(
         self, purpose: str, partitions: int | None = None,
         key_serde: str | Serde | None = None, value_serde: str | Serde | None = None,
-        requires_key: bool = True,
+        requires_key: bool = True, named: str | None = None,
     ) -> Stream:
-        """Write to an internal repartition topic and read it back in a new sub-topology."""
+        """Write to an internal repartition topic and read it back in a new sub-topology.
+        ``named``: the topic is ``<app>-<named>-repartition``, whatever steps come before it
+        (else its name carries the step's number, which another step added upstream
+        changes)."""
         app = self._topology.application_id
-        name = self._name(f"{purpose}-repartition")
+        name = f"{named}-repartition" if named else self._name(f"{purpose}-repartition")
         topic = f"{app}-{name}"
+        if topic in self._topology.repartition_topics:
+            raise TopologyError(f"repartition topic {topic} is named twice: names given to "
+                                f"group_by, repartition and joins are unique")
         keys = serde_from_name(key_serde or "msgpack")
         values = serde_from_name(value_serde or "msgpack")
         sink = SinkNode(f"{name}-sink", topic, keys, values, requires_key=requires_key)
@@ -352,16 +376,19 @@ class GroupedStream:
     """A stream grouped by key, ready for an aggregation into a named store."""
 
     def __init__(self, stream: Stream, key_serde: str | Serde | None = None,
-                 value_serde: str | Serde | None = None) -> None:
+                 value_serde: str | Serde | None = None, name: str | None = None) -> None:
         self._stream = stream
         self._key_serde = key_serde
         self._value_serde = value_serde
+        #: The repartition topic's name, when the grouping was given one.
+        self._repartition_name = name
 
     def _prepared(self, store: str) -> Stream:
         self._stream._topology.declare_store(StoreDecl.timestamped(store))
         if self._stream._key_changed:
             return self._stream._repartitioned(store, key_serde=self._key_serde or "msgpack",
-                                               value_serde=self._value_serde)
+                                               value_serde=self._value_serde,
+                                               named=self._repartition_name)
         return self._stream
 
     def aggregate(
@@ -546,27 +573,33 @@ class Table(DeprecatedTableOperations):
 
     def join(self, other: Table, joiner: Callable[[Any, Any], Any],
              store: str | None = None, *,
-             foreign_key: Callable[[Any], Any] | None = None) -> Table:
+             foreign_key: Callable[[Any], Any] | None = None,
+             name: str | None = None) -> Table:
         """Inner table-table join on the key, co-partitioned: ``joiner(left, right)`` for
         every key both hold, updated as either side changes. With ``foreign_key(value)``:
         the right row whose key the left row names (KIP-213), keyed by the left key; the
-        tables need not be co-partitioned."""
+        tables need not be co-partitioned. ``name`` names a foreign-key join's stores and
+        topics (``<app>-<name>-subscription-repartition``...), so that steps added before it
+        in a later version do not rename them."""
         if foreign_key is not None:
-            return self._foreign_key_join(other, foreign_key, joiner, False, store)
+            return self._foreign_key_join(other, foreign_key, joiner, False, store,
+                                          _checked_name(name))
         return self._table_join(other, joiner, "inner", store)
 
     def left_join(self, other: Table, joiner: Callable[[Any, Any], Any],
                   store: str | None = None, *,
-                  foreign_key: Callable[[Any], Any] | None = None) -> Table:
+                  foreign_key: Callable[[Any], Any] | None = None,
+                  name: str | None = None) -> Table:
         if foreign_key is not None:
-            return self._foreign_key_join(other, foreign_key, joiner, True, store)
+            return self._foreign_key_join(other, foreign_key, joiner, True, store,
+                                          _checked_name(name))
         return self._table_join(other, joiner, "left", store)
 
     def _foreign_key_join(self, other: Table, foreign_key: Callable[[Any], Any],
                           joiner: Callable[[Any, Any], Any], left: bool,
-                          store: str | None) -> Table:
+                          store: str | None, named: str | None = None) -> Table:
         topology = self._topology
-        name = topology.node_name("fk-join")
+        name = named or topology.node_name("fk-join")
         join = ForeignKeyJoin(foreign_key, joiner, left, f"{name}-rows",
                               f"{name}-subscriptions", other._materialized())
         topology.declare_store(StoreDecl(join.rows_store))
@@ -575,7 +608,8 @@ class Table(DeprecatedTableOperations):
         self._node.add_child(subscribe)
         # Keyed as the right table's topic is, so that a foreign key reaches its row's task.
         subscriptions = Stream(topology, subscribe)._repartitioned(
-            f"{name}-subscription", key_serde=other.key_serde or MsgPackSerde())
+            f"{name}-subscription", key_serde=other.key_serde or MsgPackSerde(),
+            named=named and f"{named}-subscription")
         answer = subscriptions._then(SubscriptionNode(f"{name}-answer", join))
         right_update = RightUpdateNode(f"{name}-right-update", join)
         other._node.add_child(right_update)
@@ -583,7 +617,8 @@ class Table(DeprecatedTableOperations):
         answer._node.add_child(answers)
         right_update.add_child(answers)
         responses = Stream(topology, answers)._repartitioned(
-            f"{name}-response", key_serde=self.key_serde or MsgPackSerde())
+            f"{name}-response", key_serde=self.key_serde or MsgPackSerde(),
+            named=named and f"{named}-response")
         result = Table(responses._then(ResponseNode(f"{name}-result", join)), None)
         result.key_serde = self.key_serde
         return self._maybe_stored(result, store)
@@ -611,10 +646,12 @@ class Table(DeprecatedTableOperations):
         return self._maybe_stored(Table(Stream(topology, merged), None, self.key_serde,
                                         knows_old_rows=True), store)
 
-    def group_by(self, selector: Callable[[Any, Any], tuple[Any, Any]]) -> GroupedTable:
+    def group_by(self, selector: Callable[[Any, Any], tuple[Any, Any]], *,
+                 name: str | None = None) -> GroupedTable:
         """Re-group the table: ``selector(key, value) -> (new_key, new_value)``; then
-        ``count``, ``reduce`` or ``aggregate`` with an adder and a subtractor."""
-        return GroupedTable(self, selector)
+        ``count``, ``reduce`` or ``aggregate`` with an adder and a subtractor. ``name``
+        names the repartition topic ``<app>-<name>-repartition``."""
+        return GroupedTable(self, selector, _checked_name(name))
 
     def suppress(self, *, until_window_closes: bool = False, time_limit_ms: int | None = None,
                  max_records: int | None = None, store: str | None = None) -> Table:
@@ -632,9 +669,11 @@ class GroupedTable:
     """A table re-grouped by ``selector``, ready for an aggregation with a subtractor."""
 
     def __init__(self, table: Table,
-                 selector: Callable[[Any, Any], tuple[Any, Any]]) -> None:
+                 selector: Callable[[Any, Any], tuple[Any, Any]],
+                 name: str | None = None) -> None:
         self._table = table
         self._selector = selector
+        self._repartition_name = name
 
     def aggregate(
         self,
@@ -668,10 +707,21 @@ class GroupedTable:
         topology.declare_store(StoreDecl.timestamped(store))
         regroup = TableGroupByNode(topology.node_name("table-group-by"), prior, self._selector)
         table._node.add_child(regroup)
-        stream = Stream(topology, regroup)._repartitioned(store)
+        stream = Stream(topology, regroup)._repartitioned(store, named=self._repartition_name)
         node = TableAggregateNode(stream._name("table-aggregate"), store, initializer, adder,
                                   subtractor)
         return Table(stream._then(node), store)
+
+
+def _checked_name(name: str | None) -> str | None:
+    """A name given to a step whose internal topics and stores it names: a legal part of a
+    topic name."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name or topic_name_problem(name):
+        raise TopologyError(f"name={name!r}: a step's name becomes part of topic names: "
+                            f"use ASCII letters, digits, '.', '_' and '-'")
+    return name
 
 
 def _check_arity(call: str, name: str, fn: Callable[..., Any], shape: str) -> None:

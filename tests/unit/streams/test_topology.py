@@ -127,3 +127,50 @@ def test_config_errors_name_the_setting() -> None:
         application_id="a",
     )
     assert (config.num_threads, config.group_instance_id) == (3, "node-1")
+
+
+def test_named_steps_keep_their_topics_and_stores_when_steps_are_added_before_them() -> None:
+    """A step added upstream in a later version renumbers every unnamed step after it, and so
+    renames its repartition topics and stores: in-flight records and state left behind. A
+    name keeps them (Kafka Streams' Grouped.as, Repartitioned.as, StreamJoined.withName)."""
+    from streams.dsl.joins import JoinWindows
+
+    def internal(extra: bool, named: bool) -> tuple[list[str], list[str], list[str]]:
+        app = App("up", bootstrap_servers="127.0.0.1:1")
+        a, b = app.stream("a"), app.stream("b")
+        if extra:
+            a = a.peek(lambda _k, _v: None)
+        keyed = a.select_key(lambda _k, v: v)
+        (keyed.join(b.select_key(lambda _k, v: v), lambda x, y: [x, y], JoinWindows(1000),
+                    name="pairs" if named else None).to("o"))
+        (app.stream("c").group_by(lambda _k, v: v, name="by-value" if named else None)
+         .count(store="cnt").to_stream().to("o2"))
+        rows = app.table("rows", store="rows")
+        (rows.join(app.table("refs", store="refs"), lambda x, y: [x, y],
+                   foreign_key=lambda v: v, name="ref" if named else None)
+         .group_by(lambda k, v: (v, 1), name="regroup" if named else None)
+         .count(store="per-ref"))
+        d = app.describe()
+        stores = sorted(s for sub in d.sub_topologies for s in sub.stores)
+        return sorted(d.changelog_topics), sorted(d.repartition_topics), stores
+
+    assert internal(False, True) == internal(True, True)
+    assert internal(False, False) != internal(True, False)
+    changelogs, repartitions, stores = internal(True, True)
+    assert repartitions == ["up-by-value-repartition", "up-pairs-left-repartition",
+                            "up-pairs-right-repartition", "up-ref-response-repartition",
+                            "up-ref-subscription-repartition", "up-regroup-repartition"]
+    assert {"up-pairs-left-changelog", "up-pairs-right-changelog"} <= set(changelogs)
+    assert {"ref-rows", "ref-subscriptions"} <= set(stores)
+
+
+def test_a_step_name_is_unique_and_fit_for_a_topic_name() -> None:
+    app = App("up", bootstrap_servers="127.0.0.1:1")
+    s = app.stream("a")
+    s.repartition(name="again").to("o")
+    with pytest.raises(TopologyError, match="repartition topic up-again-repartition is named "
+                                            "twice"):
+        s.repartition(name="again")
+    with pytest.raises(TopologyError, match="name='by value': a step's name becomes part of "
+                                            "topic names"):
+        s.group_by(lambda _k, v: v, name="by value")

@@ -367,10 +367,32 @@ class App:
                                    COMPACTED))
         # An existing topic with another partition count is refused here, as a changelog is.
         await ensure_topics(admin, specs)
+        await self._warn_of_missing_sinks(admin, subs)
         if records_positions and hooks is not None:
             self.task_positions = hooks.positions = TaskPositions.of(
                 self.config.application_id, [t for sub in subs for t in sub.task_ids()])
         return subs
+
+    async def _warn_of_missing_sinks(self, admin: AIOKafkaAdminClient,
+                                     subs: list[SubTopology]) -> None:
+        """An output topic that neither exists nor is declared with a partition count is
+        made by the broker at the first write, with its default count (one, usually), if it
+        makes topics at all: said once at start, rather than found out downstream."""
+        declared = self.topology.topics_to_create()
+        sinks = {t for sub in subs for t in sub.sink_topics
+                 if t not in self.topology.repartition_topics and t not in declared}
+        if not sinks:
+            return
+        try:
+            existing = set(await admin.list_topics())
+        except Exception as exc:  # a warning's worth of checking; the run goes on
+            log.debug("could not list topics to check the output topics: %s", exc)
+            return
+        for topic in sorted(sinks - existing):
+            log.warning("output topic %s does not exist and is not declared with a partition "
+                        "count: the broker makes it at the first write with its default count "
+                        "(one partition, usually), or refuses the writes; declare it with "
+                        "app.topic(%r, partitions=N) to have the app make it", topic, topic)
 
     def check_environment(self) -> None:
         """Before anything starts: the internal topics' names are legal and ``state_dir`` can

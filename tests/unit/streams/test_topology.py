@@ -174,3 +174,27 @@ def test_a_step_name_is_unique_and_fit_for_a_topic_name() -> None:
     with pytest.raises(TopologyError, match="name='by value': a step's name becomes part of "
                                             "topic names"):
         s.group_by(lambda _k, v: v, name="by value")
+
+
+async def test_an_output_topic_neither_existing_nor_declared_is_warned_of_at_start(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    from types import SimpleNamespace
+
+    app = App("outs", bootstrap_servers="127.0.0.1:1")
+    app.topic("made", partitions=3)
+    s = app.stream(app.topic("in", partitions=2))
+    s.to("made")
+    s.to("there")
+    s.to("missing")
+    s.group_by(lambda _k, v: v).count(store="c").to_stream().to("there")
+
+    async def list_topics() -> list[str]:
+        return ["in", "there"]
+
+    admin = SimpleNamespace(list_topics=list_topics)
+    with caplog.at_level(logging.WARNING, logger="streams.app"):
+        await app._warn_of_missing_sinks(admin, app.topology.sub_topologies())  # type: ignore[arg-type]
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("output topic missing does not exist and is not declared")
+    assert "app.topic('missing', partitions=N)" in warning

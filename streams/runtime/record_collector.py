@@ -19,6 +19,12 @@ from typing import Any
 from statestore.record_size import truncated_payload
 from statestore.store import KeyValueStore
 from streams.metrics import Metrics
+from streams.runtime.dead_letter_log import (
+    ALL_FAILED_AFTER,
+    LOGGED_IN_FULL,
+    SUMMED_EVERY,
+    DeadLetterLog,
+)
 from streams.runtime.delivery import FLUSH_TIMEOUT_S, Deliveries
 from streams.runtime.task import MAX_ERROR_CHARS, RecordError, StreamTask, drop_reason
 
@@ -45,6 +51,7 @@ class RecordCollector:
         self._metrics = metrics
         self._label = metrics_label
         self._dead_letter_topic = dead_letter_topic
+        self._dead_letter_log = DeadLetterLog()
         self.dead_lettered = 0
 
     @property
@@ -116,9 +123,25 @@ class RecordCollector:
         for task in tasks:
             await self._send_pending(task.task_id, task.stores.values())
 
-    async def dead_letter(self, error: RecordError, task_id: str = "") -> None:
+    async def dead_letter(self, error: RecordError, task_id: str = "",
+                          processed: int = -1) -> None:
+        """Send ``error``'s record to the dead-letter topic; ``processed``: how many records
+        its task processed fine so far (for the log, see :mod:`dead_letter_log`)."""
         record = error.record
-        log.warning("%s; sent to %s", str(error)[:MAX_ERROR_CHARS], self._dead_letter_topic)
+        log_it, all_failed = self._dead_letter_log.note(task_id, error.stage, processed)
+        if log_it:
+            count = self._dead_letter_log.counts[task_id]
+            more = "" if count <= LOGGED_IN_FULL else f" ({count} dead letters of task " \
+                f"{task_id} so far; one line per {SUMMED_EVERY} from the {LOGGED_IN_FULL}th)"
+            log.warning("%s; sent to %s%s", str(error)[:MAX_ERROR_CHARS],
+                        self._dead_letter_topic, more)
+        if all_failed:
+            log.error("task %s: every one of its first %d records failed to deserialize (the "
+                      "last at %s[%d]@%d, its %s): the serde declared for the topic is likely "
+                      "not the one its producer used. They go to %s and are committed; "
+                      "on_error='stop' stops at the first instead", task_id, ALL_FAILED_AFTER,
+                      record.topic, record.partition, record.offset, error.part or "value",
+                      self._dead_letter_topic)
         key, value, cut = truncated_payload(record.key, record.value)
         await self.deliveries.send(self._dead_letter_topic, key, value,
                                    error.dead_letter_headers() + cut, task_id)

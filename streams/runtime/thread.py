@@ -263,7 +263,7 @@ class StreamThread:
             task.processed[TopicPartition(record.topic, record.partition)] = record.offset
             raise error
         try:
-            await self.collector.dead_letter(error, task.task_id)
+            await self.collector.dead_letter(error, task.task_id, task.records_processed)
         except BaseException as exc:
             # Not in the dead-letter topic, so not processed either: the thread stops without
             # committing past it, and a restart meets it again.

@@ -51,6 +51,15 @@ def static_group(bootstrap: str) -> dict[str, int]:
     return STATIC if on_tansu(bootstrap) else STATIC_KAFKA
 
 
+async def list_topics(bootstrap: str) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
 async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()

@@ -11,9 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from aiokafka.admin import AIOKafkaAdminClient
-
 from streams.testing.broker import free_loopback_port
+from tests.broker.streams.harness import list_topics
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -26,14 +25,6 @@ def relay(*args: str) -> subprocess.Popen[str]:
     )
 
 
-async def list_topics(bootstrap: str) -> list[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        return list(await admin.list_topics())
-    finally:
-        await admin.close()
-
 
 def test_serves_on_the_given_port_until_sigterm() -> None:
     port = free_loopback_port()
@@ -42,7 +33,7 @@ def test_serves_on_the_given_port_until_sigterm() -> None:
         assert process.stdout is not None
         line = process.stdout.readline()  # printed once the broker answers
         assert f"127.0.0.1:{port}" in line, line
-        assert isinstance(asyncio.run(list_topics(f"127.0.0.1:{port}")), list)
+        assert isinstance(asyncio.run(list_topics(f"127.0.0.1:{port}")), set)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:
@@ -60,7 +51,7 @@ def test_serves_apache_kafka_with_engine_kafka() -> None:
         while line.startswith("relay: fetching"):  # a fresh cache: Maven runs first
             line = process.stdout.readline()
         assert f"Apache Kafka 4.4.0 at 127.0.0.1:{port}" in line, line
-        assert isinstance(asyncio.run(list_topics(f"127.0.0.1:{port}")), list)
+        assert isinstance(asyncio.run(list_topics(f"127.0.0.1:{port}")), set)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.runtime.task import StreamTask
 from tests.broker.streams.harness import (
     counting_app,
     create_topics,
+    list_topics,
     produce,
     read_all,
     run_relay,
@@ -24,15 +24,6 @@ from tests.broker.streams.harness import (
 from tests.conftest import on_tansu, wait_until
 
 pytestmark = pytest.mark.broker
-
-
-async def topics(bootstrap: str) -> set[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        return set(await admin.list_topics())
-    finally:
-        await admin.close()
 
 
 @pytest.mark.tansu
@@ -55,8 +46,8 @@ async def test_a_reset_app_counts_its_input_again_from_the_start(
         code, out = await run_relay("reset", app_id, bootstrap=bootstrap)
         assert code == 2 and "is running" in out and "nothing changed" in out
     internal = {f"{app_id}-counts-changelog"} | {
-        t for t in await topics(bootstrap) if t.startswith(app_id) and "repartition" in t}
-    assert len(internal) == 2 and internal <= await topics(bootstrap)
+        t for t in await list_topics(bootstrap) if t.startswith(app_id) and "repartition" in t}
+    assert len(internal) == 2 and internal <= await list_topics(bootstrap)
 
     code, out = await run_relay("reset", app_id, "--dry-run", "--json",
                                 "--state-dir", str(state), bootstrap=bootstrap)
@@ -68,7 +59,7 @@ async def test_a_reset_app_counts_its_input_again_from_the_start(
                                 bootstrap=bootstrap)
     assert code == 0, out
     assert f"{app_id} reset" in out
-    left = await topics(bootstrap)
+    left = await list_topics(bootstrap)
     assert not internal & left
     # Not the app's, though named like its changelogs: kept.
     assert {source, sink, f"{app_id}-x-counts-changelog"} <= left

@@ -34,10 +34,6 @@ from aiokafka.errors import KafkaConnectionError
 from statestore.serdes import Serde
 from statestore.store import changelog_topic_name
 from statestore.topics import (
-    COMPACTED,
-    REPARTITION,
-    TopicSpec,
-    ensure_topics,
     existing_partition_counts,
 )
 from streams.config import AppConfig, ConfigError, UnknownSettingError
@@ -92,6 +88,7 @@ from streams.quirks.detect import broker_quirks
 from streams.quirks.hooks import RoundHooks, hooks_for
 from streams.quirks.switch import static_session_warning
 from streams.quirks.task_positions import TaskPositions, positions_topic_name
+from streams.runtime.app_topics import prepare_topics
 from streams.runtime.factory import build_stream_thread
 from streams.runtime.global_tables import GlobalTables
 from streams.runtime.store_handover import ProcessStores
@@ -335,64 +332,14 @@ class App:
 
     async def prepare(self, admin: AIOKafkaAdminClient,
                       hooks: RoundHooks | None = None) -> list[SubTopology]:
-        """Check source topics, size the sub-topologies, create the internal topics (the
-        positions topic too, for exactly-once on a broker whose quirks need it)."""
-        subs = self.topology.sub_topologies()
-        if not subs:
-            raise TopologyError("the app declares no streams or tables: nothing to run")
-        external = {
-            t for s in subs for t in s.sources if t not in self.topology.repartition_topics
-        }
-        await ensure_topics(admin, [TopicSpec(t, n) for t, n in
-                                    self.topology.topics_to_create().items()])
-        counts = await existing_partition_counts(admin, external)
-        repartition = self.topology.assign_partitions(subs, counts, self.config.default_partitions)
-        specs = [TopicSpec(topic, n, REPARTITION) for topic, n in sorted(repartition.items())]
-        for sub in subs:
-            for store in sub.stores:
-                specs.append(
-                    TopicSpec(
-                        changelog_topic_name(self.config.application_id, store),
-                        sub.partitions, COMPACTED,
-                    )
-                )
-        specs.append(TopicSpec(self.config.dead_letters, 1))
-        specs.append(TopicSpec(status_topic_name(self.config.application_id), 1, COMPACTED))
-        specs.append(TopicSpec(control_topic_name(self.config.application_id), 1, COMPACTED))
+        """Make the app's topics ready (:mod:`streams.runtime.app_topics`); returns the
+        sized sub-topologies."""
         records_positions = (self.config.exactly_once and hooks is not None
                              and hooks.records_positions)
-        if records_positions:
-            tasks = sum(sub.partitions for sub in subs)
-            specs.append(TopicSpec(positions_topic_name(self.config.application_id), tasks,
-                                   COMPACTED))
-        # An existing topic with another partition count is refused here, as a changelog is.
-        await ensure_topics(admin, specs)
-        await self._warn_of_missing_sinks(admin, subs)
-        if records_positions and hooks is not None:
-            self.task_positions = hooks.positions = TaskPositions.of(
-                self.config.application_id, [t for sub in subs for t in sub.task_ids()])
-        return subs
-
-    async def _warn_of_missing_sinks(self, admin: AIOKafkaAdminClient,
-                                     subs: list[SubTopology]) -> None:
-        """An output topic that neither exists nor is declared with a partition count is
-        made by the broker at the first write, with its default count (one, usually), if it
-        makes topics at all: said once at start, rather than found out downstream."""
-        declared = self.topology.topics_to_create()
-        sinks = {t for sub in subs for t in sub.sink_topics
-                 if t not in self.topology.repartition_topics and t not in declared}
-        if not sinks:
-            return
-        try:
-            existing = set(await admin.list_topics())
-        except Exception as exc:  # a warning's worth of checking; the run goes on
-            log.debug("could not list topics to check the output topics: %s", exc)
-            return
-        for topic in sorted(sinks - existing):
-            log.warning("output topic %s does not exist and is not declared with a partition "
-                        "count: the broker makes it at the first write with its default count "
-                        "(one partition, usually), or refuses the writes; declare it with "
-                        "app.topic(%r, partitions=N) to have the app make it", topic, topic)
+        prepared = await prepare_topics(self.topology, self.config, admin, records_positions)
+        if prepared.task_positions is not None and hooks is not None:
+            self.task_positions = hooks.positions = prepared.task_positions
+        return prepared.subs
 
     def check_environment(self) -> None:
         """Before anything starts: the internal topics' names are legal and ``state_dir`` can

@@ -181,6 +181,8 @@ async def test_an_output_topic_neither_existing_nor_declared_is_warned_of_at_sta
     import logging
     from types import SimpleNamespace
 
+    from streams.runtime.app_topics import warn_of_missing_sinks
+
     app = App("outs", bootstrap_servers="127.0.0.1:1")
     app.topic("made", partitions=3)
     s = app.stream(app.topic("in", partitions=2))
@@ -193,8 +195,9 @@ async def test_an_output_topic_neither_existing_nor_declared_is_warned_of_at_sta
         return ["in", "there"]
 
     admin = SimpleNamespace(list_topics=list_topics)
-    with caplog.at_level(logging.WARNING, logger="streams.app"):
-        await app._warn_of_missing_sinks(admin, app.topology.sub_topologies())  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="streams.runtime.app_topics"):
+        await warn_of_missing_sinks(app.topology, admin,  # type: ignore[arg-type]
+                                    app.topology.sub_topologies())
     [warning] = [r.getMessage() for r in caplog.records]
     assert warning.startswith("output topic missing does not exist and is not declared")
     assert "app.topic('missing', partitions=N)" in warning

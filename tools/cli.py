@@ -216,7 +216,10 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
-    table = Table(title=f"{app}: group {result['state']} ({result['protocol'] or '-'})")
+    state = result["state"] if result["state"] not in ("", "Unknown") else \
+        "state not reported by the broker"
+    protocol = f" ({result['protocol']})" if result["protocol"] else ""
+    table = Table(title=f"{app}: group {state}{protocol}")
     columns = ("member", "instance", "thread", "pid", "generation", "leader", "active", "leaving",
                "heard")
     for column in columns:

@@ -102,7 +102,9 @@ async def ensure_topics(admin: AIOKafkaAdminClient, specs: Iterable[TopicSpec]) 
         if count != expected:
             raise TopicMismatchError(
                 f"topic {name} exists with {count} partitions but this application needs "
-                f"{expected}; delete it, or fix the partition count of its source topics"
+                f"{expected} (as declared with app.topic(..., partitions={expected}), or, for "
+                f"an internal topic, as its sub-topology's source topics have): declare the "
+                f"count the topic has, or delete the topic"
             )
     missing = [spec for name, spec in sorted(by_name.items()) if name not in counts]
     if not missing:

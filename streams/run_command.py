@@ -118,6 +118,7 @@ def run(target: str, log_level: str) -> None:
     (RELAY_BOOTSTRAP_SERVERS, RELAY_NUM_THREADS, RELAY_GROUP_INSTANCE_ID, ...). The broker
     address is required: `relay broker` runs one for development.
     """
+    from statestore.errors import TopicMismatchError
     from streams.environment import UnreachableBrokerError
     from streams.kafka.membership import FencedMemberError
     from streams.runtime.thread import FatalThreadError
@@ -134,7 +135,8 @@ def run(target: str, log_level: str) -> None:
         raise RunError(f"broker unreachable: {exc}", ExitCode.UNREACHABLE) from None
     except ConfigError as exc:
         raise RunError(f"configuration error: {exc}", ExitCode.CONFIG) from None
-    except TopologyError as exc:
+    except (TopologyError, TopicMismatchError) as exc:
+        # A topic the app needs with another shape than it has: a restart cannot help.
         raise RunError(f"topology error: {exc}", ExitCode.CONFIG) from None
     except FencedMemberError as exc:
         raise RunError(f"stopped: {exc}", ExitCode.FAILED) from None

@@ -3,6 +3,7 @@ unreachable broker, a state directory on a read-only file system (a mount in a f
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from streams.exit_codes import ExitCode
+from tests.broker.streams.harness import create_topics
 from tests.unit.streams.test_bad_environment import (
     WORKER,
     assert_one_line,
@@ -64,6 +66,24 @@ def test_a_missing_source_topic_is_one_line_and_exit_4(bootstrap: str, tmp_path:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == ExitCode.CONFIG
     assert_one_line(done.stderr, "topology error: source topic relay-no-such-topic does not exist")
+
+
+def test_a_declared_topic_with_another_partition_count_is_one_line_and_exit_4(
+        bootstrap: str, tmp_path: Path) -> None:
+    """A restart cannot help: a supervisor told not to restart on 4 stops."""
+    topic = f"relay-shaped-{os.getpid()}"
+    asyncio.run(create_topics(bootstrap, {topic: 1}))
+    (tmp_path / "shaped.py").write_text(
+        f"from streams import App\napp = App('shaped')\n"
+        f"app.stream(app.topic({topic!r}, partitions=2)).to('out')\n")
+    env = {**os.environ, "RELAY_BOOTSTRAP_SERVERS": bootstrap,
+           "RELAY_STATE_DIR": str(tmp_path / "state")}
+    done = subprocess.run([sys.executable, "-m", "streams", "run", "shaped:app",
+                           "--log-level", "ERROR"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == ExitCode.CONFIG, done.stderr
+    assert_one_line(done.stderr, f"topology error: topic {topic} exists with 1 partitions but "
+                                 f"this application needs 2 (as declared with app.topic")
 
 
 @pytest.mark.parametrize("setting", ["METRICS_PORT", "QUERY_PORT"])

@@ -319,7 +319,26 @@ def parse_bootstrap_servers(value: str) -> list[tuple[str, int]]:
     return addresses
 
 
+#: What users of other stream libraries call a setting (faust's ``broker``, Quix's
+#: ``broker_address``, Kafka's dotted names), where spelling alone would not lead to it.
+OTHER_NAMES = {
+    "broker": "bootstrap_servers", "brokers": "bootstrap_servers",
+    "broker_address": "bootstrap_servers", "bootstrap": "bootstrap_servers",
+    "bootstrap_server": "bootstrap_servers", "bootstrap.servers": "bootstrap_servers",
+    "app_id": "application_id", "id": "application_id", "application.id": "application_id",
+    "consumer_group": "application_id", "group_id": "application_id",
+    "state_dir_path": "state_dir", "datadir": "state_dir", "state.dir": "state_dir",
+    "num_stream_threads": "num_threads", "num.stream.threads": "num_threads",
+    "processing.guarantee": "processing_guarantee", "exactly_once": "processing_guarantee",
+    "num_standby_replicas": "num_standbys", "num.standby.replicas": "num_standbys",
+    "commit_interval": "commit_interval_ms", "commit.interval.ms": "commit_interval_ms",
+}
+
+
 def closest_setting(name: str, known: set[str]) -> str | None:
+    other = OTHER_NAMES.get(name.lower())
+    if other is not None and other in known:
+        return other
     matches = difflib.get_close_matches(name.lower(), sorted(known), n=1, cutoff=0.6)
     return matches[0] if matches else None
 

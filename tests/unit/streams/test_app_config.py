@@ -74,6 +74,15 @@ def test_a_variable_the_app_overrides_gets_a_warning_that_it_is_ignored(
         "itself (an argument wins over its variable)"]
 
 
+def test_other_libraries_names_of_a_setting_lead_to_it() -> None:
+    from streams.config import UnknownSettingError
+
+    for name, meant in (("broker", "bootstrap_servers"), ("broker_address", "bootstrap_servers"),
+                        ("group_id", "application_id"), ("num_stream_threads", "num_threads")):
+        with pytest.raises(UnknownSettingError, match=f"did you mean {meant}\\?"):
+            App("a", **{name: "x"})
+
+
 def test_static_follower_digests_reads_booleans() -> None:
     with pytest.warns(DeprecationWarning, match="use broker_quirks"):
         assert AppConfig.from_env({"RELAY_STATIC_FOLLOWER_DIGESTS": "off"},

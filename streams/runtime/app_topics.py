@@ -2,7 +2,7 @@
 topics made, the sources checked and the sub-topologies sized by them, the internal topics
 (repartition topics, changelogs, the dead-letter, status and control topics, and the
 exactly-once positions topic where the broker's quirks need one) made with the right
-partition counts, and a warning for an output topic nobody will make as it should be."""
+partition counts, and a word for an output topic nobody will make as it should be."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ async def warn_of_missing_sinks(topology: Topology, admin: AIOKafkaAdminClient,
         log.debug("could not list topics to check the output topics: %s", exc)
         return
     for topic in sorted(sinks - existing):
-        log.warning("output topic %s does not exist and is not declared with a partition "
-                    "count: the broker makes it at the first write with its default count "
-                    "(one partition, usually), or refuses the writes; declare it with "
-                    "app.topic(%r, partitions=N) to have the app make it", topic, topic)
+        log.info("output topic %s does not exist and is not declared with a partition "
+                 "count: the broker makes it at the first write with its default count "
+                 "(one partition, usually), or refuses the writes; declare it with "
+                 "app.topic(%r, partitions=N) to have the app make it", topic, topic)

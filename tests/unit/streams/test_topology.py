@@ -176,7 +176,7 @@ def test_a_step_name_is_unique_and_fit_for_a_topic_name() -> None:
         s.group_by(lambda _k, v: v, name="by value")
 
 
-async def test_an_output_topic_neither_existing_nor_declared_is_warned_of_at_start(
+async def test_an_output_topic_neither_existing_nor_declared_is_said_at_start(
         caplog: pytest.LogCaptureFixture) -> None:
     import logging
     from types import SimpleNamespace
@@ -195,7 +195,7 @@ async def test_an_output_topic_neither_existing_nor_declared_is_warned_of_at_sta
         return ["in", "there"]
 
     admin = SimpleNamespace(list_topics=list_topics)
-    with caplog.at_level(logging.WARNING, logger="streams.runtime.app_topics"):
+    with caplog.at_level(logging.INFO, logger="streams.runtime.app_topics"):
         await warn_of_missing_sinks(app.topology, admin,  # type: ignore[arg-type]
                                     app.topology.sub_topologies())
     [warning] = [r.getMessage() for r in caplog.records]

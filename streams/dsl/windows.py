@@ -13,6 +13,7 @@ the topic's key serde (msgpack by default, or json); :class:`WindowedSerde` read
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from statestore.serdes import (
@@ -36,15 +37,27 @@ class Windowed:
 
 def whole_ms(window: object, *names: str) -> None:
     """Each field ``names`` of the frozen dataclass ``window`` is a whole number of
-    milliseconds: an int, or a float without a fraction (made an int); else a ``TypeError``
-    naming the field, when the app is built rather than at its first record."""
+    milliseconds: an int, a float without a fraction, or a ``timedelta`` (made an int); else
+    a ``TypeError`` naming the field, when the app is built rather than at its first record.
+    A float under a second is refused too: it is seconds meant, as faust takes them
+    (``TumblingWindows(60.0)`` would be 60 ms windows)."""
     for name in names:
         value = getattr(window, name)
+        if isinstance(value, timedelta):
+            object.__setattr__(window, name, value // timedelta(milliseconds=1))
+            continue
         if value is None or (isinstance(value, int) and not isinstance(value, bool)):
             continue
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer() and (
+                value >= 1000 or value == 0 or "grace" in name):
             object.__setattr__(window, name, int(value))
             continue
+        if isinstance(value, float) and value.is_integer():
+            kind = repr(window).split("(", 1)[0]
+            raise TypeError(f"{kind}: {name}={value!r} is {int(value)} milliseconds; Relay's "
+                            f"windows are in milliseconds (faust's in seconds): write "
+                            f"{int(value * 1000):_} for {value:g} s, or "
+                            f"timedelta(seconds={value:g})")
         # As its repr names it: tumbling windows are hopping ones that advance by their size.
         kind = repr(window).split("(", 1)[0]
         raise TypeError(f"{kind}: {name} must be a whole number of milliseconds, not "

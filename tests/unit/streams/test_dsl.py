@@ -4,6 +4,7 @@ runtime's own tasks, processors and RocksDB stores, without a broker."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Any
 
 import msgpack
@@ -503,6 +504,12 @@ def test_windows_take_whole_milliseconds_and_say_what_they_are() -> None:
         TumblingWindows(1.5)
     with pytest.raises(TypeError, match="before_ms must be a whole number of milliseconds"):
         JoinWindows("5")  # type: ignore[arg-type]
+    # A faust habit: seconds. A float under a second is refused, saying what to write.
+    with pytest.raises(TypeError, match=r"size_ms=60.0 is 60 milliseconds.*write 60_000 for "
+                                        r"60 s, or timedelta\(seconds=60\)"):
+        TumblingWindows(60.0)
+    assert TumblingWindows(timedelta(minutes=1), grace_ms=timedelta(seconds=5)) == \
+        TumblingWindows(60_000, grace_ms=5_000)
 
 
 def test_a_dead_letter_names_the_step_whose_function_raised() -> None:

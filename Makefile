@@ -1,6 +1,7 @@
 # Everything runs inside .venv, created on first use from the project's own files.
-# `make demo` installs only what the runtime needs; `make test` adds the dev extra (Spark,
-# faust-streaming for the benchmarks, the test tools, the docs site's builder).
+# `make demo` installs what the runtime needs and pytest (for an app's own tests); `make test`
+# adds the dev extra (Spark, faust-streaming for the benchmarks, the test tools, the docs
+# site's builder).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -25,7 +26,7 @@ $(VENV)/bin/python:
 # caches, only the modules a run imports. --no-build-isolation: Relay's own editable wheel
 # is built with the venv's setuptools, not in a fresh environment of its own each time.
 $(BASE): pyproject.toml $(VENV)/bin/python
-	$(PY) -m pip install --quiet --no-compile --no-build-isolation -e .
+	$(PY) -m pip install --quiet --no-compile --no-build-isolation -e '.[testing]'
 	@touch $(BASE)
 
 $(DEV): pyproject.toml $(VENV)/bin/python

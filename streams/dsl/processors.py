@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from statestore.record_size import MAX_RECORD_BYTES, check_record_size
 from statestore.serdes import MsgPackSerde, Serde, TimestampedSerde
 from statestore.store import KeyValueStore
+from streams.dsl.errors import TopologyError
 from streams.dsl.punctuation import Punctuations, PunctuationType, Schedule
 from streams.dsl.windows import HoppingWindows, Windowed, row_key, windowed_key_serde
 
@@ -505,7 +506,10 @@ class CustomContext:
 
     def store(self, name: str) -> KeyValueStore:
         if name not in self._node.stores:
-            raise KeyError(f"processor {self._node.name} did not declare store {name!r}")
+            raise UndeclaredStoreError(
+                f"processor {self._node.name} did not declare store {name!r} (it declares "
+                f"{', '.join(map(repr, self._node.stores)) or 'none'}): pass it in "
+                f"process(factory, stores=[...])")
         return self._ctx.store(name)
 
     def forward(self, key: Any, value: Any, headers: Any = None) -> None:
@@ -565,17 +569,32 @@ class CustomContext:
         return self._ctx.offset
 
 
+class UndeclaredStoreError(TopologyError, KeyError):
+    """A processor asked for a store it did not declare: a mistake of the app's code, not of
+    a record, so it stops the app (a topology error, exit 4) rather than dead-letter every
+    record."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class CustomProcessorNode(Node):
     def __init__(self, name: str, factory: Callable[[], Processor], stores: list[str]) -> None:
         super().__init__(name)
         self.factory = factory
         self.stores = list(stores)
+        self._told_of_return = False
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         processor = ctx.custom.get(self.name)
         if processor is None:
             processor = self.instance(ctx)
-        processor.process(key, value)
+        returned = processor.process(key, value)
+        if returned is not None and not self._told_of_return:
+            # A faust agent yields and a Quix function returns its result: here it is lost.
+            self._told_of_return = True
+            log.warning("processor %s: process() returned %.60r, which goes nowhere; send "
+                        "records on with context.forward(key, value)", self.name, returned)
 
     def instance(self, ctx: ProcessorContext) -> Processor:
         """The task's instance of the processor, made and initialized on first use."""

@@ -14,11 +14,8 @@ from dataclasses import dataclass, field
 from statestore.serdes import Serde, serde_from_name
 from statestore.store import StoreSpec
 from streams.config import topic_name_problem
+from streams.dsl.errors import TopologyError
 from streams.dsl.processors import Node, SinkNode, SourceNode, StoreDecl, TableNode
-
-
-class TopologyError(ValueError):
-    """The declared topology cannot run: a clear message says what to change."""
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from streams.dsl.processors import (
     Node,
     ProcessorContext,
     SourceNode,
+    UndeclaredStoreError,
     WindowAggregateNode,
     walk_nodes,
 )
@@ -118,8 +119,9 @@ def raising_step(error: BaseException) -> str | None:
 #: What the ``relay.error`` header keeps of an error's text.
 MAX_ERROR_CHARS = 2_000
 
-#: Errors of the machine or the runtime, never of a record: they propagate as they are.
-MACHINE_ERRORS = (OSError, MemoryError, StateStoreError)
+#: Errors of the machine, the runtime or the app's code, never of a record: they propagate
+#: as they are (every record would meet them).
+MACHINE_ERRORS = (OSError, MemoryError, StateStoreError, UndeclaredStoreError)
 
 #: One input record in this many is checked against its partition at a stateful task.
 MISROUTE_SAMPLE = 128

@@ -3,6 +3,7 @@ runtime's own tasks, processors and RocksDB stores, without a broker."""
 
 from __future__ import annotations
 
+import logging
 import re
 from datetime import timedelta
 from typing import Any
@@ -479,6 +480,43 @@ def test_a_str_where_a_list_of_values_belongs_is_a_dead_letter_not_one_record_a_
         first, second = driver.dead_letters
         assert "flat_map_values: the function returned a str ('ABC'), not a list" in first.error
         assert "returned a str ('ab'), not a list of (key, value) pairs" in second.error
+
+
+class Returns:
+    """A faust habit: the result returned (an agent yields it) rather than forwarded."""
+
+    def init(self, context: Any) -> None:
+        self.context = context
+
+    def process(self, key: Any, value: Any) -> Any:
+        return key, value * 2
+
+
+class AsksForAnother:
+    def init(self, context: Any) -> None:
+        self.context = context
+
+    def process(self, key: Any, value: Any) -> None:
+        self.context.store("nope").put(key, value)
+
+
+def test_a_processors_mistakes_are_said_a_store_it_did_not_declare_stops_the_app(
+        caplog: pytest.LogCaptureFixture) -> None:
+    a = app()
+    a.stream("in").process(Returns).to("out")
+    a.stream("other").process(AsksForAnother, stores=["seen"]).to("out2")
+    with TopologyTestDriver(a) as driver, caplog.at_level(logging.WARNING):
+        driver.pipe("in", "k", 1)
+        driver.pipe("in", "k", 2)
+        assert driver.read_key_values("out") == []
+        said = [r.getMessage() for r in caplog.records if "goes nowhere" in r.getMessage()]
+        assert said == ["processor processor-0002: process() returned ('k', 2), which goes "
+                        "nowhere; send records on with context.forward(key, value)"]
+        # Every record would meet it: not a dead letter each, a topology error (exit 4).
+        with pytest.raises(TopologyError, match=r"did not declare store 'nope' \(it declares "
+                                                r"'seen'\): pass it in process"):
+            driver.pipe("other", "k", 1)
+        assert driver.dead_letters == []
 
 
 def test_a_topic_declared_after_it_was_used_with_default_serdes_is_refused() -> None:

@@ -412,6 +412,9 @@ class WindowAggregateNode(WindowedAggregation):
     """
 
     windows: HoppingWindows
+    #: How long a window is kept past its start, for queries of past windows: the size
+    #: plus the grace unless asked for longer (Kafka Streams' ``Materialized.withRetention``).
+    retention_ms: int = 0
 
     def process(self, ctx: ProcessorContext, key: Any, value: Any) -> None:
         if not _has_key(self, ctx, key, "a windowed aggregation"):
@@ -432,7 +435,8 @@ class WindowAggregateNode(WindowedAggregation):
 
     def purge(self, ctx: ProcessorContext) -> int:
         """Delete windows past retention; returns how many."""
-        horizon = ctx.observed_ms.get(self.name, -1) - self.windows.retention_ms
+        horizon = ctx.observed_ms.get(self.name, -1) - max(self.windows.retention_ms,
+                                                           self.retention_ms)
         if horizon <= 0:
             return 0
         ctx.forget_late_windows(self.name, horizon - self.windows.size_ms)

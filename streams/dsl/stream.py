@@ -9,6 +9,7 @@ record of one key is processed by the same task.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import Any
 
 from statestore.serdes import BytesSerde, MsgPackSerde, Serde, StrSerde, serde_from_name
@@ -434,13 +435,18 @@ class WindowedStream:
         aggregator: Callable[[Any, Any, Any], Any],
         store: str,
         merger: Callable[[Any, Any, Any], Any] | None = None,
+        *,
+        retention_ms: int | timedelta | None = None,
     ) -> Table:
         """``aggregator(key, value, aggregate)`` per window; session windows also need
-        ``merger(key, aggregate_a, aggregate_b)`` to merge two sessions a record bridges."""
+        ``merger(key, aggregate_a, aggregate_b)`` to merge two sessions a record bridges.
+        ``retention_ms``: how long tumbling and hopping windows stay in the store, for
+        queries of past windows (their size plus grace by default, the least it may be)."""
         windows = self._windows
         if isinstance(windows, SessionWindows) and merger is None:
             raise TopologyError("a session-windowed aggregate needs merger=fn(key, a, b): "
                                 "a record that bridges two sessions merges their aggregates")
+        retention = _window_retention(windows, retention_ms)
         stream = self._grouped._prepared(store)
         node: Node
         if isinstance(windows, SessionWindows):
@@ -451,16 +457,19 @@ class WindowedStream:
             node = SlidingAggregateNode(stream._name("sliding-aggregate"), store, windows,
                                         initializer, aggregator)
         else:
-            node = WindowAggregateNode(
+            window_node = WindowAggregateNode(
                 stream._name("window-aggregate"), store, windows, initializer, aggregator
             )
+            window_node.retention_ms = retention
+            node = window_node
         return Table(stream._then(node), store, stream._key_serde, windows=windows)
 
-    def count(self, store: str) -> Table:
+    def count(self, store: str, *, retention_ms: int | timedelta | None = None) -> Table:
         return self.aggregate(lambda: 0, lambda _k, _v, n: n + 1, store,
-                              merger=lambda _k, a, b: a + b)
+                              merger=lambda _k, a, b: a + b, retention_ms=retention_ms)
 
-    def reduce(self, reducer: Callable[[Any, Any], Any], store: str) -> Table:
+    def reduce(self, reducer: Callable[[Any, Any], Any], store: str, *,
+               retention_ms: int | timedelta | None = None) -> Table:
         sentinel: dict[str, Any] = {}
 
         def reduce_or_first(_key: Any, value: Any, current: Any) -> Any:
@@ -471,7 +480,8 @@ class WindowedStream:
                 return b
             return a if b is sentinel else reducer(a, b)
 
-        return self.aggregate(lambda: sentinel, reduce_or_first, store, merger=merge)
+        return self.aggregate(lambda: sentinel, reduce_or_first, store, merger=merge,
+                              retention_ms=retention_ms)
 
 
 @functions_checked
@@ -711,6 +721,23 @@ class GroupedTable:
         node = TableAggregateNode(stream._name("table-aggregate"), store, initializer, adder,
                                   subtractor)
         return Table(stream._then(node), store)
+
+
+def _window_retention(windows: Any, retention_ms: int | timedelta | None) -> int:
+    """How long windows stay in their store: ``retention_ms``, which tumbling and hopping
+    windows take, at least their size plus grace (0: that default)."""
+    if retention_ms is None:
+        return 0
+    if not isinstance(windows, HoppingWindows):
+        raise TopologyError(f"retention_ms= applies to tumbling and hopping windows, not "
+                            f"{type(windows).__name__}")
+    if isinstance(retention_ms, timedelta):
+        retention_ms = retention_ms // timedelta(milliseconds=1)
+    if not isinstance(retention_ms, int) or isinstance(retention_ms, bool) or (
+            retention_ms < windows.retention_ms):
+        raise TopologyError(f"retention_ms={retention_ms!r}: windows are kept at least their "
+                            f"size plus grace ({windows.retention_ms} ms here)")
+    return retention_ms
 
 
 def _checked_name(name: str | None) -> str | None:

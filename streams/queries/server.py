@@ -127,10 +127,18 @@ def _max_lag(raw: str | None) -> int | None:
     return value
 
 
-def not_found_hint(task: str, partition: int, processor: bool = False) -> str:
+def not_found_hint(task: str, partition: int, processor: bool = False,
+                   windowed: bool = False) -> str:
     """What a 404 for a key says: where it was looked for, and the usual cause of a key
     that was produced yet is not found (its records went to another partition); for a
-    ``process()`` step's store, that its code may key it otherwise than its records."""
+    ``process()`` step's store, that its code may key it otherwise than its records; for a
+    windowed store, that past windows leave it."""
+    if windowed:
+        return (f"no such window in task {task}, which holds partition {partition}: a window "
+                f"leaves its store once its size and grace have passed (retention_ms= on the "
+                f"aggregation keeps windows longer), and a window is named by its start "
+                f"[key, window_start_ms]; else the key's records may have gone to another "
+                f"partition (relay_misrouted_records_total counts such records)")
     if processor:
         return (f"not in task {task}, which holds partition {partition}: the partition the "
                 f"key would be if it were a record's key. This store belongs to a process() "
@@ -213,7 +221,7 @@ class QueryService:
             except StoreUnavailable as exc:
                 local_refusal = exc
             else:
-                return self._answer(reading, partition, layout.processor)
+                return self._answer(reading, partition, layout)
             if forwarded_by is not None or local_refusal.reason == "restoring":
                 return unavailable(str(local_refusal), local_refusal.reason, task)
         return await self._forward(request, query, task, local_refusal)
@@ -236,12 +244,14 @@ class QueryService:
         return web.json_response(body, status=200 if reading.found else 404, dumps=_dumps)
 
     def _answer(self, reading: KeyReading, partition: int,
-                processor: bool = False) -> web.Response:
+                layout: StoreLayout | None = None) -> web.Response:
         body = reading.to_json()
         body["partition"] = partition
         if not reading.found:
             body["reason"] = "not_found"
-            body["hint"] = not_found_hint(reading.task, partition, processor)
+            body["hint"] = not_found_hint(
+                reading.task, partition, layout is not None and layout.processor,
+                layout is not None and layout.windowed)
         body["owner"] = {"member": reading.thread, "instance_id": self.instance_id,
                          "endpoint": self._endpoint()}
         return web.json_response(body, status=200 if reading.found else 404,

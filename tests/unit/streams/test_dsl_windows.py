@@ -195,3 +195,28 @@ def test_a_windowed_table_filtered_or_mapped_into_a_store_keeps_every_window() -
         assert driver.store("tens").to_dict() == {("ann", 60_000, 120_000): 20,
                                                   ("ann", 120_000, 180_000): 10}
         assert driver.store("busy-store").to_dict() == {("ann", 60_000, 120_000): 2}
+
+
+def test_a_retention_keeps_past_windows_for_queries() -> None:
+    """By default a window leaves its store once its size and grace have passed (as in Kafka
+    Streams); retention_ms keeps it longer (Materialized.withRetention), for queries of past
+    windows, as a faust table's windows stay."""
+    def counts(retention_ms: int | None) -> dict[object, int]:
+        a = app()
+        (a.stream("events").group_by_key().windowed_by(TumblingWindows(10, grace_ms=5))
+         .count(store="counts", retention_ms=retention_ms).to_stream().to("out"))
+        with TopologyTestDriver(a) as driver:
+            for ts in (1, 12, 25, 100):
+                driver.pipe("events", "a", 1, timestamp_ms=ts)
+            driver.commit()
+            return dict(driver.store("counts").items())
+
+    assert set(counts(None)) == {("a", 100)}
+    assert set(counts(100)) == {("a", 0), ("a", 10), ("a", 20), ("a", 100)}
+    with pytest.raises(TopologyError, match=r"retention_ms=12: windows are kept at least their "
+                                            r"size plus grace \(15 ms here\)"):
+        counts(12)
+    a = app()
+    with pytest.raises(TopologyError, match="applies to tumbling and hopping windows"):
+        (a.stream("events").group_by_key().windowed_by(SlidingWindows(10))
+         .count(store="s", retention_ms=1_000))

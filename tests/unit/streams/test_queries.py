@@ -252,3 +252,6 @@ def test_a_process_steps_store_is_known_as_one_and_its_404_says_why() -> None:
     hint = not_found_hint("0_1", 1, processor=True)
     assert "belongs to a process() step" in hint and "app.store(name)" in hint
     assert "partitioner" not in hint and "partitioner" in not_found_hint("0_1", 1)
+    windowed = not_found_hint("0_1", 1, windowed=True)
+    assert "leaves its store once its size and grace have passed" in windowed
+    assert "retention_ms=" in windowed

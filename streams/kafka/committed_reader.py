@@ -22,6 +22,10 @@ from aiokafka.structs import TopicPartition
 from statestore.fetch import ChangelogFetcher, FetchSettings
 from statestore.serdes import Serde, serde_from_name
 
+# The DSL's own serde names (``windowed``) are registered by their modules: a reader of an
+# app's outputs takes every name the app writes with.
+from streams.dsl import windows as _windowed_serde  # noqa: F401
+
 
 class ReadTimeout(TimeoutError):
     """The topic could not be read to its end in time (no leader, an unknown topic)."""

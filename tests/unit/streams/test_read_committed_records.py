@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from aiokafka.consumer import fetcher as fetcher_module
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
@@ -103,3 +104,22 @@ def test_read_by_markers_up_to_the_high_watermark_stops_at_the_first_open_transa
     assert values(got) == [(0, b"committed")]
     assert got.next_fetch_offset == 4
     assert COMMITTED_BY_MARKERS == fetcher_module.READ_UNCOMMITTED  # what the fetch asks
+
+
+def test_the_reader_takes_the_windowed_serde_by_name_in_a_fresh_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checker that imports only read_committed (no window class) reads windowed outputs
+    with key_serde="windowed", as the docs name it."""
+    import importlib
+    import sys
+
+    from statestore import serdes
+    from streams.kafka import committed_reader
+
+    monkeypatch.delitem(serdes._BY_NAME, "windowed")
+    monkeypatch.delitem(sys.modules, "streams.dsl.windows")
+    monkeypatch.delattr(sys.modules["streams.dsl"], "windows")
+    with pytest.raises(ValueError, match="unknown serde 'windowed'"):
+        serdes.serde_from_name("windowed")
+    importlib.reload(committed_reader)
+    assert type(serdes.serde_from_name("windowed")).__name__ == "WindowedSerde"

@@ -1,6 +1,7 @@
 """Checks of what the DSL's calls are given, made when the app is built: a value where a
-function belongs (``branch("amount > 100")``) fails there, naming the call, rather than as
-one dead letter per record once the app runs."""
+function belongs (``branch("amount > 100")``), or a function that cannot take the arguments
+its step calls it with (``filter(lambda value: ...)``), fails there, naming the call, rather
+than as one dead letter per record once the app runs."""
 
 from __future__ import annotations
 

@@ -30,10 +30,13 @@ from streams.quirks.switch import parse_setting as parse_quirks
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "RELAY_"
-#: ``RELAY_`` variables that are not app settings (the embedded broker's binary, the tests'
-#: external broker, the demo's pace): no warning for these.
-OTHER_RELAY_VARIABLES = frozenset({"RELAY_TANSU_BIN", "RELAY_TEST_BOOTSTRAP",
-                                   "RELAY_TEST_FAST", "RELAY_DEMO_PHASE_SECONDS"})
+#: ``RELAY_`` variables that are not app settings (the embedded broker's binary, Apache
+#: Kafka's jar cache and JVM options, the demo's pace, the web view's screenshots): no
+#: warning for these, nor for the test suite's own (``RELAY_TEST_*``).
+OTHER_RELAY_VARIABLES = frozenset({"RELAY_TANSU_BIN", "RELAY_KAFKA_CACHE",
+                                   "RELAY_KAFKA_JAVA_OPTS", "RELAY_DEMO_PHASE_SECONDS",
+                                   "RELAY_WEB_SCREENSHOTS"})
+TEST_VARIABLES_PREFIX = "RELAY_TEST_"
 PROCESSING_GUARANTEES = ("at_least_once", "exactly_once")
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]+$")
 #: Kafka refuses longer topic names.
@@ -272,7 +275,7 @@ class AppConfig:
             name = key[len(ENV_PREFIX):].lower()
             if name in known:
                 values[name] = raw
-            elif key not in OTHER_RELAY_VARIABLES:
+            elif key not in OTHER_RELAY_VARIABLES and not key.startswith(TEST_VARIABLES_PREFIX):
                 warn_unknown_variable(key, known)
         given = {k: v for k, v in overrides.items() if v is not None}
         for name in sorted(set(given) & set(values)):

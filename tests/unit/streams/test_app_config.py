@@ -52,7 +52,8 @@ def test_a_misspelt_variable_gets_a_warning_naming_the_closest_setting(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="streams.config"):
-        config = AppConfig.from_env({"RELAY_NUM_THREAD": "4", "RELAY_TANSU_BIN": "/x"},
+        config = AppConfig.from_env({"RELAY_NUM_THREAD": "4", "RELAY_TANSU_BIN": "/x",
+                                     "RELAY_TEST_KAFKA": "1", "RELAY_KAFKA_CACHE": "/c"},
                                     application_id="a")
     assert config.num_threads == 1
     messages = [r.getMessage() for r in caplog.records]

@@ -198,6 +198,6 @@ async def test_an_output_topic_neither_existing_nor_declared_is_said_at_start(
     with caplog.at_level(logging.INFO, logger="streams.runtime.app_topics"):
         await warn_of_missing_sinks(app.topology, admin,  # type: ignore[arg-type]
                                     app.topology.sub_topologies())
-    [warning] = [r.getMessage() for r in caplog.records]
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "streams.runtime.app_topics"]
     assert warning.startswith("output topic missing does not exist and is not declared")
     assert "app.topic('missing', partitions=N)" in warning

@@ -81,6 +81,15 @@ def arity_problem(fn: Callable[..., Any], arguments: int) -> str | None:
     return None
 
 
+def check_arity(call: str, fn: Callable[..., Any], arguments: int, shape: str) -> None:
+    """A :class:`TopologyError` when ``fn`` cannot be called with ``arguments`` positional
+    arguments, as ``shape`` (``predicate(key, value)``) shows it is."""
+    problem = arity_problem(fn, arguments)
+    if problem is not None:
+        raise TopologyError(f"{call}: {shape.split('(')[0]} is called as {shape}, but "
+                            f"{getattr(fn, '__name__', repr(fn))} cannot be: {problem}")
+
+
 def _checked(owner: str, method: Callable[..., Any]) -> Callable[..., Any]:
     parameters = _function_parameters(method)
     if not parameters:
@@ -103,14 +112,11 @@ def _checked(owner: str, method: Callable[..., Any]) -> Callable[..., Any]:
                     raise TopologyError(
                         f"{owner}.{method.__name__}(): {name} must be a function, not "
                         f"{type(value).__name__} {value!r:.60}")
-                problem = None if arguments is None else arity_problem(value, arguments)
-                if problem is not None:
+                if arguments is not None:
                     described = _ARGUMENTS.get((method.__name__, name),
                                                f"{arguments} arguments")
-                    raise TopologyError(
-                        f"{owner}.{method.__name__}(): {name} is called as {name}"
-                        f"({'' if described == 'no arguments' else described}), but "
-                        f"{getattr(value, '__name__', repr(value))} cannot be: {problem}")
+                    check_arity(f"{owner}.{method.__name__}()", value, arguments,
+                                f"{name}({'' if described == 'no arguments' else described})")
         return method(*args, **kwargs)
 
     return check_then_call

@@ -14,7 +14,7 @@ from typing import Any
 
 from statestore.serdes import BytesSerde, MsgPackSerde, Serde, StrSerde, serde_from_name
 from streams.config import topic_name_problem
-from streams.dsl.checks import arity_problem, functions_checked
+from streams.dsl.checks import check_arity, functions_checked
 from streams.dsl.deprecated import DeprecatedTableOperations
 from streams.dsl.fk_joins import (
     ForeignKeyJoin,
@@ -262,21 +262,21 @@ class Stream:
                 # the table's row of the moment.
                 raise TopologyError(f"{call}: a stream-table join takes no {extra!r:.40}: each "
                                     f"record joins the table's current row; join(table, joiner)")
-            _check_arity(call, "joiner", fn, "joiner(value, table_value)")
+            check_arity(call, fn, 2, "joiner(value, table_value)")
             return self._join(other, fn, left=kind == "left", named=named)
         if isinstance(other, Stream):
             if not isinstance(extra, JoinWindows):
                 raise TopologyError("a stream-stream join needs JoinWindows(before_ms, "
                                     "after_ms, grace_ms) as its third argument")
-            _check_arity(call, "joiner", fn, "joiner(value, other_value)")
+            check_arity(call, fn, 2, "joiner(value, other_value)")
             return self._stream_join(other, fn, extra, kind, named)
         join_global = getattr(other, "join_stream", None)
         if join_global is not None:
             if not callable(extra):
                 raise TopologyError("a global table join is join(global_table, key_selector, "
                                     "joiner)")
-            _check_arity(call, "key_selector", fn, "key_selector(key, value)")
-            _check_arity(call, "joiner", extra, "joiner(value, row)")
+            check_arity(call, fn, 2, "key_selector(key, value)")
+            check_arity(call, extra, 2, "joiner(value, row)")
             return join_global(self, fn, extra, kind == "left")  # type: ignore[no-any-return]
         raise TopologyError(f"cannot join a stream with {type(other).__name__}")
 
@@ -749,15 +749,6 @@ def _checked_name(name: str | None) -> str | None:
         raise TopologyError(f"name={name!r}: a step's name becomes part of topic names: "
                             f"use ASCII letters, digits, '.', '_' and '-'")
     return name
-
-
-def _check_arity(call: str, name: str, fn: Callable[..., Any], shape: str) -> None:
-    """A :class:`TopologyError` when ``fn`` cannot be called as ``shape`` says."""
-    arguments = shape.count(",") + 1
-    problem = arity_problem(fn, arguments)
-    if problem is not None:
-        raise TopologyError(f"{call}: {name} is called as {shape}, but "
-                            f"{getattr(fn, '__name__', repr(fn))} cannot be: {problem}")
 
 
 def topic_name(topic: str | TopicDecl) -> str:

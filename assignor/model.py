@@ -80,6 +80,10 @@ class Member:
     to have caught up by the time this round's assignment reaches it (a new instance that
     warmed up joins while its copies finish restoring, see ``streams.group.warm_up``); the round
     counts them as ready.
+    ``slow_restores``: actives this member restores from far behind (a restart that lost its
+    state directory, a store found corrupt), with the records each has left, that it expects
+    to take longer than a move would: the leader hands each to a caught-up copy on another
+    instance, if there is one, and has this member learn it back.
     """
 
     member_id: str
@@ -95,6 +99,7 @@ class Member:
     asks_promotion: bool = True
     unsynced: bool = False
     ready_by_assignment: frozenset[str] = frozenset()
+    slow_restores: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def key(self) -> MemberKey:

@@ -14,7 +14,9 @@ Order of work (the learner design, with the cooperative and deferred-imbalance d
    them are counted before any unowned task is placed; an unowned task goes to a ready
    learner, the member it was moving to, its previous owner, its most caught-up copy, back to
    its previous owner if that one is leaving (it gave the task up for a learner that could
-   not take it), and only then to the least loaded instance;
+   not take it), and only then to the least loaded instance; a task its owner restores from
+   far behind (``Member.slow_restores``) goes to a caught-up copy on another instance, and
+   its owner learns it back;
 4. balance: stateless tasks move at once; stateful ones through learners (at most
    ``max_learners``, not counting learners promoted in this round), first for leaving
    instances, then from the most to the least loaded instance, each move only while it is
@@ -581,6 +583,25 @@ def _warm_copy(
     return None if best is None else best[2]
 
 
+def _caught_up_copy(
+    task: str,
+    copies: list[dict[str, dict[str, int]]],
+    instances: dict[str, _Instance],
+    config: AssignorConfig,
+    exclude: str,
+) -> str | None:
+    """The open instance other than ``exclude`` whose copy of ``task`` (learner or standby)
+    lags least, if it is within ``acceptable_lag``."""
+    best: tuple[int, str] | None = None
+    for lags in copies:
+        for inst, lag in lags.get(task, {}).items():
+            if inst == exclude or instances[inst].leaving or lag > config.acceptable_lag:
+                continue
+            if best is None or (lag, inst) < best:
+                best = (lag, inst)
+    return None if best is None else best[1]
+
+
 def _open_member(key: MemberKey | None, instances: dict[str, _Instance]) -> str | None:
     if key is None:
         return None
@@ -622,6 +643,7 @@ def _place_actives(
     # Running tasks first, all of them, so that unowned tasks see the whole load.
     unplaced: list[str] = []
     promotable: list[tuple[str, str]] = []
+    learn_back: list[tuple[str, str, str]] = []
     for task, kind in stateful.items():
         if task in plan.held:
             continue
@@ -638,12 +660,20 @@ def _place_actives(
                             inst.instance_id)
                  if (promote or decided) and kind and task in learner_lags else None)
         destination: str | None = inst.instance_id
+        caught_up = (_caught_up_copy(task, [learner_lags, standby_lags], instances, config,
+                                     inst.instance_id)
+                     if kind and use_learners and task in current.slow_restores else None)
         if inst.leaving and open_ids:
             if _expired(inst, now_ms) or not kind or not use_learners:
                 destination = (ready or _open_copy(task, learner_lags, instances)
                                or _open_copy(task, standby_lags, instances))
             elif ready is not None:
                 destination = ready
+        elif caught_up is not None:
+            # Its owner restores it from far behind (it lost its state): a copy that is
+            # caught up runs it after the next round, and the owner learns it back.
+            destination = caught_up
+            learn_back.append((task, inst.instance_id, caught_up))
         elif ready is not None and use_learners:
             promotable.append((task, ready))
         if destination is None:
@@ -657,6 +687,10 @@ def _place_actives(
             plan.returning.add(task)
         plan.target[task] = destination
     load.add_running(plan.target, stateful)
+    for task, source, destination in learn_back[:config.max_learners]:
+        # Its learner counts where it will run once ready, as any learner's task does.
+        plan.learners[task] = source
+        load.move(task, True, destination, source)
 
     # Unowned tasks: a ready learner, the member it was moving to, its previous owner, its
     # most caught-up copy; only then load (balance may move it later, through a learner).
@@ -827,7 +861,7 @@ def _place_learners(
     order: dict[str, int],
     config: AssignorConfig,
 ) -> None:
-    used = 0
+    used = len(plan.learners)  # owners learning back a task they restored from far behind
     # Existing learners stay while their move is still needed. Learners promoted this round
     # do not hold a slot: their slot is filled in the same round.
     for task in sorted(learner_lags, key=lambda t: order.get(t, -1)):
@@ -1156,7 +1190,7 @@ def _copies_per_member(
     for inst_id, tasks in tasks_by_instance.items():
         inst = instances[inst_id]
         holders: dict[str, str] = {}
-        for attribute in (kind, "learners", "standbys"):
+        for attribute in (kind, "learners", "standbys", "slow_restores"):
             for m in inst.members:
                 for t in getattr(m, attribute):
                     holders.setdefault(t, m.member_id)

@@ -67,6 +67,9 @@ class Subscription:
     #: Learners it expects to have caught up by the time this round's assignment arrives
     #: (see ``Member.ready_by_assignment``).
     ready_by_assignment: tuple[str, ...] = ()
+    #: Actives it restores from far behind and asks to hand over (see
+    #: ``Member.slow_restores``), with the records each has left.
+    slow_restores: Mapping[str, int] = field(default_factory=dict)
     version: int = VERSION
 
 
@@ -287,6 +290,7 @@ def encode_subscription(sub: Subscription) -> bytes:
         "st": sub.scale_down_timeout_ms, "r": sub.rejoin_token,
         "S": sub.static, "n": _pack_notes(sub.notes), "P": sub.asks_promotion,
         **({"R": _pack_tasks(sub.ready_by_assignment)} if sub.ready_by_assignment else {}),
+        **({"sr": _pack_lags(sub.slow_restores)} if sub.slow_restores else {}),
     })
 
 
@@ -309,6 +313,7 @@ def decode_subscription(data: bytes | None) -> Subscription:
         # Absent in subscriptions of older members, which ask on each ready learner.
         asks_promotion=bool(payload.get("P", True)),
         ready_by_assignment=_unpack_tasks(payload.get("R", {})),
+        slow_restores=_unpack_lags(payload.get("sr", {})),
     )
 
 
@@ -332,6 +337,8 @@ def member_from_subscription(member_id: str, sub: Subscription) -> Member:
         notes=sub.notes, asks_promotion=sub.asks_promotion,
         # Only learners it holds: anything else in it would place a task on no copy at all.
         ready_by_assignment=frozenset(sub.ready_by_assignment) & frozenset(sub.learners),
+        # Only actives it runs: a slow restore is of a task it has.
+        slow_restores={t: lag for t, lag in sub.slow_restores.items() if t in sub.active},
     )
 
 

@@ -62,6 +62,10 @@ class MemberLearning:
     #: Whether it was in a round (from joining it to its assignment applied, or its tasks
     #: revoked or lost until then).
     in_round: bool = False
+    #: The shortest join round it measured lately, in seconds (None: none yet).
+    round_s: float | None = None
+    #: Tasks it holds a copy of (standby or learner) within its acceptable lag.
+    caught_up: frozenset[str] = frozenset()
 
 
 def learning_from_status(value: Mapping[str, Any]) -> MemberLearning | None:
@@ -79,9 +83,18 @@ def learning_from_status(value: Mapping[str, Any]) -> MemberLearning | None:
                         ("acceptable_lag", acceptable)):
         if not _is_int(field):
             raise ValueError(f"{name!r} is not an integer: {field!r}")
+    round_s = value.get("round_s")
+    caught_up = frozenset(
+        task for kind in ("standbys", "learners")
+        if isinstance(copies := value.get(kind), Mapping)
+        for task, lag in copies.items()
+        if isinstance(task, str) and _is_int(lag) and lag <= acceptable)
     return MemberLearning(generation, updated_ms, acceptable, dict(lags),
                           value.get("leader") is True,
-                          value.get("in_round") is True or value.get("state") == "rebalancing")
+                          value.get("in_round") is True or value.get("state") == "rebalancing",
+                          float(round_s) if isinstance(round_s, (int, float))
+                          and not isinstance(round_s, bool) and round_s > 0 else None,
+                          caught_up)
 
 
 def _is_int(value: Any) -> bool:
@@ -206,6 +219,27 @@ class GroupLearning:
         if others and not fresh:
             return None
         return sorted(member for member, learning in fresh.items() if learning.in_round)
+
+    def join_round_s(self, now_ms: int) -> float | None:
+        """The shortest join round the members measured lately, as their fresh records say
+        (None: none says). Starts following the status topic on first use."""
+        self._follow()
+        rounds = [learning.round_s for learning in self._members.values()
+                  if learning.round_s is not None
+                  and now_ms - learning.updated_ms <= FRESH_WITHIN_MS]
+        return min(rounds, default=None)
+
+    def caught_up_copies(self, instance: str, now_ms: int) -> frozenset[str] | None:
+        """Tasks of which a member of another instance than ``instance`` holds a caught-up
+        copy, as their fresh records say; None when no other instance has a fresh record.
+        Starts following the status topic on first use."""
+        self._follow()
+        others = [learning for member, learning in self._members.items()
+                  if (parse_member_id(member) or ("", 0))[0] != instance
+                  and now_ms - learning.updated_ms <= FRESH_WITHIN_MS]
+        if not others:
+            return None
+        return frozenset(task for learning in others for task in learning.caught_up)
 
     def leads(self, member: str) -> bool:
         """Whether ``member``'s latest status record says it led its last round."""

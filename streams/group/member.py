@@ -128,6 +128,7 @@ class GroupMember:
             # The last assignment received (maybe not applied yet) says what it promoted.
             asks_promotion=self.state_updater.asks_promotion(self.promoted_by_last()),
             ready_by_assignment=tuple(sorted(self.state_updater.ready_by_assignment())),
+            slow_restores=self.state_updater.slow_restores(),
         ), self._last_assignment)
 
     def promoted_by_last(self) -> frozenset[str]:
@@ -217,6 +218,37 @@ class GroupMember:
         readers (the web view) would otherwise never see them ready."""
         self.reporter.publish_soon()
         self.request_rejoin_once_synced(f"learners ready: {task_ids}")
+
+    def restores_slow(self, task_ids: list[str]) -> None:
+        """The state updater's news: restores that a caught-up copy elsewhere could spare
+        (:mod:`streams.group.slow_restores`); the subscription names them."""
+        lags = self.state_updater.slow_restores()
+        left = ", ".join(f"{t}: {lags.get(t, '?')}" for t in task_ids)
+        learning = self.group_learning
+        copies = (learning.caught_up_copies(self.identity.instance_id, int(time.time() * 1000))
+                  if learning is not None else None)
+        if copies is not None and not copies & set(task_ids):
+            # Its subscription names them still: a round that has a caught-up copy by then
+            # hands them over all the same.
+            log.info("%s: restoring %s from far behind (%s records left); no other instance "
+                     "has a caught-up copy to hand them to", self.name, task_ids, left)
+            return
+        log.info("%s: restoring %s from far behind (%s records left): asks for a round that "
+                 "can hand them to caught-up copies", self.name, task_ids, left)
+        self.request_rejoin_once_synced(f"slow restores: {task_ids}")
+
+    def join_round_s(self) -> float:
+        """How long a join round takes: the shortest this thread measured lately, else the
+        shortest the group's members publish, else what the broker's rounds take before any
+        is measured (a group formed once and stable since has measured none)."""
+        if self.reporter.recent_rounds:
+            return min(self.reporter.recent_rounds)
+        learning = self.group_learning
+        group = (learning.join_round_s(int(time.time() * 1000)) if learning is not None
+                 else None)
+        if group is not None:
+            return group
+        return self.hooks.round_s_before_measured(self.config.session_timeout_ms)
 
     def round_view(self, waited_s: float) -> RoundView:
         size = self._last_assignment.group_size if self._last_assignment is not None else 0

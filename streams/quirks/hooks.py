@@ -54,6 +54,12 @@ class RoundMember(StaticMember, Protocol):
     def round_view(self, waited_s: float) -> RoundView: ...
 
 
+#: A join round on a broker without timer-driven rounds, before one is measured (seconds).
+ROUND_S_NOT_MEASURED = 1.0
+#: A join round on a broker whose rounds run on its timers, in session timeouts.
+ROUNDS_ON_TIMERS_SESSIONS = 0.8
+
+
 @dataclass
 class RoundHooks:
     """The steps of a round a broker quirk adds to; a part left at None (or False) adds
@@ -119,6 +125,16 @@ class RoundHooks:
         """cached-static-rejoin: the leader reads a static member's latest subscription."""
         if self.static_followers is not None:
             self.static_followers.publish_subscription(member, data)
+
+    def round_s_before_measured(self, session_timeout_ms: int) -> float:
+        """How long a join round takes, for a member that has no measured one to go by.
+        late-follower-sync (rounds on the broker's timers: a JoinGroup answered half a session
+        after it is sent, a static member's SyncGroup 3 s after): most of a session. A broker
+        that runs a round as fast as its members join: a second, above what a cooperative
+        round of a formed group takes there."""
+        if self.round_reports is not None:
+            return ROUNDS_ON_TIMERS_SESSIONS * session_timeout_ms / 1000
+        return ROUND_S_NOT_MEASURED
 
     @property
     def waits_for_synced_round(self) -> bool:

@@ -241,7 +241,9 @@ def build_stream_thread(
     listener = RebalanceListener(config, lock, lifecycle, consumer, producer, tasks, manager,
                                  updater, committer, member, reporter, handover, hooks,
                                  member_files, collector)
-    updater.report_to(restored=listener, ready=member)
+    # Only a copy elsewhere can spare a slow restore: without standbys there is rarely one.
+    updater.report_to(restored=listener, ready=member,
+                      slow=member if config.cooperative and config.num_standbys else None)
     # Test clients reach no broker: nothing to look for departed members on.
     remover = (hooks.departed_remover(producer, bootstrap_servers, config.application_id,
                                       config.session_timeout_ms, static_id)

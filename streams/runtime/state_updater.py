@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from statestore.store import KeyValueStore
 from streams.group.group_learning import GroupLearning, LagLows
 from streams.group.learner_readiness import LearnerView, asks_now, asks_promotion
+from streams.group.slow_restores import RestoreWatch
 from streams.group.warm_up import catches_up_within
 from streams.metrics import Metrics
 from streams.runtime.active_restoration import Restoration, RestorePass, Stores
@@ -54,12 +55,21 @@ class ReadyLearners(Protocol):
     def learners_ready(self, task_ids: list[str]) -> None: ...
 
 
+class SlowRestores(Protocol):
+    def restores_slow(self, task_ids: list[str]) -> None: ...
+
+    def join_round_s(self) -> float | None: ...
+
+
 class StateUpdater:
-    def report_to(self, restored: RestoredTasks, ready: ReadyLearners) -> None:
-        """Who hears that a new active's state is restored (it may run) and that learners
-        are ready (a round may promote them)."""
+    def report_to(self, restored: RestoredTasks, ready: ReadyLearners,
+                  slow: SlowRestores | None = None) -> None:
+        """Who hears that a new active's state is restored (it may run), that learners
+        are ready (a round may promote them) and that an active's restore is slow (a round may
+        hand it to a caught-up copy elsewhere)."""
         self._on_restored = restored.start_restored
         self._on_learners_ready = ready.learners_ready
+        self._slow_restores_to = slow
 
     def __init__(
         self,
@@ -119,6 +129,9 @@ class StateUpdater:
         self._catching_up: dict[str, _CatchUp] = {}
         #: Warmed-up learners expected to catch up while the first round runs (warm_up).
         self._ready_by_assignment: frozenset[str] = frozenset()
+        #: Restoring actives, and those whose restore is slow enough to hand over.
+        self._restore_watch = RestoreWatch()
+        self._slow_restores_to: SlowRestores | None = None
 
     async def start(self) -> None:
         await self.follower.start()
@@ -177,6 +190,25 @@ class StateUpdater:
             if all(lag is not None for lag in each):
                 lags[task_id] = sum(lag for lag in each if lag is not None)
         return lags
+
+    def slow_restores(self) -> dict[str, int]:
+        """Restoring actives judged slow (:mod:`streams.group.slow_restores`), with the
+        records each has left: what this thread's subscription asks the leader to hand over."""
+        if not self._restore_watch.slow:
+            return {}
+        return self._restore_watch.slow_lags(self.restoring_lags())
+
+    def check_slow_restores(self, now: float | None = None) -> None:
+        """Judge the restoring actives, and tell the thread of restores newly found slow
+        (called after every poll of the copies)."""
+        told = self._slow_restores_to
+        if told is None or not (self._tasks.restoring or self._restore_watch.started):
+            return
+        now = time.monotonic() if now is None else now
+        newly = self._restore_watch.judge(self.restoring_lags(), now, told.join_round_s(),
+                                          self._acceptable_lag)
+        if newly:
+            told.restores_slow(newly)
 
     def record_copies(self, now: float | None = None) -> None:
         """Each copy's changelog lag and the pace it restores at since the last sample."""
@@ -347,6 +379,7 @@ class StateUpdater:
     async def follow_loop(self, stop: asyncio.Event, on_poll: Callable[[], None]) -> None:
         last_checkpoint = last_sample = time.monotonic()
         while not stop.is_set():
+            self.check_slow_restores()
             if not self._tasks.copies:
                 await asyncio.sleep(0.1)
                 continue

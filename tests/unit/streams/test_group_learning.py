@@ -170,3 +170,27 @@ def test_members_of_other_instances_in_a_round_as_their_fresh_records_say() -> N
     # Frozen itself, it has only the records of before its freeze: it knows nothing yet.
     assert group.in_round("a", NOW_MS + 25_000) is None
     assert GroupLearning(clock=lambda: 0.0).in_round("a", NOW_MS) == []  # no other instance
+
+
+def test_the_groups_join_round_is_the_shortest_fresh_one_measured() -> None:
+    group = GroupLearning(clock=lambda: 0.0)
+    assert group.join_round_s(NOW_MS) is None
+    group.apply("b-thread-0", record(round_s=0.4), NOW_MS)
+    group.apply("c-thread-0", record(round_s=0.15, updated_ms=NOW_MS - FRESH_WITHIN_MS - 1),
+                NOW_MS)  # stale
+    group.apply("d-thread-0", record(round_s=None), NOW_MS)
+    group.apply("e-thread-0", record(round_s=True), NOW_MS)  # not a figure
+    assert group.join_round_s(NOW_MS) == 0.4
+
+
+def test_caught_up_copies_are_those_of_other_instances_within_their_lag() -> None:
+    group = GroupLearning(clock=lambda: 0.0)
+    assert group.caught_up_copies("a", NOW_MS) is None
+    group.apply("a-thread-1", record(standbys={"0_9": 0}), NOW_MS)  # the same instance
+    assert group.caught_up_copies("a", NOW_MS) is None
+    group.apply("b-thread-0", record(standbys={"0_1": 3, "0_2": 11}, learners={"0_3": 10}),
+                NOW_MS)
+    group.apply("c-thread-0", record(standbys={"0_4": 0}, updated_ms=NOW_MS - FRESH_WITHIN_MS - 1),
+                NOW_MS)  # stale
+    group.apply("d-thread-0", record(standbys=["0_5"], learners={"0_6": "x"}), NOW_MS)
+    assert group.caught_up_copies("a", NOW_MS) == {"0_1", "0_3"}

@@ -438,7 +438,10 @@ class App:
             control.publish_topology(encode_topology_record(
                 self.describe(), self.instance_id, int(time.time() * 1000)))
             restarted = await self._refuse_duplicate_instance(member_files.predecessors)
-            warm_up = await self._plan_warm_up(subs, member_files)
+            # A restart never warms up, its state directory lost or not: the group holds its
+            # tasks for it, and a restore too slow to wait for goes to a caught-up copy
+            # (streams.group.slow_restores).
+            warm_up = None if restarted else await self._plan_warm_up(subs, member_files)
             topics = sorted({t for s in subs for t in s.sources})
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
             global_tables = await self._restore_global_tables(bootstrap)

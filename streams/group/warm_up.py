@@ -152,14 +152,20 @@ def plan_warm_up(
     stale_after_ms: int,
 ) -> WarmUpPlan | None:
     """The learners the next round would give this instance if it joined now; None when it
-    should join at once: no running group, this instance already in it (a restart), or
-    nothing stateful to take."""
+    should join at once: no running group, this instance already in it (a restart), a task
+    that runs nowhere (held for a member that is away), or nothing stateful to take."""
     records = live_records(statuses, now_ms, stale_after_ms)
     if any(record.get("instance_id") == instance_id for record in statuses.values()
            if isinstance(record, Mapping)):
         return None  # a restart: its own records are there, live or left behind
     members = members_from_status(records)
     if not members:
+        return None
+    tasks = list(tasks)
+    running = {task for member in members for task in member.active}
+    if any(task.stateful and task.task_id not in running for task in tasks):
+        # Held for a member that is away (this very instance, maybe, restarted after a
+        # clean stop took its records away), or lost: the round will not be a newcomer's.
         return None
     newcomers = [Member(member_id=f"{thread_member_id(instance_id, n)}-warm-up",
                         instance_id=instance_id, thread=n) for n in range(num_threads)]

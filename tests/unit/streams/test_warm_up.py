@@ -108,6 +108,9 @@ def test_a_restart_or_an_empty_group_joins_at_once() -> None:
     # Only stale or stopping members: no running group to warm up for.
     assert plan({"a-thread-0": status("a", 0, ["0_0"], updated_ms=NOW - 60_000)}) is None
     assert plan({"a-thread-0": status("a", 0, ["0_0"], state="pending_shutdown")}) is None
+    # A stateful task that runs nowhere is held for a member that is away: maybe this one,
+    # restarted after a clean stop took its records away (its state directory lost too).
+    assert plan({"a-thread-0": status("a", 0, ["0_0", "0_1", "0_2", "1_0", "1_1"])}) is None
 
 
 def test_malformed_status_records_are_skipped() -> None:

@@ -4,13 +4,16 @@ gets its tasks back with no rebalance of the others and no state movement."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from streams.config import ConfigError
+from streams.group.status_topic import read_status
 from tests.broker.streams.harness import (
     Launched,
     counting_app,
@@ -19,6 +22,7 @@ from tests.broker.streams.harness import (
     produce,
     published,
     read_all,
+    spawn_app,
     spawn_worker,
     static_group,
 )
@@ -181,3 +185,70 @@ async def test_a_new_static_member_replacing_a_stopped_one_gets_its_work(
         return sum(latest(await read_all(bootstrap, sink, 1)).values()) == 60
 
     await wait_until(counted, timeout_s=30, message="every record counted")
+
+
+
+async def test_a_static_restart_without_its_state_hands_its_tasks_to_caught_up_standbys(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str], launched: Launched,
+) -> None:
+    """A static member killed and restarted within its session with its state directory lost
+    (a new disk) gets its task back and must restore it from its changelog. Its restore is
+    slow, and the other instance holds a caught-up standby of it: the standby runs the task
+    while the restarted member learns it back, and it takes the task back once caught up."""
+    app_id = unique("lost-state")
+    source, sink = f"{app_id}-in", f"{app_id}-out"
+    await create_topics(bootstrap, {source: 2, sink: 1})
+    keys = 12_000
+    await produce(bootstrap, source, [(f"k{i}", i) for i in range(keys)])
+    settings = {**static_group(bootstrap), "num_standbys": 1, "acceptable_lag": 10}
+    dirs = {"node-a": tmp_path / "a", "node-b": tmp_path / "b"}
+    workers = {name: launched.worker(app_id, bootstrap, d, source, sink,
+                                     group_instance_id=name, **settings)
+               for name, d in dirs.items()}
+
+    async def counted(total: int) -> bool:
+        return len(latest(await read_all(bootstrap, sink, 1))) == total
+
+    async def status() -> dict[str, dict[str, Any]]:
+        return await read_status(bootstrap, app_id)
+
+    def runs(record: dict[str, Any] | None) -> list[str]:
+        return sorted((record or {}).get("active", []))
+
+    await wait_until(lambda: counted(keys), timeout_s=120, message="every key counted")
+
+    async def settled() -> bool:
+        seen = await status()
+        return all(len(runs(seen.get(f"{n}-thread-0"))) == 1 and all(
+            lag <= 10 for lag in (seen.get(f"{n}-thread-0") or {}).get("standbys", {}).values())
+            and len((seen.get(f"{n}-thread-0") or {}).get("standbys", {})) == 1
+            for n in dirs)
+
+    await wait_until(settled, timeout_s=60, message="one task and a caught-up standby each")
+    lost = runs((await status())["node-a-thread-0"])
+    workers["node-a"].send_signal(signal.SIGKILL)
+    workers["node-a"].wait()
+    shutil.rmtree(dirs["node-a"])
+    launched.workers.append(spawn_app(
+        "tests.broker.streams.apps.slow_restore:app",
+        {"COUNTING_INPUT": source, "COUNTING_OUTPUT": sink}, app_id, bootstrap,
+        dirs["node-a"], group_instance_id="node-a", **settings))
+
+    async def b_runs_it() -> bool:
+        return set(lost) <= set(runs((await status()).get("node-b-thread-0")))
+
+    await wait_until(b_runs_it, timeout_s=60,
+                     message="node-b's caught-up standby to run node-a's task")
+    await produce(bootstrap, source, [(f"k{i}", i) for i in range(keys, keys + 100)])
+    await wait_until(lambda: counted(keys + 100), timeout_s=60,
+                     message="the new keys counted meanwhile")
+
+    async def a_runs_it_again() -> bool:
+        seen = await status()
+        return (runs(seen.get("node-a-thread-0")) == lost
+                and len(runs(seen.get("node-b-thread-0"))) == 1)
+
+    await wait_until(a_runs_it_again, timeout_s=120,
+                     message="node-a to learn its task back and run it again")
+    counts = latest(await read_all(bootstrap, sink, 1))
+    assert len(counts) == keys + 100 and set(counts.values()) == {1}

@@ -4,7 +4,9 @@ The same stateful app (per key a running count and the last payload; one output 
 runs as worker processes on a broker (``--engine``: the embedded Tansu, the default, or
 Apache Kafka) while a producer writes at a steady rate, and the group changes: scale out by
 one instance, scale in by one (SIGTERM), scale out again, hand an instance's work over
-before it leaves (``relay mark-leaving``), and a rolling restart of every instance.
+before it leaves (``relay mark-leaving``), and a rolling restart of every instance; and, not
+by default, ``lost-state-restart``: an instance killed and started again at once without its
+state directory.
 Strategies:
 
 - ``relay-learner``: Relay with learners and cooperative rebalancing;
@@ -13,6 +15,8 @@ Strategies:
   instance stopped without a leaving mark keeps its tasks until its session ends;
 - ``relay-learner-standby``: the same with one standby copy per task (``num_standbys=1``): a
   standby is promoted where one exists, without a learner phase;
+- ``relay-learner-static-standby`` (not by default): static members with one standby per
+  task, as ``kafka-streams-standby`` runs;
 - ``relay-stop-the-world``: Relay with ``rebalance_protocol=eager`` (every rebalance stops and
   closes every task; a moved task restores before it runs);
 - ``faust``: faust-streaming running the equivalent app (:mod:`benchmarks.scaling_faust_app`).
@@ -125,19 +129,21 @@ from streams.group.status_topic import status_topic_name
 
 KAFKA_STREAMS = ("kafka-streams-warmup", "kafka-streams-standby")
 STRATEGIES = ("relay-learner", "relay-learner-static", "relay-learner-standby",
-              "relay-stop-the-world", "faust", *KAFKA_STREAMS)
+              "relay-learner-static-standby", "relay-stop-the-world", "faust", *KAFKA_STREAMS)
+DEFAULT_STRATEGIES = tuple(s for s in STRATEGIES if s != "relay-learner-static-standby")
 #: Relay strategies whose workers are static members (``group_instance_id`` = the worker's
 #: name), as the Kafka Streams strategies are.
-STATIC = {"relay-learner-static"}
+STATIC = {"relay-learner-static", "relay-learner-static-standby"}
 #: Standby copies per task of each strategy.
-STANDBYS = {"relay-learner-standby": 1, "kafka-streams-standby": 1}
+STANDBYS = {"relay-learner-standby": 1, "relay-learner-static-standby": 1,
+            "kafka-streams-standby": 1}
 #: Kafka Streams' probing rebalance interval: its minimum, so warm-ups move tasks soonest.
 PROBING_REBALANCE_MS = 60_000
 TANSU_WITHOUT_KAFKA_STREAMS = (
     "Kafka Streams cannot join a group on the embedded Tansu broker (its stream thread's "
     "consumer is disconnected at every ApiVersions to the group coordinator, so no task is "
     "ever assigned): run the Kafka Streams strategies with --engine kafka")
-PHASES = ("scale-out", "scale-in", "hand-over", "rolling-restart")
+PHASES = ("scale-out", "scale-in", "hand-over", "rolling-restart", "lost-state-restart")
 DEFAULT_PHASES = ("scale-out", "scale-in", "scale-out", "hand-over", "rolling-restart")
 #: Outputs reach the benchmark a little after they were processed; the balance check looks
 #: at a window that ends this long before now.
@@ -395,6 +401,17 @@ class Run:
                 f"{name}: stopped in {stopped_after:.1f}s (exit code {code}), restarted, "
                 + ("balanced again" if balanced else f"not balanced: {problem}"))
 
+    async def lost_state_restart(self, phase: Phase) -> None:
+        """SIGKILL the first instance, delete its state directory (a new disk, a wiped
+        volume) and start it again under the same name at once: a static member comes back
+        within its session as the same instance, with nothing to restore from locally."""
+        name = sorted(self.pool.workers)[0]
+        code = await self.pool.stop(name, timeout_s=self.remaining(), sig=signal.SIGKILL)
+        shutil.rmtree(self.pool.state_dir(name), ignore_errors=True)
+        self.pool.start(name)
+        phase.notes.append(f"{name} killed (exit code {code}), its state directory deleted, "
+                           "started again at once")
+
     def mark(self, phase: Phase, label: str) -> dict[str, Any]:
         return {"label": label, "at_s": phase.started - self.started,
                 "balanced_at_s": (phase.ended - self.started) if phase.balanced else None}
@@ -427,7 +444,9 @@ PHASE_TITLES = {"scale-out": ("scale out by one instance", "scale out"),
                 "scale-in": ("scale in by one instance (SIGTERM)", "scale in"),
                 "hand-over": ("hand over and leave (Relay: leaving mark; others: see the notes)",
                               "hand over"),
-                "rolling-restart": ("rolling restart of every instance", "rolling restart")}
+                "rolling-restart": ("rolling restart of every instance", "rolling restart"),
+                "lost-state-restart": ("SIGKILL an instance, delete its state directory and "
+                                       "start it again at once", "lost state")}
 
 
 async def create_topics(bootstrap: str, specs: list[TopicSpec]) -> None:
@@ -535,7 +554,8 @@ async def run_strategy(name: str, args: argparse.Namespace, sizes: Sizes, bootst
               flush=True)
         actions: dict[str, Callable[[Phase], Awaitable[None]]] = {
             "scale-out": run.scale_out, "scale-in": run.scale_in,
-            "hand-over": run.hand_over, "rolling-restart": run.rolling_restart}
+            "hand-over": run.hand_over, "rolling-restart": run.rolling_restart,
+            "lost-state-restart": run.lost_state_restart}
         for kind in args.phases:
             await asyncio.sleep(args.settle)  # a deliberate steady-state observation window
             title, label = PHASE_TITLES[kind]
@@ -759,7 +779,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     relay.add_argument("--worker-log-level", default="INFO",
                        help="log level of the Relay workers (their logs stay in the run "
                             "directory: rebalances and who asked for them)")
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
+    parser.add_argument("--strategies", nargs="+", default=list(DEFAULT_STRATEGIES),
+                        choices=STRATEGIES)
     parser.add_argument("--phases", nargs="+", default=list(DEFAULT_PHASES), choices=PHASES,
                         help="the changes, in order (scale-in and hand-over remove the "
                              "newest instance a scale-out added)")

@@ -5,7 +5,12 @@ deserialize, which is a wrong serde rather than bad records."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+
+from streams.runtime.task import MAX_ERROR_CHARS, RecordError
+
+log = logging.getLogger(__name__)
 
 #: Dead letters of one task logged one by one before they are summed up.
 LOGGED_IN_FULL = 10
@@ -33,3 +38,22 @@ class DeadLetterLog:
         if all_failed:
             self.said_all_failed.add(task)
         return log_it, all_failed
+
+    def report(self, error: RecordError, task_id: str, processed: int, topic: str) -> None:
+        """Log a dead letter of ``task_id`` sent to ``topic`` as :meth:`note` decides (every
+        record collector, at-least-once or exactly-once, says the same)."""
+        record = error.record
+        log_it, all_failed = self.note(task_id, error.stage, processed)
+        if log_it:
+            count = self.counts[task_id]
+            more = "" if count <= LOGGED_IN_FULL else (
+                f" ({count} dead letters of task {task_id} so far; one line per "
+                f"{SUMMED_EVERY} from the {LOGGED_IN_FULL}th)")
+            log.warning("%s; sent to %s%s", str(error)[:MAX_ERROR_CHARS], topic, more)
+        if all_failed:
+            log.error("task %s: every one of its first %d records failed to deserialize (the "
+                      "last at %s[%d]@%d, its %s): the serde declared for the topic is likely "
+                      "not the one its producer used. They go to %s and are committed; "
+                      "on_error='stop' stops at the first instead", task_id, ALL_FAILED_AFTER,
+                      record.topic, record.partition, record.offset, error.part or "value",
+                      topic)

@@ -20,13 +20,10 @@ from statestore.record_size import truncated_payload
 from statestore.store import KeyValueStore
 from streams.metrics import Metrics
 from streams.runtime.dead_letter_log import (
-    ALL_FAILED_AFTER,
-    LOGGED_IN_FULL,
-    SUMMED_EVERY,
     DeadLetterLog,
 )
 from streams.runtime.delivery import FLUSH_TIMEOUT_S, Deliveries
-from streams.runtime.task import MAX_ERROR_CHARS, RecordError, StreamTask, drop_reason
+from streams.runtime.task import RecordError, StreamTask, drop_reason
 
 log = logging.getLogger(__name__)
 
@@ -128,20 +125,7 @@ class RecordCollector:
         """Send ``error``'s record to the dead-letter topic; ``processed``: how many records
         its task processed fine so far (for the log, see :mod:`dead_letter_log`)."""
         record = error.record
-        log_it, all_failed = self._dead_letter_log.note(task_id, error.stage, processed)
-        if log_it:
-            count = self._dead_letter_log.counts[task_id]
-            more = "" if count <= LOGGED_IN_FULL else f" ({count} dead letters of task " \
-                f"{task_id} so far; one line per {SUMMED_EVERY} from the {LOGGED_IN_FULL}th)"
-            log.warning("%s; sent to %s%s", str(error)[:MAX_ERROR_CHARS],
-                        self._dead_letter_topic, more)
-        if all_failed:
-            log.error("task %s: every one of its first %d records failed to deserialize (the "
-                      "last at %s[%d]@%d, its %s): the serde declared for the topic is likely "
-                      "not the one its producer used. They go to %s and are committed; "
-                      "on_error='stop' stops at the first instead", task_id, ALL_FAILED_AFTER,
-                      record.topic, record.partition, record.offset, error.part or "value",
-                      self._dead_letter_topic)
+        self._dead_letter_log.report(error, task_id, processed, self._dead_letter_topic)
         key, value, cut = truncated_payload(record.key, record.value)
         await self.deliveries.send(self._dead_letter_topic, key, value,
                                    error.dead_letter_headers() + cut, task_id)

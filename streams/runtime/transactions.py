@@ -39,10 +39,12 @@ from typing import Any, Protocol
 
 from aiokafka.structs import TopicPartition
 
+from statestore.record_size import truncated_payload
 from statestore.store import KeyValueStore
 from streams.metrics import Metrics
 from streams.quirks.task_positions import TaskPositions
 from streams.runtime.call_threads import in_own_thread
+from streams.runtime.dead_letter_log import DeadLetterLog
 from streams.runtime.delivery import hand_changelog, hand_outputs
 from streams.runtime.record_collector import changelogs_due
 from streams.runtime.repartition_purge import RepartitionPurger
@@ -466,6 +468,7 @@ class TransactionalCollector:
         self._metrics = metrics
         self._label = metrics_label
         self.dead_lettered = 0
+        self._dead_letter_log = DeadLetterLog()
 
     async def transaction(self, task_id: str) -> TaskTransaction:
         transaction = self.producers.transactions.get(task_id)
@@ -512,12 +515,15 @@ class TransactionalCollector:
     async def send_changelogs(self, tasks: Iterable[StreamTask]) -> None:
         await self.ship(tasks)
 
-    async def dead_letter(self, error: RecordError, task_id: str = "") -> None:
+    async def dead_letter(self, error: RecordError, task_id: str = "",
+                          processed: int = -1) -> None:
+        """As :meth:`RecordCollector.dead_letter`, in the task's transaction."""
         record = error.record
-        log.warning("%s; sent to %s", error, self._dead_letter_topic)
+        self._dead_letter_log.report(error, task_id, processed, self._dead_letter_topic)
+        key, value, cut = truncated_payload(record.key, record.value)
         transaction = await self.transaction(task_id)
-        await transaction.produce(self._dead_letter_topic, record.key, record.value,
-                                  headers=error.dead_letter_headers())
+        await transaction.produce(self._dead_letter_topic, key, value,
+                                  headers=error.dead_letter_headers() + cut)
         self.dead_lettered += 1
         if self._metrics is not None:
             self._metrics.record_dead_letters(self._label, task_id, reason=drop_reason(error))

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 from confluent_kafka import KafkaException
 
@@ -305,6 +305,37 @@ async def test_records_of_an_aborted_transaction_in_the_input_are_never_counted(
     app = counting_app(app_id, bootstrap, tmp_path, source, sink, **EXACTLY_ONCE)
     async with running(app):
         await exact_committed_counts(bootstrap, sink, traffic.produced)
+
+
+
+async def test_a_bad_record_is_dead_lettered_in_the_transaction_and_the_app_goes_on(
+    tmp_path: Path, bootstrap: str, unique: Callable[[str], str],
+) -> None:
+    """An undecodable record goes to the dead-letter topic, committed with the task's
+    outputs, and the records after it are counted (it took the worker down once)."""
+    app_id = unique("eos-dead-letter")
+    source, sink, traffic = await counting_topics(bootstrap, app_id, records=10,
+                                                  partitions=1)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(source, b"\xc1", key=msgpack.packb("k0"))
+    finally:
+        await producer.stop()
+    await traffic.produce(10)
+    app = counting_app(app_id, bootstrap, tmp_path, source, sink, **EXACTLY_ONCE)
+    async with running(app) as run:
+        await exact_committed_counts(bootstrap, sink, traffic.produced)
+        reader = AIOKafkaConsumer(app.config.dead_letters, bootstrap_servers=bootstrap,
+                                  isolation_level="read_committed",
+                                  auto_offset_reset="earliest", enable_auto_commit=False)
+        await reader.start()
+        try:
+            batches = await reader.getmany(timeout_ms=5_000)
+        finally:
+            await reader.stop()
+        assert [r.value for rs in batches.values() for r in rs] == [b"\xc1"]
+        assert not run.done()
 
 
 @pytest.mark.tansu

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -846,3 +847,20 @@ async def test_offsets_that_went_through_say_nothing_once_the_coordinator_was_lo
             assert hung.failures == 1 and "0_0" in a.thread.registry.restoring
         finally:
             hangs.release.set()
+
+
+async def test_a_bad_record_goes_to_the_dead_letters_in_its_tasks_transaction(
+    tmp_path: Path,
+) -> None:
+    """A record that cannot be deserialized is dead-lettered, in the task's transaction, and
+    the task goes on (it took the thread down with a TypeError once)."""
+    async with eos_rig(tmp_path) as r:
+        log = log_of(r)
+        await assign(r, ("0_0",))
+        bad = dataclasses.replace(record(0, 0, "a"), value=b"\xc1")  # not msgpack
+        await process(r, bad, record(0, 1, "b"))
+        await r.thread.committer.commit()
+        dead = log.to(r.thread.config.dead_letters)
+        assert len(dead) == 1 and dead[0].value == b"\xc1"
+        assert [msgpack.unpackb(o.value) for o in log.to(SINK)] == [1]
+        assert log.offsets == {(SOURCE, 0): 2}

@@ -6,3 +6,8 @@ from __future__ import annotations
 
 class TopologyError(ValueError):
     """The declared topology cannot run: a clear message says what to change."""
+
+
+class WindowError(TopologyError, TypeError):
+    """A window's size, advance, gap or grace is not a whole number of milliseconds (a
+    ``TypeError`` as well, which it was)."""

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from streams.dsl.errors import TopologyError
 from streams.dsl.processors import ProcessorContext, WindowedAggregation, _has_key
 from streams.dsl.windows import Windowed, whole_ms
 
@@ -44,9 +45,9 @@ class SessionWindows:
     def __post_init__(self) -> None:
         whole_ms(self, "inactivity_gap_ms", "grace_ms")
         if self.inactivity_gap_ms <= 0:
-            raise ValueError(f"inactivity_gap_ms must be > 0, not {self.inactivity_gap_ms}")
+            raise TopologyError(f"inactivity_gap_ms must be > 0, not {self.inactivity_gap_ms}")
         if self.grace_ms < 0:
-            raise ValueError(f"session grace_ms must be >= 0, not {self.grace_ms}")
+            raise TopologyError(f"session grace_ms must be >= 0, not {self.grace_ms}")
 
     @property
     def close_after_ms(self) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statestore.store import KeyValueStore
+from streams.dsl.errors import TopologyError
 from streams.dsl.processors import ProcessorContext, WindowedAggregation
 from streams.dsl.sessions import purge_due
 from streams.dsl.windows import Windowed, whole_ms
@@ -33,9 +34,9 @@ class SlidingWindows:
     def __post_init__(self) -> None:
         whole_ms(self, "time_difference_ms", "grace_ms")
         if self.time_difference_ms <= 0:
-            raise ValueError(f"time_difference_ms must be > 0, not {self.time_difference_ms}")
+            raise TopologyError(f"time_difference_ms must be > 0, not {self.time_difference_ms}")
         if self.grace_ms < 0:
-            raise ValueError(f"sliding grace_ms must be >= 0, not {self.grace_ms}")
+            raise TopologyError(f"sliding grace_ms must be >= 0, not {self.grace_ms}")
 
     @property
     def close_after_ms(self) -> int:

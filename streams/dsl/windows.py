@@ -24,6 +24,7 @@ from statestore.serdes import (
     register_serde,
     serde_from_name,
 )
+from streams.dsl.errors import TopologyError, WindowError
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,13 @@ def whole_ms(window: object, *names: str) -> None:
             continue
         if isinstance(value, float) and value.is_integer():
             kind = repr(window).split("(", 1)[0]
-            raise TypeError(f"{kind}: {name}={value!r} is {int(value)} milliseconds; Relay's "
+            raise WindowError(f"{kind}: {name}={value!r} is {int(value)} milliseconds; Relay's "
                             f"windows are in milliseconds (faust's in seconds): write "
                             f"{int(value * 1000):_} for {value:g} s, or "
                             f"timedelta(seconds={value:g})")
         # As its repr names it: tumbling windows are hopping ones that advance by their size.
         kind = repr(window).split("(", 1)[0]
-        raise TypeError(f"{kind}: {name} must be a whole number of milliseconds, not "
+        raise WindowError(f"{kind}: {name} must be a whole number of milliseconds, not "
                         f"{value!r}")
 
 
@@ -76,13 +77,13 @@ class HoppingWindows:
     def __post_init__(self) -> None:
         whole_ms(self, "size_ms", "advance_ms", "grace_ms")
         if self.size_ms <= 0:
-            raise ValueError(f"window size_ms must be > 0, not {self.size_ms}")
+            raise TopologyError(f"window size_ms must be > 0, not {self.size_ms}")
         if not 0 < self.advance_ms <= self.size_ms:
-            raise ValueError(
+            raise TopologyError(
                 f"window advance_ms must be in (0, size_ms={self.size_ms}], not {self.advance_ms}"
             )
         if self.grace_ms < 0:
-            raise ValueError(f"window grace_ms must be >= 0, not {self.grace_ms}")
+            raise TopologyError(f"window grace_ms must be >= 0, not {self.grace_ms}")
 
     def windows_for(self, timestamp_ms: int) -> list[tuple[int, int]]:
         """The (start, end) of every window that contains ``timestamp_ms``, oldest first."""

@@ -35,8 +35,11 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "from streams import App\n\napp = App('misspelt', num_thread=2)\n")
     (tmp_path / "unparsable.py").write_text("from streams import App\napp = App('x'\n")
     (tmp_path / "buggy.py").write_text("from streams import App\napp = App(42 + 'x')\n")
+    (tmp_path / "seconds.py").write_text(
+        "from streams import App, TumblingWindows\n\napp = App('seconds')\n"
+        "app.stream('in').group_by_key().windowed_by(TumblingWindows(60.0)).count()\n")
     monkeypatch.chdir(tmp_path)
-    for module in ("worker", "broken", "misspelt", "unparsable", "buggy"):
+    for module in ("worker", "broken", "misspelt", "unparsable", "buggy", "seconds"):
         monkeypatch.delitem(sys.modules, module, raising=False)
     monkeypatch.delenv("RELAY_BOOTSTRAP_SERVERS", raising=False)
     return tmp_path
@@ -115,6 +118,14 @@ def test_a_misspelt_app_argument_is_a_configuration_error_with_a_hint(workdir: P
     line = one_line(result)
     assert line.startswith("Error: configuration error: App() has no setting 'num_thread'")
     assert "misspelt.py, line 3" in line and line.endswith("did you mean num_threads?")
+
+
+def test_a_window_in_seconds_is_a_configuration_error_of_one_line(workdir: Path) -> None:
+    result = relay("run", "seconds:app")
+    assert result.exit_code == ExitCode.CONFIG
+    line = one_line(result)
+    assert line.startswith("Error: topology error: TumblingWindows: size_ms=60.0 is 60 ")
+    assert "Traceback" not in result.output
 
 
 def test_a_module_that_does_not_parse_is_a_usage_error_naming_its_line(workdir: Path) -> None:

@@ -299,6 +299,21 @@ def web(app: str, bootstrap: str | None, host: str, port: int, window_minutes: f
     run(bootstrap, work)
 
 
+def cannot_listen(host: str, port: int) -> OSError | None:
+    """Why a broker could not listen on ``host:port`` (None: it can). Bound as a listener
+    binds: connections of a broker just stopped, still closing on the port (TIME_WAIT), do
+    not keep another from listening there."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc
+    return None
+
+
 @cli.command()
 @click.option("--port", type=click.IntRange(1, 65535), default=9092, show_default=True,
               help="Port to listen on.")
@@ -311,17 +326,14 @@ def broker(port: int, host: str, engine: str) -> None:
     """Run a broker in the foreground until Ctrl-C, so that several processes of an app can
     share it during development (it forgets everything on exit)."""
     import signal
-    import socket
 
     from streams.testing.engines import broker_for
     from streams.testing.loopback import BrokerError
 
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise ToolError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
-                            "(another broker running? pick another --port)") from None
+    refused = cannot_listen(host, port)
+    if refused is not None:
+        raise ToolError(f"cannot listen on {host}:{port}: {refused.strerror or refused} "
+                        "(another broker running? pick another --port)")
     stop = False
 
     def on_signal(_signum: int, _frame: Any) -> None:

@@ -702,8 +702,10 @@ class App:
                 for thread in self.threads:
                     thread.member.request_rejoin("leaving mark taken back")
             return
+        timeout = (mark.scale_down_timeout_ms if mark.scale_down_timeout_ms is not None
+                   else self.config.scale_down_timeout_ms)
         log.warning("this instance is marked as leaving (timeout %s ms): handing over",
-                    mark.scale_down_timeout_ms)
+                    timeout)
         for thread in self.threads:
             thread.member.request_rejoin("marked as leaving")
 

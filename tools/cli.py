@@ -383,16 +383,7 @@ def mark_leaving(app: str, instances: tuple[str, ...], bootstrap: str | None,
                 f"{', '.join(sorted(known)) or 'none'} (as `relay describe` names them)",
                 ExitCode.USAGE,
             )
-        # With no instance staying, the learners have nowhere to go: the marked instances
-        # would keep their tasks past any timeout, marked until another instance joins.
-        leaving = {s["instance_id"] for s in status.values() if s.get("leaving")}
-        if not known - leaving - set(instances):
-            raise ToolError(
-                f"marking {', '.join(instances)} would leave no instance of {app} to hand the "
-                f"tasks to (running: {', '.join(sorted(known))}; already leaving: "
-                f"{', '.join(sorted(leaving)) or 'none'}); start another instance first",
-                ExitCode.USAGE,
-            )
+        refuse_leaving_none(app, instances, status)
         producer = AIOKafkaProducer(bootstrap_servers=address)
         await producer.start()
         try:
@@ -535,6 +526,27 @@ def reset(app: str, bootstrap: str | None, state_dirs: tuple[Path, ...], dry_run
         click.echo(f"would delete: {line.replace(': deleted', '')}" if dry_run else line)
     if not dry_run:
         click.echo(f"{app} reset: its next run processes its input from the start")
+
+
+def refuse_leaving_none(app: str, instances: tuple[str, ...],
+                        status: dict[str, dict[str, Any]]) -> None:
+    """A :class:`ToolError` when marking ``instances`` leaves no running instance to hand the
+    tasks to: with none staying, the learners have nowhere to go, and the marked instances
+    would keep their tasks past any timeout, marked until another instance joins. An
+    instance silent for :data:`RUNNING_WITHIN_MS` (crashed, most likely) does not stay."""
+    now = time.time() * 1000
+    running = {s["instance_id"] for s in status.values()
+               if now - s.get("updated_ms", 0) < RUNNING_WITHIN_MS}
+    silent = {s["instance_id"] for s in status.values()} - running
+    leaving = {s["instance_id"] for s in status.values() if s.get("leaving")}
+    if running - leaving - set(instances):
+        return
+    raise ToolError(
+        f"marking {', '.join(instances)} would leave no instance of {app} to hand the tasks "
+        f"to (running: {', '.join(sorted(running)) or 'none'}; already leaving: "
+        f"{', '.join(sorted(leaving)) or 'none'}"
+        + (f"; silent for {RUNNING_WITHIN_MS // 1000} s or more: {', '.join(sorted(silent))}"
+           if silent else "") + "); start another instance first", ExitCode.USAGE)
 
 
 def refuse_running(app: str, instances: tuple[str, ...],

@@ -10,7 +10,13 @@ import time
 import pytest
 
 from streams.kafka.membership import GroupMember
-from tools.cli import ToolError, refuse_running, removal_outcome, static_members
+from tools.cli import (
+    ToolError,
+    refuse_leaving_none,
+    refuse_running,
+    removal_outcome,
+    static_members,
+)
 
 UUID = "39a6908a-da3c-406a-bd44-ca779e506ffb"
 
@@ -50,3 +56,18 @@ def test_an_instance_that_still_publishes_its_status_is_refused() -> None:
     refuse_running("orders", ("api-9",), status)  # gone: nothing to refuse
     # Silent for 6 s (SIGKILLed, say): taken for gone, though its session may still run.
     refuse_running("orders", ("api-6",), status)
+
+
+def test_a_mark_that_leaves_only_silent_instances_is_refused() -> None:
+    now = time.time() * 1000
+    status = {"node-a-thread-0": {"instance_id": "node-a", "updated_ms": now - 500},
+              "node-b-thread-0": {"instance_id": "node-b", "updated_ms": now - 7_000}}
+    with pytest.raises(ToolError) as refused:
+        refuse_leaving_none("shop", ("node-a",), status)
+    assert refused.value.exit_code == 2
+    assert "silent for 5 s or more: node-b" in refused.value.message
+    status["node-b-thread-0"]["updated_ms"] = now - 800
+    refuse_leaving_none("shop", ("node-a",), status)  # node-b runs: it takes the tasks
+    status["node-b-thread-0"]["leaving"] = True
+    with pytest.raises(ToolError, match="already leaving: node-b"):
+        refuse_leaving_none("shop", ("node-a",), status)

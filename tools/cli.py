@@ -121,6 +121,26 @@ def live(status: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in status.items() if now - v.get("updated_ms", 0) < STALE_AFTER_MS}
 
 
+async def published_tasks(client: AIOKafkaClient, address: str, app: str) -> list[str]:
+    """The app's tasks from the topology it published last on its control topic: per
+    sub-topology, one per partition of its source topics (none if it published none, or
+    its topics are gone)."""
+    from tools.reset import ResetRefused, published_topology
+
+    try:
+        description = await published_topology(address, app)
+    except ResetRefused:
+        return []
+    sources = {sub.id: {t for node in sub.nodes if node.kind == "Source" for t in node.topics}
+               for sub in description.sub_topologies}
+    cluster = await client.fetch_all_metadata()
+    tasks = []
+    for sub_id, topics in sorted(sources.items()):
+        counts = [len(cluster.partitions_for_topic(t) or ()) for t in sorted(topics)]
+        tasks += [f"{sub_id}_{p}" for p in range(max(counts, default=0))]
+    return tasks
+
+
 def task_view(members: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per task: its active (or restoring) member, its learners and standbys. Every task of
     the app is listed, those that no member runs too (members publish the app's tasks)."""
@@ -202,13 +222,19 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
         await client.bootstrap()
         try:
             group = await describe_group(client, app)
+            tasks = task_view(members)
+            if not tasks:
+                # No member publishes the app's tasks (none runs): the published topology and
+                # its source topics' partitions name them, every one unowned.
+                tasks = {task: {"active": None, "restoring": None, "learners": [],
+                                "standbys": []}
+                         for task in await published_tasks(client, address, app)}
         finally:
             await client.close()
-        tasks = task_view(members)
         described = described_members(group.members)
         return {"app": app, "state": group.state, "protocol": group.protocol,
                 "members": members, "tasks": tasks, "unowned": unowned_tasks(tasks),
-                # None when the broker keeps no member metadata (Tansu).
+                # None when the broker keeps no member metadata (Tansu); [] for no member.
                 "broker_members": None if described is None else
                 [m.to_json() for m in sorted(described, key=lambda m: m.static_id or "")]}
 
@@ -251,6 +277,9 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
         console.print("this broker keeps no member metadata (the embedded one does not): "
                       "the tables show what the members report on the status topic",
                       highlight=False)
+        return
+    if not result["broker_members"]:
+        console.print("the broker counts no member in the group", highlight=False)
         return
     broker_table = Table(title="the last round, as the broker holds it")
     for column in ("member", "member id", "assigned active", "learners", "standbys"):

@@ -51,9 +51,12 @@ class DescribedMember:
 
 def described_members(members: tuple[GroupMember, ...]) -> list[DescribedMember] | None:
     """The members with their decoded metadata, or None when the broker gave none for any
-    member (it keeps none). A member whose metadata is not Relay's, or is corrupt, is listed
-    with what could be read and the problem."""
-    if not members or not any(m.metadata or m.assignment for m in members):
+    member (it keeps none); an empty list for a group without members. A member whose
+    metadata is not Relay's, or is corrupt, is listed with what could be read and the
+    problem."""
+    if not members:
+        return []
+    if not any(m.metadata or m.assignment for m in members):
         return None
     return [_described(m) for m in members]
 

@@ -120,6 +120,10 @@ async def test_describe_and_remove_members(
         await wait_until(lambda: len(stays.threads[0].tasks) == 4, timeout_s=150,
                          message="node-a to take node-b's tasks")
     assert await read_all(bootstrap, sink, 1)
+    # Nobody runs the app: describe still names every task, from its published topology.
+    code, out = await run_relay("describe", app_id, "--json", bootstrap=bootstrap)
+    assert code == 0, out
+    assert json.loads(out)["unowned"] == ["0_0", "0_1", "0_2", "0_3"], out
 
 
 async def test_a_leaving_mark_taken_back_keeps_its_instance(

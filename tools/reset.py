@@ -38,6 +38,8 @@ from streams.group.predecessors import MemberFiles
 from streams.group.topology_record import TOPOLOGY_KEY, decode_topology_record
 from streams.kafka.membership import describe_group
 from streams.kafka.topic_reader import read_to_end
+from streams.quirks.detect import broker_quirks
+from streams.quirks.switch import Quirk
 from streams.quirks.task_positions import positions_topic_name
 
 #: DeleteGroups' answers: the group had no offsets to delete, or it still has members.
@@ -115,6 +117,28 @@ async def published_topology(bootstrap: str, app: str) -> TopologyDescription:
         raise ResetRefused(f"the topology {app} published cannot be read: {exc}") from None
 
 
+def members_left(app: str, members: Iterable[Any]) -> ResetRefused:
+    """The refusal for a group the broker still counts ``members`` in."""
+    instances = sorted({instance_of(static_id_of(m.member_id) or m.member_id)
+                        for m in members})
+    return ResetRefused(
+        f"the broker still counts members in group {app} ({', '.join(instances)}): static "
+        f"members stay until their session expires after a stop; wait for it, or remove "
+        f"them with `relay remove-members {app} {' '.join(instances) or 'INSTANCE...'}`")
+
+
+async def refuse_members_left(bootstrap: str, app: str) -> None:
+    """What deleting the group would meet, without deleting it (a dry run)."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    await client.bootstrap()
+    try:
+        members = (await describe_group(client, app)).members
+    finally:
+        await client.close()
+    if members:
+        raise members_left(app, members)
+
+
 async def delete_group(bootstrap: str, app: str) -> None:
     """Delete the consumer group ``app`` (its committed offsets with it)."""
     client = AIOKafkaClient(bootstrap_servers=bootstrap)
@@ -128,12 +152,7 @@ async def delete_group(bootstrap: str, app: str) -> None:
     finally:
         await client.close()
     if code == NON_EMPTY_GROUP:
-        instances = sorted({instance_of(static_id_of(m.member_id) or m.member_id)
-                            for m in members})
-        raise ResetRefused(
-            f"the broker still counts members in group {app} ({', '.join(instances)}): static "
-            f"members stay until their session expires after a stop; wait for it, or remove "
-            f"them with `relay remove-members {app} {' '.join(instances) or 'INSTANCE...'}`")
+        raise members_left(app, members)
     if code not in (0, GROUP_ID_NOT_FOUND):
         raise ResetRefused(f"the broker refused to delete group {app} (error code {code})")
 
@@ -150,6 +169,9 @@ async def reset(bootstrap: str, app: str, live_members: Iterable[str],
     try:
         plan = plan_reset(app, description, await admin.list_topics(), state_dirs)
         if dry_run:
+            if Quirk.GROUP_DELETED_WITH_MEMBERS not in await broker_quirks(
+                    "auto", None, bootstrap, embedded=False):
+                await refuse_members_left(bootstrap, app)
             return plan
         # The group first: a group that still has members stops the reset with nothing
         # deleted.

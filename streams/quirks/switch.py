@@ -40,8 +40,11 @@ has a name here, lives in one module, and is on only when the broker needs it:
   batch while an earlier one is not yet readable, and a consumer taking it never reads the
   earlier one; so an at-least-once member fetches a gap in a partition's offsets again
   until the missing records come, or the gap has stood long enough to be the log's own.
+- ``group-deleted-with-members`` (``relay reset``, :mod:`tools.reset`): DeleteGroups deletes
+  a group that still lists stopped static members (Apache Kafka refuses it, NON_EMPTY_GROUP),
+  so a dry run of the reset does not foretell a refusal for them.
 
-Tansu (the embedded broker) needs all nine. Apache Kafka needs none of them; they are
+Tansu (the embedded broker) needs all ten. Apache Kafka needs none of them; they are
 harmless there but cost messages and waits. The setting ``broker_quirks`` chooses: ``auto``
 (detected: all for the embedded broker and for brokers whose cluster id says Tansu, none
 otherwise), ``all``, ``none``, or a comma-separated list of names.
@@ -72,6 +75,7 @@ class Quirk(StrEnum):
     LEAVE_NEEDS_MEMBER_ID = "leave-needs-member-id"
     NO_DELETE_RECORDS = "no-delete-records"
     SKIPPED_BATCHES = "skipped-batches"
+    GROUP_DELETED_WITH_MEMBERS = "group-deleted-with-members"
 
 
 #: Cluster ids (prefixes, lower case) of brokers that have every quirk.

@@ -96,6 +96,9 @@ async def test_a_reset_waits_for_stopped_static_members_and_names_them(
     async with running(app):
         await wait_until(lambda: sum(t.records_processed for t in tasks(app)) == 5,
                          timeout_s=60, message="the app to count")
+    # A dry run meets what the reset would: it says so rather than what it would delete.
+    code, out = await run_relay("reset", app_id, "--dry-run", bootstrap=bootstrap)
+    assert code == 2 and "(node-q)" in out and "would delete" not in out, out
     code, out = await run_relay("reset", app_id, bootstrap=bootstrap)
     assert code == 2 and "(node-q)" in out, out
     assert f"relay remove-members {app_id} node-q" in out

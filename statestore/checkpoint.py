@@ -49,8 +49,12 @@ def read_checkpoint(store_dir: Path, changelog: str, partition: int) -> Checkpoi
     corrupt, or belongs to another changelog partition."""
     path = checkpoint_path(store_dir)
     if not path.exists():
-        if store_dir.exists():
+        if store_dir.exists() and any(store_dir.glob("*.sst")):
             log.warning("no checkpoint file %s: restoring the store in full", path)
+        elif store_dir.exists():
+            # Opened but never committed to (its task had no record): nothing was lost.
+            log.info("no checkpoint file %s, and no data beside it: restoring the store from "
+                     "its changelog's start", path)
         return None
     try:
         raw = json.loads(path.read_bytes())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from statestore.checkpoint import checkpoint_path
+from statestore.checkpoint import checkpoint_path, read_checkpoint
 from statestore.errors import StoreWriteError
 from tests.broker.statestore.test_store_recovery import DAMAGE, committed_by_hand, task_store
 
@@ -46,3 +46,21 @@ def test_a_failing_checkpoint_write_is_a_store_write_error(tmp_path: Path) -> No
     with pytest.raises(StoreWriteError, match=r"store counts\[0\] at .*commit failed"):
         store.commit()
     store.close()
+
+
+def test_a_store_without_checkpoint_warns_only_when_it_held_data(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    empty, full = tmp_path / "empty", tmp_path / "full"
+    empty.mkdir()
+    full.mkdir()
+    (full / "000012.sst").write_bytes(b"data")
+    with caplog.at_level(logging.INFO, logger="statestore.checkpoint"):
+        assert read_checkpoint(empty, "app-counts-changelog", 0) is None
+        assert read_checkpoint(full, "app-counts-changelog", 0) is None
+    levels = {r.levelname for r in caplog.records if r.name == "statestore.checkpoint"
+              and "empty" in r.getMessage()}
+    assert levels == {"INFO"}
+    levels = {r.levelname for r in caplog.records if r.name == "statestore.checkpoint"
+              and "full" in r.getMessage()}
+    assert levels == {"WARNING"}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote_to_bytes
@@ -169,9 +169,13 @@ class QueryService:
 
     def __init__(self, table: RoutingTable, local: LocalStores | None = None, *,
                  instance_id: str = "", endpoint: Callable[[], str | None] = lambda: None,
-                 clock: Callable[[], int] = now_ms) -> None:
+                 clock: Callable[[], int] = now_ms,
+                 global_stores: Callable[[], Iterable[str]] = tuple) -> None:
+        """``global_stores``: the app's global tables' stores, as a service without local
+        stores (``relay web``) knows them from the published topology."""
         self.table = table
         self.local = local
+        self._global_stores = global_stores
         self.instance_id = instance_id
         self._endpoint = endpoint
         self._clock = clock
@@ -190,8 +194,15 @@ class QueryService:
             layouts.update(self.table.layouts(self._clock()))
         found = layouts.get(store)
         if found is None:
-            known = ", ".join(sorted(layouts)) or "none known yet"
-            raise BadQuery(404, f"unknown store {store!r} (stores: {known})")
+            globals_ = set(self._global_stores())
+            if self.local is not None:
+                globals_ |= set(self.local.global_stores())
+            if store in globals_:
+                raise BadQuery(404, f"{store!r} is a global table, which every instance of the "
+                                    f"app holds whole: ask one of them (this service holds "
+                                    f"none)")
+            known = ", ".join([*sorted(layouts), *(f"{g} (global)" for g in sorted(globals_))])
+            raise BadQuery(404, f"unknown store {store!r} (stores: {known or 'none known yet'})")
         if isinstance(found, str):
             raise BadQuery(400, found)
         return found

@@ -166,6 +166,10 @@ class LocalStores:
         self._global_tables = global_tables
         self._layouts: dict[str, StoreLayout] | None = None
 
+    def global_stores(self) -> list[str]:
+        """The stores of the app's global tables."""
+        return [t.store for t in self._global_tables()]
+
     def global_table(self, store: str) -> GlobalTable | None:
         """The global table kept in ``store``, if it is one."""
         return next((t for t in self._global_tables() if t.store == store), None)

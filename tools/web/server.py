@@ -192,7 +192,8 @@ async def serve(bootstrap: str, app_id: str, host: str, port: int, stop: asyncio
     changes = Changes()
     routes = RoutingTable()
     follower = GroupFollower(bootstrap, model, changes.notify, routes)
-    queries = QueryService(routes)
+    queries = QueryService(routes, global_stores=lambda: (
+        model.topology.description.global_stores if model.topology is not None else ()))
     runner = web.AppRunner(make_app(model, follower, changes, queries), shutdown_timeout=1.0,
                            logger=RequestErrorLog())
     await runner.setup()

@@ -158,11 +158,17 @@ async def test_the_view_forwards_store_queries_to_the_keys_owner() -> None:
                                                       "key_serde": "msgpack"}}},
                  int(time.time() * 1000))
     follower = GroupFollower("127.0.0.1:1", model, Changes().notify, routes)
-    app = make_app(model, follower, Changes(), QueryService(routes))
+    app = make_app(model, follower, Changes(),
+                   QueryService(routes, global_stores=lambda: ["products"]))
     async with TestClient(TestServer(app)) as http:
         unknown = await http.get("/stores/orders/k1")
         assert unknown.status == 404
-        assert "unknown store 'orders' (stores: counts)" in (await unknown.json())["error"]
+        assert "unknown store 'orders' (stores: counts, products (global))" in (
+            await unknown.json())["error"]
+        # A global table is held by every instance, not by the web view: ask one of them.
+        held_elsewhere = await http.get("/stores/products/p1")
+        assert held_elsewhere.status == 404
+        assert "'products' is a global table" in (await held_elsewhere.json())["error"]
         # The owner publishes no query endpoint: retry later, not a stale answer.
         no_endpoint = await http.get("/stores/counts/k1")
         assert no_endpoint.status == 503 and no_endpoint.headers["Retry-After"] == "1"

@@ -90,21 +90,25 @@ class ProcessorContext:
         self.missing_key: MissingKeyError | None = None
 
     def drop_late(self, node: str, store: str, start: int, end: int, grace_ms: int,
-                  end_included: bool = False) -> None:
+                  end_included: bool = False, gap_ms: int | None = None) -> None:
         """Count a record dropped because its window ``[start, end)`` (a session's
-        ``[start, end]``: ``end_included``) had closed, and log the first one of each
-        window."""
+        ``[start, end]``: ``end_included``, closed ``gap_ms`` and the grace after its end) had
+        closed, and log the first one of each window."""
         self.late_records_dropped += 1
         self.dropped[DROPPED_LATE] = self.dropped.get(DROPPED_LATE, 0) + 1
         if (node, start) in self._late_windows:
             return
         self._late_windows.add((node, start))
+        rule = (f"the window's end plus grace ({grace_ms} ms)" if gap_ms is None else
+                f"the session's end plus its inactivity gap ({gap_ms} ms) and grace "
+                f"({grace_ms} ms)")
         log.warning(
-            "task %s: a record of %s dropped as late for window [%d, %d%s of store %s: its "
-            "stream time %d is past the window's end plus grace (%d ms); later ones for this "
-            "window are only counted (relay_dropped_records_total{reason=\"late\"})",
-            self.task_id, self.topic, start, end, "]" if end_included else ")", store,
-            self.stream_time_ms, grace_ms)
+            "task %s: a record of %s dropped as late for %s [%d, %d%s of store %s: its "
+            "stream time %d is past %s; later ones for this %s are only counted "
+            "(relay_dropped_records_total{reason=\"late\"})",
+            self.task_id, self.topic, "window" if gap_ms is None else "session", start, end,
+            "]" if end_included else ")", store, self.stream_time_ms, rule,
+            "window" if gap_ms is None else "session")
 
     def forget_late_windows(self, node: str, before_ms: int) -> None:
         """Windows that started before ``before_ms`` are purged: stop remembering them."""

@@ -93,7 +93,7 @@ class SessionAggregateNode(WindowedAggregation):
             start, end = min(start, s_start), max(end, s_end)
         if end < close_time:
             ctx.drop_late(self.name, self.store, start, end, self.windows.grace_ms,
-                          end_included=True)
+                          end_included=True, gap_ms=gap)
             return
         previous = ctx.timestamp_ms
         try:

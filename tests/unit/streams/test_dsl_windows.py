@@ -59,7 +59,10 @@ def test_sessions_merge_and_retract_the_merged_sessions_then_emit_one_final_resu
             driver.pipe("clicks", "a", {}, timestamp_ms=35)   # [35, 35] ends before 100 - 30
         assert driver.late_records_dropped == 1
         # A session holds both its ends.
-        assert "dropped as late for window [35, 35] of store sessions" in caplog.text
+        assert "dropped as late for session [35, 35] of store sessions" in caplog.text
+        # The rule a session closes by: its end, the inactivity gap, then the grace.
+        assert "past the session's end plus its inactivity gap (10 ms) and grace (20 ms)" \
+            in caplog.text
         driver.pipe("clicks", "b", {}, timestamp_ms=131)
         assert outputs(driver, "final") == [(W("b", 100, 100), 1, 100)]
         assert outputs(driver, "updates") == [(W("b", 100, 100), 1, 100),

@@ -128,11 +128,16 @@ def _max_lag(raw: str | None) -> int | None:
 
 
 def not_found_hint(task: str, partition: int, processor: bool = False,
-                   windowed: bool = False) -> str:
+                   windowed: bool = False, sessions: bool = False) -> str:
     """What a 404 for a key says: where it was looked for, and the usual cause of a key
     that was produced yet is not found (its records went to another partition); for a
     ``process()`` step's store, that its code may key it otherwise than its records; for a
     windowed store, that past windows leave it."""
+    if sessions:
+        return (f"no such session in task {task}, which holds partition {partition}: a "
+                f"session is named by its key and both its ends [key, end_ms, start_ms] (a "
+                f"key's sessions are listed in process, with app.store(name).range), and "
+                f"leaves its store once its inactivity gap and grace have passed")
     if windowed:
         return (f"no such window in task {task}, which holds partition {partition}: a window "
                 f"leaves its store once its size and grace have passed (retention_ms= on the "
@@ -262,7 +267,7 @@ class QueryService:
             body["reason"] = "not_found"
             body["hint"] = not_found_hint(
                 reading.task, partition, layout is not None and layout.processor,
-                layout is not None and layout.windowed)
+                layout is not None and layout.windowed, layout is not None and layout.sessions)
         body["owner"] = {"member": reading.thread, "instance_id": self.instance_id,
                          "endpoint": self._endpoint()}
         return web.json_response(body, status=200 if reading.found else 404,

@@ -16,6 +16,8 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from statestore.serdes import Serde, serde_from_name
 from streams.dsl.processors import CustomProcessorNode, WindowAggregateNode, walk_nodes
+from streams.dsl.sessions import SessionAggregateNode
+from streams.dsl.sliding import SlidingAggregateNode
 from streams.dsl.topology import SubTopology
 
 #: The runtime's producers pick partitions with aiokafka's default partitioner.
@@ -40,9 +42,18 @@ class StoreLayout:
     #: A ``process()`` step's own store, which its code may key otherwise than its records:
     #: a key is still looked for in the task its record key would go to.
     processor: bool = False
+    #: A session aggregate's store, keyed ``(key, end, start)``: partitioned by ``key``.
+    sessions: bool = False
 
     def store_key(self, key: Any) -> Any:
-        """The key as the store holds it (a windowed store's key becomes a tuple)."""
+        """The key as the store holds it (a windowed or session store's key becomes a
+        tuple)."""
+        if self.sessions:
+            if not isinstance(key, list | tuple) or len(key) != 3 or not all(
+                    isinstance(k, int) and not isinstance(k, bool) for k in key[1:]):
+                raise StoreKeyError(f"store {self.store} holds sessions: its keys are "
+                                    f"(key, session_end_ms, session_start_ms), not {key!r}")
+            return (key[0], key[1], key[2])
         if not self.windowed:
             return key
         if not isinstance(key, list | tuple) or len(key) != 2 or not isinstance(key[1], int):
@@ -52,7 +63,7 @@ class StoreLayout:
 
     def partition_of(self, key: Any) -> int:
         """The partition the key is processed in, as the runtime's partitioner picks it."""
-        record_key = self.store_key(key)[0] if self.windowed else key
+        record_key = self.store_key(key)[0] if self.windowed or self.sessions else key
         if record_key is None:
             raise StoreKeyError(f"store {self.store} holds no entry without a key")
         try:
@@ -76,7 +87,8 @@ class StoreLayout:
             rebuilt = None
         return {"sub_topology": self.sub_topology, "partitions": self.partitions,
                 "key_serde": name if type(rebuilt) is type(self.key_serde) else None,
-                "windowed": self.windowed, "processor": self.processor}
+                "windowed": self.windowed, "processor": self.processor,
+                "sessions": self.sessions}
 
     @classmethod
     def from_status(cls, store: str, value: Any) -> StoreLayout:
@@ -91,7 +103,7 @@ class StoreLayout:
         if not isinstance(sub, int) or not isinstance(partitions, int) or partitions < 1:
             raise ValueError(f"store {store}: layout {value!r} is malformed")
         return cls(store, sub, partitions, serde_from_name(serde), bool(value.get("windowed")),
-                   bool(value.get("processor")))
+                   bool(value.get("processor")), bool(value.get("sessions")))
 
 
 def store_layouts(subs: Iterable[SubTopology]) -> dict[str, StoreLayout]:
@@ -103,10 +115,14 @@ def store_layouts(subs: Iterable[SubTopology]) -> dict[str, StoreLayout]:
                 source = sub.sources[topic]
                 nodes = [n for n in walk_nodes([source]) if store in n.store_names()]
                 if nodes:
-                    windowed = any(isinstance(n, WindowAggregateNode) for n in nodes)
+                    # Sliding windows are stored as tumbling and hopping ones are.
+                    windowed = any(isinstance(n, WindowAggregateNode | SlidingAggregateNode)
+                                   for n in nodes)
                     processor = all(isinstance(n, CustomProcessorNode) for n in nodes)
+                    sessions = any(isinstance(n, SessionAggregateNode) for n in nodes)
                     layouts[store] = StoreLayout(store, sub.id, sub.partitions,
-                                                 source.key_serde, windowed, processor)
+                                                 source.key_serde, windowed, processor,
+                                                 sessions)
                     break
             else:  # a store no source reaches (a processor's own): the first source's key
                 first = sub.sources[sorted(sub.sources)[0]]

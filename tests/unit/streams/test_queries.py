@@ -203,6 +203,35 @@ def test_windowed_stores_are_partitioned_by_the_records_key(tmp_path: Path) -> N
             query.get("ann")
 
 
+def test_session_and_sliding_stores_are_partitioned_by_the_records_key(
+    tmp_path: Path,
+) -> None:
+    from streams.dsl.sessions import SessionWindows
+    from streams.dsl.sliding import SlidingWindows
+
+    app = App("session-queries", bootstrap_servers="127.0.0.1:1")
+    grouped = app.stream("clicks").group_by_key()
+    grouped.windowed_by(SessionWindows(inactivity_gap_ms=100)).count(store="visits")
+    grouped.windowed_by(SlidingWindows(time_difference_ms=100)).count(store="bursts")
+    with TopologyTestDriver(app, partitions=3, state_dir=tmp_path) as d:
+        for n, user in enumerate(["ann", "bob", "ann"]):
+            d.pipe("clicks", user, n, timestamp_ms=10 * n)
+        d.commit()
+        layouts = store_layouts(d.subs)
+        visits, bursts = layouts["visits"], layouts["bursts"]
+        assert visits.sessions and not visits.windowed and bursts.windowed
+        thread = FakeThread("t", TaskLayout(tuple(d.subs)))
+        for task in d.tasks.values():
+            thread.registry.add_running(task)
+        query = StoreQuery("visits", LocalStores(lambda: [thread]))  # type: ignore[list-item]
+        assert query.get(["ann", 20, 0]) == 2 and query.get(("bob", 10, 10)) == 1
+        with pytest.raises(StoreKeyError, match="session_end_ms, session_start_ms"):
+            query.get("ann")
+        assert visits.task_of(["ann", 20, 0]) == bursts.task_of(["ann", 0])
+        back = StoreLayout.from_status("visits", visits.to_status())
+        assert back.sessions and back.task_of(["ann", 20, 0]) == visits.task_of(["ann", 20, 0])
+
+
 def test_a_layout_travels_through_the_status_record(driver: TopologyTestDriver) -> None:
     layout = store_layouts(driver.subs)["word-counts"]
     assert layout.to_status()["key_serde"] == "msgpack"

@@ -1,10 +1,11 @@
-"""``relay run``'s log shows the errors the Kafka client retries by itself as warnings, and
-every other error as an error."""
+"""``relay run``'s log shows the errors the Kafka client retries by itself as news (INFO) while
+they heal and as warnings once they persist, and every other error as an error."""
 
 from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Iterator
 
 import pytest
 
@@ -12,9 +13,12 @@ from streams.kafka import client_log
 
 
 @pytest.fixture
-def shown() -> tuple[logging.Logger, io.StringIO]:
+def shown() -> Iterator[tuple[logging.Logger, io.StringIO]]:
     root = logging.getLogger("test-client-log-root")
     root.propagate = False
+    client = logging.getLogger("aiokafka")
+    level = client.level
+    client.setLevel(logging.INFO)  # relay run's default
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
@@ -22,10 +26,11 @@ def shown() -> tuple[logging.Logger, io.StringIO]:
     client_log.install(root)
     client_log.install(root)  # once is enough
     assert len(handler.filters) == 1
-    return root, out
+    yield root, out
+    client.setLevel(level)
 
 
-def test_retried_errors_are_warnings_and_others_stay_errors(
+def test_retried_errors_are_news_and_others_stay_errors(
         shown: tuple[logging.Logger, io.StringIO]) -> None:
     root, out = shown
     record = logging.LogRecord(
@@ -39,7 +44,7 @@ def test_retried_errors_are_warnings_and_others_stay_errors(
     root.handle(logging.LogRecord(
         "streams.app", logging.ERROR, __file__, 1, "NotLeaderForPartitionError: ours", (), None))
     assert out.getvalue().splitlines() == [
-        "WARNING aiokafka.consumer.fetcher Failed fetch offsets from 1: [Error 6] "
+        "INFO aiokafka.consumer.fetcher Failed fetch offsets from 1: [Error 6] "
         "NotLeaderForPartitionError: tp",
         "ERROR aiokafka.consumer.group_coordinator OffsetCommit failed for unauthorized topics "
         "{'t'}",
@@ -60,3 +65,21 @@ def test_a_retried_error_is_not_shown_where_warnings_are_not(
     finally:
         coordinator.setLevel(level)
     assert out.getvalue() == ""
+
+
+def test_a_retried_error_that_keeps_coming_is_a_warning_until_it_heals() -> None:
+    clock = [0.0]
+    news = client_log.RetriedErrorsAsNews(clock=lambda: clock[0])
+
+    def level_at(t: float) -> str:
+        clock[0] = t
+        record = logging.LogRecord(
+            "aiokafka.consumer.group_coordinator", logging.WARNING, __file__, 1,
+            "Marking the coordinator dead (node %s)for group %s.", (1, "g"), None)
+        news.filter(record)
+        return record.levelname
+
+    assert [level_at(t) for t in (0, 10, 29.9, 30, 55)] == [
+        "INFO", "INFO", "INFO", "WARNING", "WARNING"]
+    # Quiet for over 30 s: healed, and the next one is news again.
+    assert level_at(90) == "INFO"

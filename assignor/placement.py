@@ -465,7 +465,9 @@ def _revoke_stale_claims(
     """A task the leader remembers on a vanished member, held for it, that another member
     claims: the claimant is back from a pause (SIGSTOP past its session) and runs what it
     ran before the task moved on. Its claim is revoked and the task held, as it would be had
-    the claimant stayed away.
+    the claimant stayed away; only where the task is then held (:func:`_hold_since`): a task
+    on its way to a member that is here is not, and revoking the claim would hand it to that
+    member in the round its claimant still runs it, so the claim stands like any other.
 
     ``noted``: the memory was rebuilt from the notes, which give, per task, the round its
     owner is noted from (:func:`owners_noted_at`). A claim is then revoked only where the
@@ -476,17 +478,15 @@ def _revoke_stale_claims(
         return
     for task, key in memory.owners.items():
         claimant = owner.get(task)
-        if claimant is None or claimant.key == key or key in by_key:
+        if claimant is None or claimant.key == key:
             continue
         if noted is not None and (claimant.notes is None or task not in noted
                                   or claimant.notes.round_ms >= noted[task]):
             continue
-        inst = instances.get(key[0])
-        if inst is not None and inst.leaving:
-            continue
-        held = memory.lost.get(task)
-        since = held[1] if held is not None and held[0] == key else now_ms
-        if now_ms >= since + config.lost_task_delay_ms:
+        # Only a claim on a task that is then held is revoked: a task that would not be
+        # held (on its way to a member that is here, say) would go to another member in this
+        # very round, while its claimant still runs it. It stays with its claimant.
+        if _hold_since(task, key, instances, by_key, memory, config, now_ms) is None:
             continue
         del owner[task]
         conflicts[claimant.member_id].add(task)
@@ -528,18 +528,38 @@ def _held_back(
     if not config.lost_task_delay_ms:
         return held
     for task, previous in memory.owners.items():
-        if task not in stateful or task in owner or previous in by_key:
+        if task not in stateful or task in owner:
             continue
-        inst = instances.get(previous[0])
-        if inst is not None and inst.leaving:
-            continue
-        if task in memory.moving and memory.moving[task] in by_key:
-            continue  # on its way to a member that is here
-        remembered = memory.lost.get(task)
-        since = remembered[1] if remembered and remembered[0] == previous else now_ms
-        if now_ms < since + config.lost_task_delay_ms:
+        since = _hold_since(task, previous, instances, by_key, memory, config, now_ms)
+        if since is not None:
             held[task] = (previous, since)
     return held
+
+
+def _hold_since(
+    task: str,
+    previous: MemberKey,
+    instances: dict[str, _Instance],
+    by_key: dict[MemberKey, Member],
+    memory: LeaderMemory,
+    config: AssignorConfig,
+    now_ms: int,
+) -> int | None:
+    """Since when ``task``, remembered on ``previous``, is held for it, if it is held this
+    round (nobody else running it): its member vanished, its instance is not leaving, it is
+    not on its way to a member that is here, and the delay has not passed. The one rule for
+    holding a task and for revoking a stale claim on it, so that a claim is revoked only
+    where the task then runs nowhere."""
+    if not config.lost_task_delay_ms or previous in by_key:
+        return None
+    inst = instances.get(previous[0])
+    if inst is not None and inst.leaving:
+        return None
+    if task in memory.moving and memory.moving[task] in by_key:
+        return None  # on its way to a member that is here
+    remembered = memory.lost.get(task)
+    since = remembered[1] if remembered and remembered[0] == previous else now_ms
+    return since if now_ms < since + config.lost_task_delay_ms else None
 
 
 # -- actives ---------------------------------------------------------------------------------

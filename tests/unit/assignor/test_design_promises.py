@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from assignor import AssignorConfig, Member, Task, assign
+from assignor import AssignorConfig, LeaderMemory, Member, MemberAssignment, Task, assign
 from streams.config import LEARNER_BATCH_WAIT_MS
 from tests.unit.assignor.measures import (
     balanced,
@@ -122,6 +122,51 @@ def test_a_held_task_is_not_given_to_a_member_back_from_a_pause_that_ran_it_befo
     group.join_thread("A", 1)
     group.round()
     assert task in group.members["A-1"].active
+
+
+def handed_over_at_once(members: list[Member], out: dict[str, MemberAssignment]) -> set[str]:
+    """Tasks a round gives to a member while another member reports running them: the
+    cooperative promise wants them revoked in one round and assigned in the next."""
+    claims = [(m.member_id, t) for m in members for t in m.active]
+    return {t for mid, a in out.items() for t in a.active
+            for other, claimed in claims if claimed == t and other != mid}
+
+
+def test_a_stale_claim_on_a_task_on_its_way_to_a_member_that_is_here_is_not_handed_over(
+) -> None:
+    """Z ran both tasks, was paused past its session, and its tasks were held and then went
+    to X. Y joined and learned 0_0, and the promotion revoked 0_0 from X for Y. Now X has
+    crashed and Z is back, still claiming what it ran. 0_0 is not held (it is on its way to Y,
+    who is here): revoking it from Z would give it to Y in the round Z still runs it."""
+    tasks = [Task("0_0"), Task("0_1")]
+    config = AssignorConfig(lost_task_delay_ms=10_000, max_learners=1)
+    z, x, y = (Member("z-1", "zeta-east", 0), Member("x-1", "eu-node-7", 0),
+               Member("y-1", "pod-abc", 0))
+    out, memory = assign(tasks, [z], config, 0, None)
+    paused = replace(z, active=frozenset(out["z-1"].active), notes=out["z-1"].notes)
+    out, memory = assign(tasks, [x], config, 5_000, memory)  # Z away: its tasks held
+    out, memory = assign(tasks, [replace(x, notes=out["x-1"].notes)], config, 16_000, memory)
+    x = replace(x, active=frozenset(out["x-1"].active), notes=out["x-1"].notes)
+    assert x.active == {"0_0", "0_1"}
+    out, memory = assign(tasks, [x, y], config, 20_000, memory)
+    assert out["y-1"].learners == ("0_0",)
+    x, y = (replace(x, notes=out["x-1"].notes, asks_promotion=False),
+            replace(y, learners={"0_0": 0}, notes=out["y-1"].notes))
+    out, memory = assign(tasks, [x, y], config, 40_000, memory)
+    assert out["x-1"].revoked == ("0_0",) and memory.moving == {"0_0": ("pod-abc", 0)}
+    back = [replace(y, notes=out["y-1"].notes, asks_promotion=False), paused]
+    out, _ = assign(tasks, back, config, 43_000, memory)
+    assert not handed_over_at_once(back, out)
+    # 0_1, which X ran and nobody is taking, is held for X: Z's claim on it is revoked.
+    assert "0_1" in out["z-1"].revoked and "0_1" not in out["y-1"].active
+    # The same with a leader that remembers no more than that.
+    memory = LeaderMemory(instances=frozenset({"eu-node-7", "pod-abc", "zeta-east"}),
+                          owners={"0_0": ("eu-node-7", 0)}, moving={"0_0": ("pod-abc", 0)},
+                          noted_at_ms=40_000)
+    members = [Member("y-1", "pod-abc", 0), Member("z-1", "zeta-east", 0, frozenset({"0_0"}))]
+    out, _ = assign([Task("0_0")], members, config, 43_000, memory)
+    assert not handed_over_at_once(members, out)
+    assert out["z-1"].active == ("0_0",) and not out["z-1"].revoked
 
 
 def test_a_returning_member_gets_its_stateless_tasks_back_too() -> None:

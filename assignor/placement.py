@@ -2,9 +2,10 @@
 
 Order of work (the learner design, with the cooperative and deferred-imbalance designs):
 
-1. members: drop duplicate static ids (the newcomer gets an error), group threads into
-   instances, note leaving instances and their scale-down deadlines; a new leader rebuilds
-   the previous leader's memory from the notes the members echo;
+1. members: drop duplicate member ids and static ids (an error, which revokes what the
+   member claims: see ``_drop_duplicates``), group threads into instances, note leaving
+   instances and their scale-down deadlines; a new leader rebuilds the previous leader's
+   memory from the notes the members echo;
 2. lost tasks: a vanished static member's tasks are held back for ``lost_task_delay_ms``
    (per member: a restarting thread gets its own tasks back, all of them), and keep their
    standbys; nothing is held for an instance marked leaving;
@@ -88,6 +89,11 @@ class _Plan:
     #: instances given back more than balance allows (the group changed while they were
     #: away): their members ask for the next round at once, which moves the excess
     over_returned: set[str] = field(default_factory=set)
+    #: tasks that only members given an error claim (they are told to revoke them): they run
+    #: nowhere this round, and their new member gets them in the next one
+    released: set[str] = field(default_factory=set)
+    #: member id -> it gets a released task in the next round, which it asks for at once
+    waiting: set[str] = field(default_factory=set)
     revoke: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     #: task -> the member it was revoked for
     moving: dict[str, MemberKey] = field(default_factory=dict)
@@ -298,7 +304,7 @@ def assign(
     stateful = {t.task_id: t.stateful for t in ordered}
     order = {task: n for n, task in enumerate(stateful)}
 
-    valid, errors = _drop_duplicates(members)
+    valid, errors = _drop_duplicates(members, order)
     rebuilt = memory is None
     if memory is None:
         memory = memory_from_notes(valid)
@@ -325,6 +331,9 @@ def assign(
     learner_lags = _learner_lags(valid, config.acceptable_lag)
     standby_lags = _copies(valid, "standbys")
     plan = _Plan()
+    claimed = {t for m in valid for t in m.active}
+    plan.released = {t for mid, a in errors.items() for t in a.revoked
+                     if t in stateful and t not in claimed}
     plan.held = _held_back(stateful, owner, instances, by_key, memory, config, now_ms)
     phantoms: dict[str, set[MemberKey]] = defaultdict(set)
     for key, _ in plan.held.values():
@@ -389,22 +398,41 @@ def assign(
 
 
 def _drop_duplicates(
-    members: Iterable[Member],
+    members: Iterable[Member], order: Mapping[str, int],
 ) -> tuple[list[Member], dict[str, MemberAssignment]]:
+    """The members the round assigns, and an error for the others: every member of a member
+    id that several subscriptions carry (no broker hands one out twice, and one assignment
+    cannot tell them apart), and all but one of the members of a static id. An error
+    revokes what its member claims: those tasks go to another member from the next round."""
+
+    def error(claims: Iterable[str], message: str) -> MemberAssignment:
+        revoked = tuple(sorted(claims, key=lambda t: (0, order[t], "") if t in order
+                               else (1, 0, t)))
+        return MemberAssignment(revoked=revoked, rejoin_after_ms=0 if revoked else None,
+                                error=message)
+
+    by_id: dict[str, list[Member]] = defaultdict(list)
+    for member in members:
+        by_id[member.member_id].append(member)
+    errors: dict[str, MemberAssignment] = {}
     by_static: dict[tuple[str, int], list[Member]] = defaultdict(list)
-    for member in sorted(members, key=lambda m: m.member_id):
+    for member_id, same in sorted(by_id.items()):
+        if len(same) > 1:
+            errors[member_id] = error({t for m in same for t in m.active},
+                                      f"duplicate member id {member_id}: {len(same)} "
+                                      f"subscriptions carry it")
+            continue
+        [member] = same
         by_static[(member.instance_id, member.thread)].append(member)
     valid: list[Member] = []
-    errors: dict[str, MemberAssignment] = {}
     for (instance, thread), group in sorted(by_static.items()):
         keep = min(group, key=lambda m: (not m.active, m.member_id))
         valid.append(keep)
         for other in group:
             if other is not keep:
-                errors[other.member_id] = MemberAssignment(
-                    error=f"duplicate group instance id {instance}-thread-{thread}: another "
-                    f"member ({keep.member_id}) already uses it"
-                )
+                errors[other.member_id] = error(
+                    other.active, f"duplicate group instance id {instance}-thread-{thread}: "
+                    f"another member ({keep.member_id}) already uses it")
     return valid, errors
 
 
@@ -1159,7 +1187,11 @@ def _per_thread(
             for task, member_id in placed.items():
                 counts[member_id] += 1
                 current = owner.get(task)
-                if current is None or current.member_id == member_id:
+                if current is None and task in plan.released:
+                    # Only a member given an error claims it, and revokes it this round.
+                    plan.moving[task] = (inst_id, thread_of[member_id])
+                    plan.waiting.add(member_id)
+                elif current is None or current.member_id == member_id:
                     plan.active[member_id].append(task)
                 else:
                     plan.revoke[current.member_id].add(task)
@@ -1299,8 +1331,8 @@ def _assignments(
             # which assigns them, before it leaves: its departure alone may start no round.
             shutdown = inst.leaving and not mine and not targeted[inst.instance_id]
             # Nothing else would start the round that moves what balance could not.
-            follow_up = inst.instance_id in plan.over_returned and any(
-                t in plan.returning for t in mine)
+            follow_up = mid in plan.waiting or (inst.instance_id in plan.over_returned and any(
+                t in plan.returning for t in mine))
             result[mid] = MemberAssignment(
                 active=mine,
                 being_learned=tuple(t for t in mine if t in learned),

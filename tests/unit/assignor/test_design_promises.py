@@ -125,11 +125,12 @@ def test_a_held_task_is_not_given_to_a_member_back_from_a_pause_that_ran_it_befo
 
 
 def handed_over_at_once(members: list[Member], out: dict[str, MemberAssignment]) -> set[str]:
-    """Tasks a round gives to a member while another member reports running them: the
-    cooperative promise wants them revoked in one round and assigned in the next."""
+    """Tasks a round gives to a member that does not run them while another member reports
+    running them: the cooperative promise wants them revoked in one round and assigned in
+    the next."""
     claims = [(m.member_id, t) for m in members for t in m.active]
-    return {t for mid, a in out.items() for t in a.active
-            for other, claimed in claims if claimed == t and other != mid}
+    return {t for mid, a in out.items() for t in a.active if (mid, t) not in claims
+            and any(claimed == t for _, claimed in claims)}
 
 
 def test_a_stale_claim_on_a_task_on_its_way_to_a_member_that_is_here_is_not_handed_over(
@@ -968,3 +969,20 @@ def test_a_task_the_app_no_longer_has_is_revoked_and_no_member_is_no_assignment(
     config = AssignorConfig(num_standbys=1, lost_task_delay_ms=10_000)
     _, memory = assign(tasks, members, config, 0, None)
     assert assign(tasks, [], config, 1_000, memory) == ({}, memory)
+
+
+def test_a_duplicate_member_id_gets_an_error_and_the_round_goes_on() -> None:
+    # No broker hands a member id out twice, and one assignment cannot tell its members
+    # apart: every subscription that carries it gets the error, and what they claim is
+    # revoked, not handed over in the same round.
+    for stateful in (True, False):
+        tasks = [Task("0_0", stateful=stateful), Task("0_1", stateful=stateful)]
+        out, _ = assign(tasks[:1], [Member("dup", "pod-abc", 0), Member("dup", "pod-abc", 1)],
+                        AssignorConfig(), 0, None)
+        assert set(out) == {"dup"} and "duplicate member id dup" in (out["dup"].error or "")
+        members = [Member("dup", "pod-abc", 0, frozenset({"0_0"})),
+                   Member("dup", "pod-abc", 1), Member("m-1", "eu-node-7", 0)]
+        out, _ = assign(tasks, members, AssignorConfig(), 0, None)
+        assert out["dup"].error is not None and out["dup"].revoked == ("0_0",)
+        assert out["m-1"].active == ("0_1",) and out["m-1"].rejoin_after_ms == 0
+        assert not handed_over_at_once(members, out)

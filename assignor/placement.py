@@ -2,10 +2,10 @@
 
 Order of work (the learner design, with the cooperative and deferred-imbalance designs):
 
-1. members: drop duplicate member ids and static ids (an error, which revokes what the
-   member claims: see ``_drop_duplicates``), group threads into instances, note leaving
-   instances and their scale-down deadlines; a new leader rebuilds the previous leader's
-   memory from the notes the members echo;
+1. members: drop duplicate member ids and static ids (of a static id the newcomer gets an
+   error, which revokes what it claims: see ``_drop_duplicates``), group threads into
+   instances, note leaving instances and their scale-down deadlines; a new leader rebuilds
+   the previous leader's memory from the notes the members echo;
 2. lost tasks: a vanished static member's tasks are held back for ``lost_task_delay_ms``
    (per member: a restarting thread gets its own tasks back, all of them), and keep their
    standbys; nothing is held for an instance marked leaving;
@@ -402,7 +402,9 @@ def _drop_duplicates(
 ) -> tuple[list[Member], dict[str, MemberAssignment]]:
     """The members the round assigns, and an error for the others: every member of a member
     id that several subscriptions carry (no broker hands one out twice, and one assignment
-    cannot tell them apart), and all but one of the members of a static id. An error
+    cannot tell them apart), and all but one of the members of a static id. The one kept is
+    the incumbent: the member whose echoed notes are the newest (it had an assignment), then
+    one that runs tasks, then the smallest member id; a newcomer gets the error. An error
     revokes what its member claims: those tasks go to another member from the next round."""
 
     def error(claims: Iterable[str], message: str) -> MemberAssignment:
@@ -426,7 +428,9 @@ def _drop_duplicates(
         by_static[(member.instance_id, member.thread)].append(member)
     valid: list[Member] = []
     for (instance, thread), group in sorted(by_static.items()):
-        keep = min(group, key=lambda m: (not m.active, m.member_id))
+        keep = min(group, key=lambda m: (m.notes is None,
+                                         -m.notes.round_ms if m.notes is not None else 0,
+                                         not m.active, m.member_id))
         valid.append(keep)
         for other in group:
             if other is not keep:

@@ -971,6 +971,35 @@ def test_a_task_the_app_no_longer_has_is_revoked_and_no_member_is_no_assignment(
     assert assign(tasks, [], config, 1_000, memory) == ({}, memory)
 
 
+def test_a_duplicate_static_id_keeps_the_incumbent_and_hands_nothing_over_at_once() -> None:
+    """Two members share the static id pod-abc-thread-0 (a misconfiguration). The one whose
+    echoed notes show it had an assignment is kept; the newcomer gets an error that revokes
+    what it claims. A task only the member given the error claims runs nowhere in that
+    round, and goes to its new member in the next."""
+    tasks = [Task("0_0"), Task("0_1")]
+    config = AssignorConfig()
+    out, memory = assign(tasks, [Member("m-old", "pod-abc", 0)], config, 0, None)
+    old = Member("m-old", "pod-abc", 0, frozenset(out["m-old"].active), notes=out["m-old"].notes)
+    new = Member("m-new", "pod-abc", 0, frozenset({"0_1"}))
+    members = [old, new]
+    out, _ = assign(tasks, members, config, 1_000, memory)
+    assert out["m-old"].error is None and out["m-old"].active == ("0_0", "0_1")
+    assert "duplicate group instance id pod-abc-thread-0" in (out["m-new"].error or "")
+    assert out["m-new"].revoked == ("0_1",) and not out["m-new"].active
+    assert not handed_over_at_once(members, out)
+    # Neither has had an assignment: one is kept (the smallest member id of those that run
+    # something), and the other's task waits a round for it.
+    members = [Member("m-old", "pod-abc", 0, frozenset({"0_0"})),
+               Member("m-new", "pod-abc", 0, frozenset({"0_1"}))]
+    out, memory = assign(tasks, members, config, 0, None)
+    assert out["m-old"].error is not None and out["m-old"].revoked == ("0_0",)
+    assert out["m-new"].active == ("0_1",) and out["m-new"].rejoin_after_ms == 0
+    assert not handed_over_at_once(members, out)
+    kept = Member("m-new", "pod-abc", 0, frozenset({"0_1"}), notes=out["m-new"].notes)
+    out, _ = assign(tasks, [kept], config, 1_000, memory)
+    assert out["m-new"].active == ("0_0", "0_1")
+
+
 def test_a_duplicate_member_id_gets_an_error_and_the_round_goes_on() -> None:
     # No broker hands a member id out twice, and one assignment cannot tell its members
     # apart: every subscription that carries it gets the error, and what they claim is

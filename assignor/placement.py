@@ -21,7 +21,8 @@ Order of work (the learner design, with the cooperative and deferred-imbalance d
 4. balance: stateless tasks move at once; stateful ones through learners (at most
    ``max_learners``, not counting learners promoted in this round), first for leaving
    instances, then from the most to the least loaded instance, each move only while it is
-   needed; once no stateful task is still to move, stateless tasks even out the totals;
+   needed (a caught-up standby where the task goes takes it over at once, either way);
+   once no stateful task is still to move, stateless tasks even out the totals;
 5. cooperative safety: a task whose owner changes is revoked this round and assigned next;
 6. standbys; then threads within each instance, balanced per kind and sticky (copies stay on
    the thread that holds them); then the leader's notes for each member, shutdowns and
@@ -939,7 +940,8 @@ def _place_learners(
     # Tasks of leaving instances: a learner on the most caught-up copy (a learner already
     # there, or a standby) whose instance has room, of equal copies the one with the fewest
     # tasks per thread in total once it has it; else on the instance with room and the
-    # fewest in total, else on the lightest. A learner placed when the group was another (an
+    # fewest in total, else on the lightest. A caught-up standby there takes the task over
+    # at once instead. A learner placed when the group was another (an
     # instance joined or left since) is dropped where it would now be one too many: kept, its
     # task would move again once promoted.
     # Tasks whose learner is already under way come first, so that a learner is not
@@ -967,6 +969,14 @@ def _place_learners(
                        or load.lightest_in_total(True))
         if destination is None:
             return
+        standby_lag = standby_lags.get(task, {}).get(destination)
+        if task in owner and standby_lag is not None and standby_lag <= config.acceptable_lag:
+            # A caught-up standby there takes the task over in this round, as in a balance
+            # move below: no learner to place, no round to ask for it.
+            plan.target[task] = destination
+            plan.promoted[task] = destination
+            load.move(task, True, inst_id, destination)
+            continue
         plan.learners[task] = destination
         load.move(task, True, inst_id, destination)
         used += 1

@@ -398,6 +398,26 @@ def test_a_caught_up_standby_takes_a_task_over_in_the_round_that_balances() -> N
     assert not first["A-0"].revoked and first["B-0"].learners == ("0_1",)
 
 
+def test_a_caught_up_standby_takes_a_leaving_instances_task_over_in_that_round() -> None:
+    # eu-node-7 is marked leaving; pod-abc, which stays and has room, holds a caught-up
+    # standby of its task: it takes the task over at once, as in a balance move, rather than
+    # a learner being placed on top of it and the move waiting for a round asked for.
+    config = AssignorConfig(num_standbys=1, acceptable_lag=100)
+    leaving = Member("a", "eu-node-7", 0, frozenset({"0_0"}), leaving=True, leaving_since_ms=0)
+    stays = Member("b", "pod-abc", 0, standbys={"0_0": 0}, asks_promotion=False)
+    out, memory = assign([Task("0_0")], [leaving, stays], config, 1_000, None)
+    assert out["a"].revoked == ("0_0",) and out["a"].shutdown
+    assert out["b"].learners == ("0_0",) and not out["b"].active  # keeps its copy meanwhile
+    members = [replace(leaving, active=frozenset(), notes=out["a"].notes),
+               replace(stays, notes=out["b"].notes)]
+    out, _ = assign([Task("0_0")], members, config, 2_000, memory)
+    assert out["b"].active == ("0_0",)
+    # A standby that lags goes through a learner, as before.
+    out, _ = assign([Task("0_0")], [leaving, replace(stays, standbys={"0_0": 101})], config,
+                    1_000, None)
+    assert not out["a"].revoked and out["b"].learners == ("0_0",)
+
+
 def test_a_learner_under_way_for_a_leaving_instances_task_is_not_displaced() -> None:
     # A and B leave. K already learns B's 0_1 (half way); A's 0_0 must not take K's only room
     # first and send 0_1's learner elsewhere to start over.

@@ -9,7 +9,10 @@ forwards.
 
 Query string: ``allow_standby=true`` lets a standby or learner copy answer (its lag is in
 the answer), ``max_lag=N`` bounds that lag, ``key_format=json`` reads the key as JSON (for
-keys that are not strings; the default takes the path segment as a string).
+keys that are not strings; the default takes the path segment as a string). Of a windowed or
+session store, a record key (not a window's ``[key, start]`` nor a session's ``[key, end,
+start]``) or ``from=`` / ``to=`` (ms) asks for the key's windows in that time, oldest first
+(``windows``; Kafka Streams' ``WindowStore.fetch`` and ``SessionStore.fetch``).
 
 Answers are JSON: ``200`` with ``value``, ``owner`` (the member whose copy answered),
 ``role``, ``lag``, ``task`` and ``partition``; ``404`` with ``found: false``, ``reason:
@@ -42,6 +45,7 @@ from streams.queries.store_query import (
     LocalStores,
     StoreQuery,
     StoreUnavailable,
+    WindowsReading,
 )
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,13 @@ class QueryRequest:
     key: Any
     allow_standby: bool
     max_lag: int | None
+    #: ``from`` and ``to``: a windowed or session store's windows of the key in that time.
+    time_from: int | None = None
+    time_to: int | None = None
+
+    @property
+    def in_time(self) -> bool:
+        return self.time_from is not None or self.time_to is not None
 
 
 class BadQuery(ValueError):
@@ -87,10 +98,10 @@ def path_key(raw_path: str) -> str:
 
 def parse_request(store: str, raw_key: str, query: dict[str, str]) -> QueryRequest:
     """The checked request; :class:`BadQuery` (400) naming what is wrong."""
-    unknown = sorted(set(query) - {"allow_standby", "max_lag", "key_format"})
+    unknown = sorted(set(query) - {"allow_standby", "max_lag", "key_format", "from", "to"})
     if unknown:
         raise BadQuery(400, f"unknown parameter(s) {', '.join(unknown)}; use allow_standby, "
-                            f"max_lag, key_format")
+                            f"max_lag, key_format, from, to")
     key_format = query.get("key_format", "str")
     if key_format not in KEY_FORMATS:
         raise BadQuery(400, f"key_format must be one of {', '.join(KEY_FORMATS)}, "
@@ -103,7 +114,21 @@ def parse_request(store: str, raw_key: str, query: dict[str, str]) -> QueryReque
             raise BadQuery(400, f"key {raw_key!r} is not valid JSON (key_format=json): "
                                 f"{exc}") from None
     return QueryRequest(store, key, _flag(query.get("allow_standby", "false")),
-                        _max_lag(query.get("max_lag")))
+                        _max_lag(query.get("max_lag")), _time(query, "from"),
+                        _time(query, "to"))
+
+
+def _time(query: dict[str, str], name: str) -> int | None:
+    raw = query.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise BadQuery(400, f"{name} must be a time in ms since the epoch (>= 0), not {raw!r}")
+    return value
 
 
 def _flag(raw: str) -> bool:
@@ -220,7 +245,8 @@ class QueryService:
             if table is not None:
                 return self._answer_global(GlobalStoreQuery(table), query)
             layout = self.layout(query.store)
-            task = layout.task_of(query.key)
+            fetch = windows_asked(layout, query)
+            task = layout.task_of(query.key, record_key_given=fetch)
         except BadQuery as exc:
             return bad(exc.status, str(exc))
         except StoreKeyError as exc:
@@ -230,6 +256,11 @@ class QueryService:
         local_refusal: StoreUnavailable | None = None
         if self.local is not None:
             try:
+                if fetch:
+                    windows = StoreQuery(query.store, self.local).fetch(
+                        query.key, query.time_from, query.time_to,
+                        allow_standby=query.allow_standby, max_lag=query.max_lag)
+                    return self._answer_windows(windows, partition)
                 reading = StoreQuery(query.store, self.local).read(
                     query.key, allow_standby=query.allow_standby, max_lag=query.max_lag)
             except StoreKeyError as exc:
@@ -272,6 +303,13 @@ class QueryService:
                          "endpoint": self._endpoint()}
         return web.json_response(body, status=200 if reading.found else 404,
                                  dumps=_dumps)
+
+    def _answer_windows(self, windows: WindowsReading, partition: int) -> web.Response:
+        body = windows.to_json()
+        body["partition"] = partition
+        body["owner"] = {"member": windows.thread, "instance_id": self.instance_id,
+                         "endpoint": self._endpoint()}
+        return web.json_response(body, dumps=_dumps)
 
     def _candidates(self, query: QueryRequest, task: str) -> tuple[list[Route], Route | None]:
         """Members to forward to (the active, then allowed copies), and a member restoring
@@ -339,6 +377,24 @@ class QueryService:
             body["forwarded_by"] = self._endpoint() or "relay-web"
         headers = {"Retry-After": retry_after} if retry_after else {}
         return web.json_response(body, status=status, headers=headers, dumps=_dumps)
+
+
+def windows_asked(layout: StoreLayout, query: QueryRequest) -> bool:
+    """Whether ``query`` asks for a key's windows (or sessions) rather than one entry: a
+    time (``from``, ``to``) is given, or the key is a record key, not a window's (or
+    session's) own key. A time is refused for a store of plain keys."""
+    if not (layout.windowed or layout.sessions):
+        if query.in_time:
+            raise BadQuery(400, f"from and to read a windowed or session store's windows; "
+                                f"store {layout.store} holds plain keys")
+        return False
+    if query.in_time:
+        return True
+    try:
+        layout.store_key(query.key)
+    except StoreKeyError:
+        return True
+    return False
 
 
 def _dumps(value: Any) -> str:

@@ -61,9 +61,12 @@ class StoreLayout:
                                 f"(key, window_start_ms), not {key!r}")
         return (key[0], key[1])
 
-    def partition_of(self, key: Any) -> int:
-        """The partition the key is processed in, as the runtime's partitioner picks it."""
-        record_key = self.store_key(key)[0] if self.windowed or self.sessions else key
+    def partition_of(self, key: Any, record_key_given: bool = False) -> int:
+        """The partition the key is processed in, as the runtime's partitioner picks it
+        (``record_key_given``: ``key`` is the record key of a windowed or session store's
+        entries, not one of its entries' keys)."""
+        record_key = (self.store_key(key)[0] if (self.windowed or self.sessions)
+                      and not record_key_given else key)
         if record_key is None:
             raise StoreKeyError(f"store {self.store} holds no entry without a key")
         try:
@@ -74,8 +77,8 @@ class StoreLayout:
         partitions = list(range(self.partitions))
         return int(_PARTITIONER(raw, partitions, partitions))
 
-    def task_of(self, key: Any) -> str:
-        return f"{self.sub_topology}_{self.partition_of(key)}"
+    def task_of(self, key: Any, record_key_given: bool = False) -> str:
+        return f"{self.sub_topology}_{self.partition_of(key, record_key_given)}"
 
     def to_status(self) -> dict[str, Any]:
         """As published on the status topic, for routers without the app's code: the serde

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from streams.dsl.global_tables import GlobalTable
     from streams.runtime.thread import StreamThread
 
+#: The latest time a window fetch reaches when not told (ms; a session store's bound).
+TIME_MAX = (1 << 62) - 1
 #: A range read returns at most this many entries unless told otherwise.
 DEFAULT_RANGE_LIMIT = 1_000
 #: The task and the role a global table's readings name: every process holds all of it.
@@ -141,6 +143,26 @@ class KeyReading:
         return {"store": self.store, "key": self.key, "value": self.value,
                 "found": self.found, "task": self.task, "role": self.role, "lag": self.lag,
                 "thread": self.thread}
+
+
+@dataclass(frozen=True)
+class WindowsReading:
+    """A key's windows (or sessions) read from one local copy, oldest first: each
+    ``{"start": ms, "value": ...}`` (a session's with its ``"end"`` too)."""
+
+    store: str
+    key: Any
+    windows: list[dict[str, Any]]
+    task: str
+    role: str
+    lag: int | None
+    thread: str
+    truncated: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"store": self.store, "key": self.key, "windows": self.windows,
+                "truncated": self.truncated, "task": self.task, "role": self.role,
+                "lag": self.lag, "thread": self.thread}
 
 
 @dataclass(frozen=True)
@@ -261,6 +283,51 @@ class StoreQuery:
         found = value is not sentinel
         return KeyReading(self.name, key, value if found else None, found, task,
                           holding.role, holding.lag, holding.thread)
+
+    def fetch(self, key: Any, time_from: int | None = None, time_to: int | None = None, *,
+              allow_standby: bool = False, max_lag: int | None = None,
+              limit: int = DEFAULT_RANGE_LIMIT) -> WindowsReading:
+        """A windowed store's windows of the record key ``key`` that start from
+        ``time_from`` to ``time_to`` (both included; None: no bound), as Kafka Streams'
+        ``WindowStore.fetch``; a session store's sessions of ``key`` that end at or after
+        ``time_from`` and start at or before ``time_to`` (``SessionStore.fetch``). Oldest
+        first (sessions: by end), at most ``limit``; from the one task that holds the key."""
+        layout = self.layout
+        if not (layout.windowed or layout.sessions):
+            raise StoreKeyError(f"store {self.name} is neither windowed nor of sessions: read "
+                                f"its keys one by one")
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, not {limit}")
+        low = 0 if time_from is None else time_from
+        high = TIME_MAX if time_to is None else time_to
+        task = layout.task_of(key, record_key_given=True)
+        holding = choose_copy(self.name, task, self._local.holdings(task), allow_standby,
+                              max_lag)
+        store = self._open_store(holding)
+        windows: list[dict[str, Any]] = []
+        truncated = False
+        try:
+            if layout.sessions:
+                # Keyed (key, end, start): sessions ending from ``low`` on, in end order.
+                for (_, end, start), value in store.range_committed((key, low),
+                                                                   (key, TIME_MAX + 1)):
+                    if start > high:
+                        continue
+                    if len(windows) >= limit:
+                        truncated = True
+                        break
+                    windows.append({"start": start, "end": end, "value": value})
+            else:
+                for (_, start), value in store.range_committed((key, low), (key, high + 1)):
+                    if len(windows) >= limit:
+                        truncated = True
+                        break
+                    windows.append({"start": start, "value": value})
+        except SerdeError as exc:
+            raise StoreKeyError(f"store {self.name}: cannot encode key {key!r}: {exc}") \
+                from None
+        return WindowsReading(self.name, key, windows, task, holding.role, holding.lag,
+                              holding.thread, truncated)
 
     def range(self, start: Any = None, end: Any = None, *, allow_standby: bool = False,
               max_lag: int | None = None, limit: int = DEFAULT_RANGE_LIMIT) -> RangeReading:

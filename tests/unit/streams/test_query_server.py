@@ -387,3 +387,56 @@ async def test_a_global_tables_keys_are_answered_by_any_process_that_holds_it(
             missing = await client.get("/stores/rates/JPY")
             assert missing.status == 404
             assert "every instance holds whole" in (await missing.json())["hint"]
+
+
+async def test_a_keys_windows_and_sessions_are_fetched_over_http(tmp_path: Path) -> None:
+    """A windowed or session store asked for a record key (or with from/to) answers the
+    key's windows, oldest first, as Kafka Streams' WindowStore.fetch and SessionStore.fetch
+    do; one window is still read by its [key, start]."""
+    from streams.dsl.sessions import SessionWindows
+    from streams.dsl.windows import TumblingWindows
+    from streams.queries.store_query import StoreQuery
+
+    app = App("fetch-queries", bootstrap_servers="127.0.0.1:1")
+    grouped = app.stream("clicks").group_by_key()
+    grouped.windowed_by(TumblingWindows(1000, grace_ms=5_000)).count(store="per-second")
+    grouped.windowed_by(SessionWindows(inactivity_gap_ms=100, grace_ms=5_000)).count(
+        store="visits")
+    grouped.count(store="totals")
+    with TopologyTestDriver(app, partitions=2, state_dir=tmp_path) as d:
+        for t in (100, 200, 1_100, 2_500, 2_550):
+            d.pipe("clicks", "ann", 1, timestamp_ms=t)
+        d.pipe("clicks", "bob", 1, timestamp_ms=300)
+        d.commit()
+        thread = FakeThread("a-thread-0", TaskLayout(tuple(d.subs)))
+        for task in d.tasks.values():
+            thread.registry.add_running(task)
+        local = LocalStores(lambda: [thread])  # type: ignore[list-item]
+        fetched = StoreQuery("per-second", local).fetch("ann", 1_000, 2_000)
+        assert fetched.windows == [{"start": 1_000, "value": 1}, {"start": 2_000, "value": 2}]
+        service = QueryService(RoutingTable(), local, instance_id="a")
+        async with TestClient(TestServer(make_query_app(service))) as client:
+            async def get(path: str) -> tuple[int, Any]:
+                response = await client.get(path)
+                return response.status, await response.json()
+
+            code, body = await get("/stores/per-second/ann")
+            assert code == 200 and body["key"] == "ann" and not body["truncated"]
+            assert body["windows"] == [{"start": 0, "value": 2}, {"start": 1_000, "value": 1},
+                                       {"start": 2_000, "value": 2}]
+            code, body = await get("/stores/per-second/ann?from=1000&to=1999")
+            assert body["windows"] == [{"start": 1_000, "value": 1}]
+            code, body = await get("/stores/per-second/%5B%22ann%22%2C1000%5D?key_format=json")
+            assert code == 200 and body["value"] == 1  # one window, by its own key
+            code, body = await get("/stores/visits/ann")
+            assert body["windows"] == [{"start": 100, "end": 200, "value": 2},
+                                       {"start": 1_100, "end": 1_100, "value": 1},
+                                       {"start": 2_500, "end": 2_550, "value": 2}]
+            code, body = await get("/stores/visits/ann?from=1200&to=2400")
+            assert body["windows"] == []  # none ends from 1200 and starts by 2400
+            code, body = await get("/stores/visits/bob?to=250")
+            assert body["windows"] == []
+            code, body = await get("/stores/totals/ann?from=0")
+            assert code == 400 and "holds plain keys" in body["error"]
+            code, body = await get("/stores/per-second/ann?from=yesterday")
+            assert code == 400 and "from must be a time in ms" in body["error"]

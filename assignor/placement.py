@@ -645,14 +645,11 @@ def _caught_up_copy(
 ) -> str | None:
     """The open instance other than ``exclude`` whose copy of ``task`` (learner or standby)
     lags least, if it is within ``acceptable_lag``."""
-    best: tuple[int, str] | None = None
+    least: dict[str, int] = {}
     for lags in copies:
         for inst, lag in lags.get(task, {}).items():
-            if inst == exclude or instances[inst].leaving or lag > config.acceptable_lag:
-                continue
-            if best is None or (lag, inst) < best:
-                best = (lag, inst)
-    return None if best is None else best[1]
+            least[inst] = min(lag, least.get(inst, lag))
+    return _open_copy(task, {task: least}, instances, config.acceptable_lag, exclude)
 
 
 def _open_member(key: MemberKey | None, instances: dict[str, _Instance]) -> str | None:

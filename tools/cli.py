@@ -121,6 +121,16 @@ def live(status: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in status.items() if now - v.get("updated_ms", 0) < STALE_AFTER_MS}
 
 
+def leaderless(members: dict[str, dict[str, Any]]) -> str | None:
+    """What to say of a group whose members all say they did not lead its last round: a
+    static member that restarts within its session gets its assignment back with no round,
+    so if it led the group, nobody has led one since."""
+    if not members or any(s.get("leader") for s in members.values()):
+        return None
+    return ("no member has led a round since the group's leader restarted (a static restart "
+            "starts none); the next round names one")
+
+
 async def published_tasks(client: AIOKafkaClient, address: str, app: str) -> list[str]:
     """The app's tasks from the topology it published last on its control topic: per
     sub-topology, one per partition of its source topics (none if it published none, or
@@ -257,6 +267,9 @@ def describe(app: str, bootstrap: str | None, as_json: bool, show_all: bool) -> 
                       ", ".join(s["active"]) or "-", "yes" if s["leaving"] else "",
                       heard(now_ms - s.get("updated_ms", 0)))
     print_whole(table)
+    note = leaderless(result["members"])
+    if note:
+        console.print(note, highlight=False)
     tasks = Table(title="tasks")
     for column in ("task", "active", "learners (lag, ready)", "standbys (lag, ready)"):
         tasks.add_column(column)

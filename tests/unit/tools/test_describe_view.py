@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tools import cli
-from tools.cli import task_view, unowned_tasks
+from tools.cli import leaderless, task_view, unowned_tasks
 
 
 def member(active: list[str], restoring: list[str] | None = None,
@@ -48,3 +48,10 @@ def test_a_table_wider_than_the_terminal_is_printed_whole(
                   "0_0, 0_1, 1_0, 1_3, 2_2, 2_5"):
         assert whole in printed
     assert "…" not in printed and narrow.width == 80
+
+
+def test_a_group_nobody_led_since_a_static_restart_is_said_so() -> None:
+    assert leaderless({}) is None
+    assert leaderless({"a-thread-0": {"leader": True}, "b-thread-0": {"leader": False}}) is None
+    note = leaderless({"a-thread-0": {"leader": False}, "b-thread-0": {}})
+    assert note is not None and "static restart starts none" in note

@@ -120,8 +120,8 @@ def _decode(
             else:  # a fetch from the middle of a batch gets the whole batch
                 changes += [(r.key, r.value) for r in batch if r.offset >= fetch_offset]
         next_offset = max(next_offset, batch_end)
-    if next_offset == fetch_offset and raw and not changes:
-        _check_not_truncated(tp, raw, fetch_offset)
+    # Bytes but not one complete batch: the batch at the position is larger than the fetch
+    # could hold; the fetcher fetches the partition again with room for it.
     return changes, next_offset, False
 
 
@@ -217,14 +217,21 @@ def _is_abort_marker(batch: Any) -> bool:
     return marker is not None and ControlRecord.parse(marker.key) == ABORT_MARKER
 
 
-def _check_not_truncated(tp: TopicPartition, raw: bytes, fetch_offset: int) -> None:
-    """Bytes but not one complete batch: the batch at the position is larger than a fetch may
-    return, and fetching again would return the same."""
-    if not MemoryRecords(raw).has_next():
-        raise StateStoreError(
-            f"the record batch at {tp.topic}[{tp.partition}]@{fetch_offset} is larger than "
-            f"the fetch size ({len(raw)} bytes received); raise max_partition_fetch_bytes"
-        )
+#: The most a partition's fetch grows to, to hold a record batch or a transaction (up to
+#: its marker) larger than ``max_partition_bytes``.
+MAX_GROWN_PARTITION_BYTES = 512 * 1024 * 1024
+
+
+def grown_size(fetched: FetchedPartition, size: int) -> int | None:
+    """The fetch size to fetch ``fetched``'s partition with next, when this fetch of it (of
+    ``size`` bytes at most) returned bytes but made no progress although more is readable:
+    a record batch larger than the size, or a transaction whose commit or abort marker lies
+    past it (its batches cannot be applied before it is known whether it committed). None:
+    no growth needed (progress, nothing returned, or the readable end reached)."""
+    stuck = (fetched.next_offset == fetched.fetch_offset and not fetched.changes
+             and fetched.size > 0 and not fetched.past_end
+             and (fetched.end is None or fetched.end > fetched.fetch_offset))
+    return min(2 * size, MAX_GROWN_PARTITION_BYTES) if stuck else None
 
 
 @dataclass(frozen=True)
@@ -255,6 +262,10 @@ class ChangelogFetcher:
         self.settings = settings or FetchSettings()
         self._client: AIOKafkaClient | None = None
         self._topics: set[str] = set()
+        #: Partitions fetched with more than ``max_partition_bytes`` for now (see
+        #: :func:`grown_size`), until a fetch of them makes progress.
+        self._grown: dict[TopicPartition, int] = {}
+        self._too_large: set[TopicPartition] = set()
 
     async def start(self) -> None:
         if self._client is not None:
@@ -348,11 +359,13 @@ class ChangelogFetcher:
         if max_wait_ms is None:
             max_wait_ms = settings.max_wait_ms
         by_topic: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+        sizes = {tp: self._grown.get(tp, settings.max_partition_bytes) for tp, _ in wanted}
         for tp, offset in wanted:
-            by_topic[tp.topic].append((tp.partition, offset, settings.max_partition_bytes))
+            by_topic[tp.topic].append((tp.partition, offset, sizes[tp]))
         isolation = READ_UNCOMMITTED if settings.committed_by_markers else READ_COMMITTED
         request = FetchRequest(
-            max_wait_ms, 1, settings.max_bytes, isolation, list(by_topic.items())
+            max_wait_ms, 1, max(settings.max_bytes, *sizes.values()), isolation,
+            list(by_topic.items())
         )
         try:
             # Connected first, send() writes the request before it first waits: whoever
@@ -377,6 +390,7 @@ class ChangelogFetcher:
                     fetched.append(decoded_partition(
                         tp, offset, highwater, rest, response.API_VERSION,
                         settings.committed_by_markers))
+                    self._size_next(fetched[-1], sizes[tp])
                 elif error is kafka_errors.OffsetOutOfRangeError:
                     fetched.append(await self._reset_to_earliest(leader, tp, offset))
                 elif error.retriable:
@@ -390,6 +404,28 @@ class ChangelogFetcher:
         if refresh:
             await self._wait_metadata(self.client.force_metadata_update())
         return fetched
+
+    def _size_next(self, fetched: FetchedPartition, size: int) -> None:
+        """Grow the partition's next fetch when this one made no progress for its size;
+        back to the setting once one makes progress."""
+        tp = fetched.tp
+        grown = grown_size(fetched, size)
+        if grown is None:
+            if fetched.next_offset != fetched.fetch_offset:
+                self._grown.pop(tp, None)
+                self._too_large.discard(tp)
+            return
+        if grown == size:
+            if tp not in self._too_large:
+                self._too_large.add(tp)
+                log.warning("%s[%d]@%d: a record batch or transaction there is larger than "
+                            "%d MiB, the most a fetch takes; it cannot be read", tp.topic,
+                            tp.partition, fetched.fetch_offset, size >> 20)
+            return
+        log.info("%s[%d]@%d: a record batch or transaction larger than %d MiB; fetching it "
+                 "with %d MiB", tp.topic, tp.partition, fetched.fetch_offset, size >> 20,
+                 grown >> 20)
+        self._grown[tp] = grown
 
     async def _reset_to_earliest(
         self, leader: int, tp: TopicPartition, offset: int

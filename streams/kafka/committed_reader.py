@@ -67,10 +67,11 @@ async def read_committed(
                 read[fetched.tp] += [(None if k is None else keys.loads(k),
                                       None if v is None else values.loads(v))
                                      for k, v in fetched.changes]
-                stalled = fetched.next_offset == positions[fetched.tp] and not fetched.changes
                 positions[fetched.tp] = fetched.next_offset
-                # At the end, or at a transaction still open: what is committed so far.
-                if stalled or (fetched.end is not None and fetched.next_offset >= fetched.end):
+                # At the end, or at a transaction still open (the end then is where it
+                # starts): what is committed so far. A fetch that brought nothing for a
+                # partition (the response filled up with others') says nothing of it.
+                if fetched.end is not None and fetched.next_offset >= fetched.end:
                     done.add(fetched.tp)
         return [record for tp in sorted(read) for record in read[tp]]
     finally:

@@ -5,6 +5,7 @@ transactions and control batches skipped. Real broker, except where noted."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import struct
@@ -26,7 +27,7 @@ from statestore.restore import ChangelogReader
 from statestore.serdes import MsgPackSerde, OrderedKeySerde
 from statestore.store import KeyValueStore, StoreSpec, changelog_topic_name, store_directory
 from statestore.topics import COMPACTED, TopicSpec, ensure_topics
-from tests.conftest import wait_until
+from tests.conftest import on_tansu, wait_until
 from tests.record_batches import marker, record_batch
 
 KEYS, VALUES = OrderedKeySerde(), MsgPackSerde()
@@ -387,3 +388,52 @@ def test_message_format_v1_batches_are_read() -> None:
     tp = TopicPartition("t", 0)
     assert decode_records(tp, raw, 0) == ([(b"a", b"A"), (b"b", b"B"), (b"c", b"C")], 3)
     assert decode_records(tp, raw, 2) == ([(b"c", b"C")], 3)
+
+
+@pytest.mark.tansu
+async def test_a_transaction_larger_than_the_fetch_size_is_restored_and_read(
+    tmp_path: Path, bootstrap: str, changelog: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction whose commit marker lies past what one fetch holds: its batches cannot
+    be applied before it is known to have committed. The reader fetches the partition again
+    with room for it (a restore stood still on it for good). `read_committed` of three such
+    partitions, whose fetches fill up with the first ones' records, reads every one to its
+    end (it took a partition left out of a full response for one at an open transaction,
+    and returned part of the topic)."""
+    from streams import read_committed
+    from streams.kafka import committed_reader
+    from streams.runtime.transactions import new_transactional_producer
+
+    topic = changelog_topic_name(changelog, "counts")
+    outputs = f"{changelog}-outputs"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await ensure_topics(admin, [TopicSpec(outputs, 3)])
+    finally:
+        await admin.close()
+    producer = new_transactional_producer(bootstrap, f"{changelog}-big")
+    await asyncio.to_thread(producer.init_transactions, 30)
+    model: dict[str, Any] = {}
+    for round_ in range(2):
+        producer.begin_transaction()
+        for i in range(600):  # about 600 KB a partition, in many batches, against 64 KB
+            key, value = f"k{i}", [round_, "x" * 1000]
+            model[key] = value
+            producer.produce(topic, key=KEYS.dumps(key), value=VALUES.dumps(value),
+                             partition=0)
+            producer.produce(outputs, key=KEYS.dumps(key), value=VALUES.dumps(value),
+                             partition=i % 3)
+        await asyncio.to_thread(producer.commit_transaction, 30)
+    store = open_store(tmp_path, changelog)
+    async with ChangelogReader(bootstrap, max_partition_fetch_bytes=64 * 1024,
+                               committed_by_markers=on_tansu(bootstrap)) as reader:
+        stats = await asyncio.wait_for(reader.restore([store]), 60)
+    assert stats.records == 1_200
+    assert dict(store.items()) == model
+    store.close()
+    small = functools.partial(committed_reader.FetchSettings,
+                              max_partition_bytes=64 * 1024, max_bytes=96 * 1024)
+    monkeypatch.setattr(committed_reader, "FetchSettings", small)
+    read = await read_committed(bootstrap, outputs, key_serde="bytes", value_serde="bytes")
+    assert len(read) == 1_200

@@ -119,7 +119,11 @@ def parse_request(store: str, raw_key: str, query: dict[str, str]) -> QueryReque
 
 
 def _time(query: dict[str, str], name: str) -> int | None:
-    raw = query.get(name)
+    return _count(query.get(name), f"{name} must be a time in ms since the epoch (>= 0)")
+
+
+def _count(raw: str | None, what: str) -> int | None:
+    """``raw`` as a whole number >= 0 (None: not given); a 400 saying ``what`` it must be."""
     if raw is None:
         return None
     try:
@@ -127,7 +131,7 @@ def _time(query: dict[str, str], name: str) -> int | None:
     except ValueError:
         value = -1
     if value < 0:
-        raise BadQuery(400, f"{name} must be a time in ms since the epoch (>= 0), not {raw!r}")
+        raise BadQuery(400, f"{what}, not {raw!r}")
     return value
 
 
@@ -141,15 +145,7 @@ def _flag(raw: str) -> bool:
 
 
 def _max_lag(raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise BadQuery(400, f"max_lag must be a number of records >= 0, not {raw!r}")
-    return value
+    return _count(raw, "max_lag must be a number of records >= 0")
 
 
 def not_found_hint(task: str, partition: int, processor: bool = False,

@@ -42,7 +42,7 @@ from streams.kafka.membership import MembershipError, describe_group, leave_grou
 from streams.quirks.detect import broker_quirks
 from streams.quirks.switch import Quirk
 from streams.run_command import run as run_command
-from tools.reset import ResetPlan, ResetRefused, plan_json
+from tools.reset import ResetPlan, ResetRefused, plan_json, published_topology
 from tools.reset import reset as reset_app
 from tools.snapshot import snapshot
 
@@ -135,8 +135,6 @@ async def published_tasks(client: AIOKafkaClient, address: str, app: str) -> lis
     """The app's tasks from the topology it published last on its control topic: per
     sub-topology, one per partition of its source topics (none if it published none, or
     its topics are gone)."""
-    from tools.reset import ResetRefused, published_topology
-
     try:
         description = await published_topology(address, app)
     except ResetRefused:

@@ -92,3 +92,12 @@ def test_the_subscription_carries_slow_restores_of_actives_only() -> None:
     assert member.slow_restores == {"0_0": 80_000, "1_2": 5}
     plain = decode_subscription(encode_subscription(Subscription("A", 0, 1)))
     assert plain.slow_restores == {}
+
+
+def test_a_corrupt_slow_restores_field_makes_the_member_new_not_the_round_fail() -> None:
+    from assignor.protocol import _frame, _unframe, decode_subscription_or_none
+
+    payload = _unframe(encode_subscription(Subscription("A", 0, 1, active=("0_0",))),
+                       "subscription")
+    payload["sr"] = "not a map"
+    assert decode_subscription_or_none("a", _frame(payload)) is None
